@@ -1,0 +1,56 @@
+# One entry point for users and CI. Every target installs what it needs through `setup`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+CDK := node_modules/.bin/cdk
+STAMP := $(VENV)/.setup-stamp
+OUTPUTS ?= cdk-outputs.json
+# The CDK CLI runs app.py with the venv's interpreter (see cdk.json "app").
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+
+.PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
+        train-job-delete image teardown cost-report bench bench-quick bench-setup report docs-config clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'" >&2; exit 1; }
+	@command -v npm >/dev/null || { echo "error: npm not found; install Node.js 20+ (it runs the CDK CLI)" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(STAMP) ## create .venv and install the pinned Python and npm packages (idempotent)
+
+test: $(STAMP) ## run every test (lint, infra, training, k8s, ops, demo)
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+test-fast: $(STAMP) ## the tests without the slow multi-process ones
+	$(PY) -m pytest -m "not slow"
+
+lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(CDK) synth -q -c nag=true
+	$(PY) -m cfnlint cdk.out/*.template.json
+
+synth: $(STAMP) ## synthesize the CloudFormation stacks offline into cdk.out/
+	$(CDK) synth -q $(CDK_ARGS)
+	@ls cdk.out/*.template.json
+
+diff: $(STAMP) ## compare the stacks with what is deployed (needs AWS credentials)
+	$(CDK) diff --all $(CDK_ARGS)
+
+deploy: $(STAMP) ## deploy every stack and write the outputs that train-job reads (needs AWS credentials)
+	$(CDK) deploy --all --require-approval broadening --outputs-file $(OUTPUTS) $(CDK_ARGS)
+
+clean: ## remove build outputs (keeps .venv, node_modules and runs/)
+	rm -rf cdk.out build .pytest_cache

@@ -1,0 +1,99 @@
+"""JSON-lines events of a run (design, contract 3): one file per process under `<run_dir>/events/`.
+
+Every metric is computed after the fact from these lines (`training.metrics`), never in the loop.
+A line is written and flushed to the OS immediately, so it survives SIGKILL of the writer.
+
+Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "launcher"), rank
+(global rank or null), pid, host, attempt (the launcher's restart count, TORCHELASTIC_RESTART_COUNT).
+
+Kinds and their own fields:
+  trainer:
+    start         world_size, model, ckpt_mode
+    resume        step (int | null), source ("disk" | "memory" | "none"), duration_s, fallback_from (int | null)
+    step          step, loss, duration_s (end - start of this step), t_start
+    ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
+                  bytes (optional), error (optional)
+    fault         fault (kind), step, target_rank: written by the injector just before it acts
+    inprocess_restart  reason, restored_step, source, duration_s
+    end           step (the final step)
+  launcher:
+    worker_failed local_rank, global_rank, exitcode (negative = signal number), reason
+    hang_detected global_rank, stale_s, timeout_s, phase
+    restart       attempt, reason, remaining (restart budget left)
+    exit          code, reason
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+Role = Literal["trainer", "launcher"]
+EVENTS_DIR = "events"
+
+
+def events_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / EVENTS_DIR
+
+
+class EventLog:
+    """Append-only JSON-lines writer for one process; thread-safe (the checkpoint writer logs too)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None, *, role: Role, rank: int | None) -> None:
+        self.role = role
+        self.rank = rank
+        self._host = socket.gethostname()
+        self._pid = os.getpid()
+        self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._lock = threading.Lock()
+        self._file = None
+        if run_dir is not None:
+            folder = events_dir(run_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            who = f"rank{rank}" if rank is not None else "node"
+            name = f"{role}-{who}-{self._host}-{self._pid}.jsonl"
+            self._file = open(folder / name, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Write one event now; a no-op when the log has no folder (e.g. a library caller)."""
+        if self._file is None:
+            return
+        record = {
+            "ts": fields.pop("ts", None) or time.time(),
+            "kind": kind,
+            "role": self.role,
+            "rank": self.rank,
+            "pid": self._pid,
+            "host": self._host,
+            "attempt": self._attempt,
+            **fields,
+        }
+        line = json.dumps(record, separators=(",", ":"), default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of a run, sorted by time; a torn last line (writer killed mid-write) is skipped."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(events_dir(run_dir).glob("*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    events.sort(key=lambda e: e["ts"])
+    return events
