@@ -1,0 +1,253 @@
+"""training.metrics on event streams written with the real EventLog; each expectation is worked out here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from metrics_fixtures import T0, SyntheticRun, fault_free_run
+
+from training.events import events_dir, read_events
+from training.metrics import MetricsError, compute_metrics, load_run_metrics
+
+
+def test_fault_free_async_run(tmp_path: Path) -> None:
+    dur, first, stall, drain, write = 0.5, 2.0, 0.05, 0.4, 1.0
+    fault_free_run(tmp_path, steps=10, dur=dur, first_dur=first, interval=5, stall=stall, write=write)
+    m = load_run_metrics(tmp_path)
+
+    wall = 3.0 + first + 9 * dur + 2 * stall + drain  # setup, steps, two stalls, final drain
+    assert m.world_size == 2
+    assert m.finished
+    assert m.wall_s == pytest.approx(wall)
+    assert (m.steps_completed, m.steps_computed, m.lost_steps) == (10, 10, 0)
+    assert m.median_step_s == pytest.approx(dur)
+    assert m.stall_s == pytest.approx(2 * stall)  # one rank's stalls, not both ranks' summed
+    assert m.drain_s == pytest.approx(drain)
+    assert m.checkpoint_write_s == pytest.approx(2 * write)
+    assert m.efficiency == pytest.approx(1 - 2 * stall / wall)
+    assert (m.checkpoints_committed, m.checkpoints_failed) == (2, 0)
+    assert m.faults == [] and m.recovery_s_total == 0.0
+    assert m.goodput == pytest.approx(10 * dur / wall)
+    assert m.training_goodput == pytest.approx((first + 9 * dur) / wall)
+    assert m.infra_goodput == pytest.approx(1.0)
+    assert (m.attempts, m.restarts, m.inprocess_restarts) == (1, 0, 0)
+
+
+def test_kill_detected_by_launcher_then_resumed_from_disk(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 10, T0 + 3.0, 0.5, first_dur=2.0)
+    run.ckpt(10, "stall", t + 0.05, 0.05)
+    t += 0.05
+    run.ckpt(10, "commit", t + 1.0, 0.0, ranks=[0])
+    t = run.steps(11, 12, t, 0.5)
+    fault_ts = t + 0.1
+    run.fault("kill", 13, 1, fault_ts)
+    run.launcher_event(
+        "worker_failed", fault_ts + 0.2, local_rank=1, global_rank=1, exitcode=-9, reason="SIGKILL"
+    )
+    run.launcher_event("restart", fault_ts + 0.3, attempt=1, reason="worker_failed", remaining=2)
+    run.start_attempt(1, fault_ts + 3.0, resume_step=10, resume_ts=fault_ts + 4.0)
+    t = run.steps(11, 20, fault_ts + 4.1, 0.5, first_dur=0.9)
+    run.end(20, t)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    wall = t - T0
+    assert m.wall_s == pytest.approx(wall)
+    assert (m.steps_completed, m.steps_computed, m.lost_steps) == (20, 22, 2)
+    assert m.median_step_s == pytest.approx(0.5)  # the two first-after-start steps (2.0, 0.9) are excluded
+    assert (m.attempts, m.restarts) == (2, 1)
+    [f] = m.faults
+    assert (f.kind, f.step, f.rank) == ("kill", 13, 1)
+    assert f.ts == pytest.approx(fault_ts)
+    assert f.detected_by == "worker_failed"
+    assert f.detect_s == pytest.approx(0.2)
+    assert f.recovery_s == pytest.approx(4.1 + 0.9)  # fault -> end of step 11 after the resume
+    assert f.downtime_s == pytest.approx(4.1)  # fault -> start of that step
+    assert (f.resume_step, f.resume_source, f.lost_steps) == (10, "disk", 2)
+    assert m.faults_recovered == 1
+    assert m.recovery_s_total == pytest.approx(5.0)
+    assert m.infra_goodput == pytest.approx((wall - 4.1) / wall)
+    assert m.goodput == pytest.approx(20 * 0.5 / wall)
+    assert m.training_goodput == pytest.approx((2.0 + 11 * 0.5 + 0.9 + 9 * 0.5) / wall)
+    assert m.checkpoints_committed == 1
+
+
+def test_hang_detected_by_heartbeat(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 5, T0 + 1.0, 0.5)
+    run.ckpt(5, "commit", t + 0.5, 0.0, ranks=[0])
+    t = run.steps(6, 7, t, 0.5)
+    run.fault("hang", 8, 1, t)
+    run.launcher_event("hang_detected", t + 5.5, global_rank=1, stale_s=5.5, timeout_s=5.0, phase="train")
+    run.launcher_event("restart", t + 5.6, attempt=1, reason="hang", remaining=2)
+    run.start_attempt(1, t + 7.0, resume_step=5, resume_ts=t + 8.0)
+    end = run.steps(6, 10, t + 8.2, 0.5)
+    run.end(10, end)
+    run.close()
+
+    [f] = load_run_metrics(tmp_path).faults
+    assert (f.kind, f.detected_by) == ("hang", "hang_detected")
+    assert f.detect_s == pytest.approx(5.5)
+    assert f.recovery_s == pytest.approx(8.2 + 0.5)
+    assert f.lost_steps == 7 - 5
+
+
+def test_inprocess_restart_from_memory(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 6, T0 + 1.0, 0.5)
+    run.fault("exception", 7, 1, t)
+    for rank in (0, 1):  # restart began at t + 0.5 and took 1.0 s
+        run.logs[rank].emit(
+            "inprocess_restart",
+            ts=t + 1.5,
+            reason="exception",
+            restored_step=5,
+            source="memory",
+            duration_s=1.0,
+        )
+    end = run.steps(6, 12, t + 1.6, 0.5, first_dur=0.6)
+    run.end(12, end)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    [f] = m.faults
+    assert (f.detected_by, f.resume_source, f.resume_step) == ("inprocess", "memory", 5)
+    assert f.detect_s == pytest.approx(0.5)
+    assert f.recovery_s == pytest.approx(1.6 + 0.6)
+    assert f.downtime_s == pytest.approx(1.6)
+    assert f.lost_steps == 1  # step 6 was computed before the fault and again after
+    assert (m.inprocess_restarts, m.restarts, m.attempts) == (1, 0, 1)
+    assert (m.steps_completed, m.steps_computed, m.lost_steps) == (12, 13, 1)
+
+
+def test_median_excludes_the_first_step_of_every_process_and_restart(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path, world_size=1)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 2, T0 + 1.0, 0.5, first_dur=3.0)
+    run.logs[0].emit(
+        "inprocess_restart", ts=t + 1.0, reason="x", restored_step=1, source="memory", duration_s=1.0
+    )
+    t = run.steps(2, 3, t + 1.0, 0.5, first_dur=3.0)
+    run.start_attempt(1, t + 1.0, resume_step=2)
+    t = run.steps(3, 4, t + 2.0, 0.6, first_dur=3.0)
+    run.end(4, t)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    # kept: 0.5 (step 2), 0.5 (step 3), 0.6 (step 4); a median over all six would be (0.6 + 3.0) / 2
+    assert m.median_step_s == pytest.approx(0.5)
+    assert (m.steps_completed, m.steps_computed) == (4, 6)
+
+
+def test_sync_stalls_and_a_failed_checkpoint(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None, ckpt_mode="sync")
+    t = T0 + 1.0
+    stalls = {5: 2.0, 10: 2.5, 15: 0.3}
+    for step, stall in stalls.items():
+        t = run.steps(step - 4, step, t, 0.5)
+        run.ckpt(step, "stall", t + stall, stall, ranks=[0])
+        run.ckpt(step, "stall", t + stall, stall + 0.1, ranks=[1])  # another rank's view of the same stall
+        t += stall
+        if step == 15:
+            run.ckpt(step, "failed", t, 0.0, ranks=[0, 1])
+        else:
+            run.ckpt(step, "commit", t, 0.0, ranks=[0])
+    run.end(15, t)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    wall = t - T0
+    assert m.stall_s == pytest.approx(sum(stalls.values()))
+    assert m.efficiency == pytest.approx(1 - sum(stalls.values()) / wall)
+    assert (m.checkpoints_committed, m.checkpoints_failed) == (
+        2,
+        1,
+    )  # one failure, though both ranks logged it
+    assert m.drain_s == 0.0
+
+
+def test_two_faults_each_match_their_own_resume(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 8, T0 + 1.0, 0.5)
+    f1 = t
+    run.fault("kill", 9, 1, f1)
+    run.launcher_event("worker_failed", f1 + 0.1, local_rank=1, global_rank=1, exitcode=-9, reason="signal")
+    run.start_attempt(1, f1 + 2.0, resume_step=5, resume_ts=f1 + 3.0)
+    t = run.steps(6, 12, f1 + 3.0, 0.5)
+    f2 = t
+    run.fault("exception", 13, 1, f2)
+    for rank in (0, 1):
+        run.logs[rank].emit(
+            "inprocess_restart",
+            ts=f2 + 0.8,
+            reason="exception",
+            restored_step=10,
+            source="memory",
+            duration_s=0.5,
+        )
+    t = run.steps(11, 16, f2 + 0.8, 0.5)
+    run.end(16, t)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    first, second = m.faults
+    assert (first.detected_by, first.resume_step, first.lost_steps) == ("worker_failed", 5, 8 - 5)
+    assert first.recovery_s == pytest.approx(3.5)
+    assert (second.detected_by, second.resume_step, second.lost_steps) == ("inprocess", 10, 12 - 10)
+    assert second.detect_s == pytest.approx(0.3)
+    assert second.recovery_s == pytest.approx(1.3)
+    assert m.recovery_s_total == pytest.approx(3.5 + 1.3)
+    assert (m.steps_completed, m.steps_computed, m.lost_steps) == (16, 8 + 7 + 6, 8 + 7 + 6 - 16)
+
+
+def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
+    fault_free_run(tmp_path)
+    before = load_run_metrics(tmp_path)
+    [rank0] = [p for p in events_dir(tmp_path).glob("trainer-rank0-*.jsonl")]
+    with open(rank0, "a", encoding="utf-8") as fh:
+        fh.write('{"ts": 1700000099.0, "kind": "step", "role": "trainer", "rank": 0, "st')  # killed mid-write
+    assert load_run_metrics(tmp_path) == before
+
+
+def test_a_run_that_died_has_metrics_up_to_its_last_event(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 7, T0 + 1.0, 0.5)
+    run.fault("kill", 8, 1, t)
+    run.launcher_event("exit", t + 1.0, code=75, reason="restart budget exhausted")
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    assert not m.finished
+    assert m.wall_s == pytest.approx(t - T0)  # to the last trainer event
+    assert (m.steps_completed, m.faults_recovered) == (7, 0)
+    [f] = m.faults
+    assert f.recovery_s is None and f.detect_s is None and f.downtime_s is None
+
+
+def test_no_checkpoints_and_no_faults(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path, world_size=1)
+    run.start_attempt(0, T0, resume_step=None, ckpt_mode="off")
+    t = run.steps(1, 4, T0 + 1.0, 0.25)
+    run.end(4, t)
+    run.close()
+
+    m = compute_metrics(read_events(tmp_path))
+    assert (m.stall_s, m.efficiency, m.checkpoints_committed, m.faults) == (0.0, 1.0, 0, [])
+    assert m.world_size == 1
+
+
+def test_bad_run_folders_say_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(MetricsError, match="does not exist"):
+        load_run_metrics(tmp_path / "missing")
+    with pytest.raises(MetricsError, match=r"no events/\*\.jsonl"):
+        load_run_metrics(tmp_path)
+    with pytest.raises(MetricsError, match="no trainer events"):
+        compute_metrics([{"ts": T0, "kind": "exit", "role": "launcher", "rank": None}])

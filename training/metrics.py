@@ -1,0 +1,330 @@
+"""The design's metrics, computed after the fact from a run's events (design, contract 3).
+
+One module owns every definition, so the report, the benchmarks and the cost report agree. Nothing here runs
+inside the training loop: the loop only writes events (`training.events`).
+
+Conventions, chosen once and documented here:
+- Per-rank sums (step time, checkpoint stalls, drain) are read from the *reference rank*, the lowest trainer
+  rank that wrote events (rank 0 in practice). Ranks step in lock-step through collectives, so a stall on any
+  rank shows up on rank 0 too; summing over ranks would count the same wall time once per rank. The study
+  measures on rank 0 as well (reference/seed-system.md §10).
+- A fault's matching resume is the first `resume` or `inprocess_restart` event (any rank) after the fault's
+  timestamp. Its recovery ends when every rank that resumed has finished its first step after resuming.
+- Timestamps are wall-clock seconds from the events; processes on one host share the clock.
+- Robust input: several processes, restarts (the `attempt` field), torn last lines (skipped by
+  `read_events`), runs with no faults, no checkpoints, or no `end` event (a run that died).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.events import events_dir, read_events
+
+Event = Mapping[str, Any]
+
+DETECTION_KINDS = ("worker_failed", "hang_detected")
+"""Launcher events that mean "the launcher noticed a fault"."""
+RESUME_KINDS = ("resume", "inprocess_restart")
+"""Trainer events that mean "training state was restored after a (re)start"."""
+
+
+class MetricsError(ValueError):
+    """A run folder or event stream that cannot give metrics; the message says what to fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultMetrics:
+    """One injected fault and what it cost (seconds are wall-clock, from the events)."""
+
+    kind: str
+    """Fault kind as injected: kill, hang, sigstop, exception, oom."""
+    step: int | None
+    """Training step at which the fault fired."""
+    rank: int | None
+    """Global rank the fault targeted."""
+    ts: float
+    """Unix time the injector wrote just before acting, in seconds."""
+    detect_s: float | None
+    """Seconds from the fault to the launcher's `worker_failed`/`hang_detected` (or to the start of the
+    in-process restart); None when nothing detected it."""
+    recovery_s: float | None
+    """Seconds from the fault to the end of the first training step after the matching resume; None if the run
+    never resumed."""
+    detected_by: str | None = None
+    """`worker_failed`, `hang_detected`, `inprocess` or None."""
+    downtime_s: float | None = None
+    """Seconds from the fault until training restarted (start of the first step after the resume): the study's
+    shutdown + startup, used by infra goodput."""
+    resume_step: int | None = None
+    """Checkpoint step the run resumed from (None: from scratch or never resumed)."""
+    resume_source: str | None = None
+    """Where the state came from: disk, memory or none."""
+    lost_steps: int | None = None
+    """Steps computed before the fault that were computed again (highest step before it - resume step)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMetrics:
+    """The design's metrics for one run (ops' cost report reads these fields)."""
+
+    world_size: int
+    """Number of trainer ranks (from the `start` events)."""
+    wall_s: float
+    """Seconds from the first trainer start to the last trainer end (or last event if the run never ended)."""
+    steps_completed: int
+    """Steps in the final result (the final step)."""
+    steps_computed: int
+    """Step executions on the reference rank, replays after resumes included."""
+    lost_steps: int
+    """steps_computed - steps_completed: work done again after faults."""
+    median_step_s: float
+    """Median step time in seconds over fault-free steps (first step of each process and after each restart
+    excluded)."""
+    stall_s: float
+    """Seconds the training loop was blocked by checkpoint calls (reference rank), final drain excluded."""
+    drain_s: float
+    """Seconds spent waiting for the last background save at exit (reported separately, as in the study)."""
+    efficiency: float
+    """The study's checkpoint efficiency: 1 - stall_s / wall_s."""
+    checkpoints_committed: int
+    """Checkpoints whose commit record was written."""
+    checkpoints_failed: int
+    """Checkpoint saves that failed (disk full, permission denied, ...); training went on."""
+    faults: list[FaultMetrics] = field(default_factory=list)
+    """Every injected fault, in time order."""
+    recovery_s_total: float = 0.0
+    """Sum of the faults' recovery_s (faults never recovered count 0)."""
+    goodput: float = 0.0
+    """Strict goodput: steps_completed * median_step_s / wall_s."""
+    training_goodput: float = 0.0
+    """Study's training goodput (seed-system.md §10): time spent in training steps, replays included,
+    checkpoint time excluded, over wall time."""
+    infra_goodput: float = 0.0
+    """Study's infra goodput: (wall - sum of per-fault shutdown + startup) / wall."""
+    finished: bool = False
+    """True when a trainer wrote its `end` event."""
+    attempts: int = 1
+    """Worker-group attempts seen (the launcher's restart count + 1)."""
+    restarts: int = 0
+    """Worker-group restarts the launcher made."""
+    inprocess_restarts: int = 0
+    """In-process restarts (counted once per restart, not per rank)."""
+    faults_recovered: int = 0
+    """Faults followed by a resume and a completed step."""
+    checkpoint_write_s: float = 0.0
+    """Seconds of background writing (async) on the reference rank; overlaps training, not a stall."""
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _ts(event: Event) -> float:
+    return float(event["ts"])
+
+
+def _is_trainer(event: Event) -> bool:
+    return event.get("role") == "trainer" and event.get("rank") is not None
+
+
+def _fault_free_durations(events: Sequence[Event], rank: int) -> list[float]:
+    """Step times of `rank` without the first step of each process and the first after an in-process restart.
+
+    A rank has one live process at a time, so its `start` events delimit process lifetimes.
+    """
+    durations: list[float] = []
+    warm = False
+    for e in events:
+        if not _is_trainer(e) or int(e["rank"]) != rank:
+            continue
+        if e["kind"] in ("start", "inprocess_restart"):
+            warm = False
+        elif e["kind"] == "step":
+            if warm:
+                durations.append(float(e.get("duration_s", 0.0)))
+            warm = True
+    return durations
+
+
+def _first_step_after(events: Sequence[Event], rank: int, after_ts: float) -> Event | None:
+    for e in events:
+        if e["kind"] == "step" and _is_trainer(e) and int(e["rank"]) == rank and _ts(e) > after_ts:
+            return e
+    return None
+
+
+def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
+    t0 = _ts(fault)
+    resumes = [e for e in events if e["kind"] in RESUME_KINDS and _is_trainer(e) and _ts(e) >= t0]
+    first_resume = resumes[0] if resumes else None
+    # Every rank's first resume in the restart that follows the fault (same attempt as the first one).
+    per_rank: dict[int, Event] = {}
+    if first_resume is not None:
+        for e in resumes:
+            if e.get("attempt") == first_resume.get("attempt") and e["kind"] == first_resume["kind"]:
+                per_rank.setdefault(int(e["rank"]), e)
+
+    recovery_end: float | None = None
+    restart_begin: float | None = None
+    for rank, resume in per_rank.items():
+        step = _first_step_after(events, rank, _ts(resume))
+        if step is None:
+            recovery_end = restart_begin = None
+            break
+        end = _ts(step)
+        begin = float(step.get("t_start", end - float(step.get("duration_s", 0.0))))
+        recovery_end = end if recovery_end is None else max(recovery_end, end)
+        restart_begin = begin if restart_begin is None else max(restart_begin, begin)
+
+    horizon = _ts(first_resume) if first_resume is not None else float("inf")
+    detection = next(
+        (
+            e
+            for e in events
+            if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
+        ),
+        None,
+    )
+    detect_s: float | None = None
+    detected_by: str | None = None
+    if detection is not None:
+        detect_s, detected_by = _ts(detection) - t0, str(detection["kind"])
+    elif first_resume is not None and first_resume["kind"] == "inprocess_restart":
+        began = _ts(first_resume) - float(first_resume.get("duration_s") or 0.0)
+        detect_s, detected_by = max(0.0, began - t0), "inprocess"
+
+    resume_step: int | None = None
+    if first_resume is not None:
+        key = "restored_step" if first_resume["kind"] == "inprocess_restart" else "step"
+        resume_step = _int(first_resume.get(key))
+    before = [int(e["step"]) for e in events if e["kind"] == "step" and _is_trainer(e) and _ts(e) <= t0]
+    lost: int | None = None
+    if first_resume is not None and before:
+        lost = max(0, max(before) - (resume_step or 0))
+
+    target = fault.get("target_rank", fault.get("rank"))
+    return FaultMetrics(
+        kind=str(fault.get("fault", "unknown")),
+        step=_int(fault.get("step")),
+        rank=_int(target),
+        ts=t0,
+        detect_s=detect_s,
+        recovery_s=None if recovery_end is None else recovery_end - t0,
+        detected_by=detected_by,
+        downtime_s=None if restart_begin is None else max(0.0, restart_begin - t0),
+        resume_step=resume_step,
+        resume_source=None if first_resume is None else first_resume.get("source"),
+        lost_steps=lost,
+    )
+
+
+def _unique_faults(events: Sequence[Event]) -> list[Event]:
+    """One event per fault even if several ranks' injectors logged it."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[Event] = []
+    for e in events:
+        if e["kind"] != "fault":
+            continue
+        key = (e.get("fault"), e.get("step"), e.get("target_rank", e.get("rank")), e.get("attempt"))
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def compute_metrics(events: Iterable[Event]) -> RunMetrics:
+    """All of the design's metrics from one run's events (any order; sorted here by time)."""
+    evs = sorted((e for e in events if "ts" in e and "kind" in e), key=_ts)
+    trainer = [e for e in evs if _is_trainer(e)]
+    if not trainer:
+        raise MetricsError("no trainer events in this run: point at a folder a training run wrote to")
+    ranks = sorted({int(e["rank"]) for e in trainer})
+    ref = ranks[0]
+    mine = [e for e in trainer if int(e["rank"]) == ref]
+
+    starts = [e for e in trainer if e["kind"] == "start"]
+    ends = [e for e in trainer if e["kind"] == "end"]
+    world_size = max((int(e.get("world_size") or 0) for e in starts), default=0) or len(ranks)
+    t_first = _ts(starts[0]) if starts else _ts(trainer[0])
+    t_last = _ts(ends[-1]) if ends else _ts(trainer[-1])
+    wall_s = max(0.0, t_last - t_first)
+
+    steps = [e for e in mine if e["kind"] == "step"]
+    steps_computed = len(steps)
+    final = max((int(e["step"]) for e in ends), default=None)
+    # Count distinct step numbers up to the final one, so 0- and 1-based numbering give the same answer.
+    distinct = {int(e["step"]) for e in steps if final is None or int(e["step"]) <= final}
+    steps_completed = len(distinct)
+    durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s", 0.0)) for e in steps]
+    median_step_s = statistics.median(durations) if durations else 0.0
+
+    def ckpt_sum(phase: str) -> float:
+        return sum(
+            float(e.get("duration_s") or 0.0) for e in mine if e["kind"] == "ckpt" and e.get("phase") == phase
+        )
+
+    stall_s, drain_s = ckpt_sum("stall"), ckpt_sum("drain")
+    ckpt = [e for e in trainer if e["kind"] == "ckpt"]
+    committed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "commit"}
+    failed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "failed"}
+
+    faults = [_fault_metrics(evs, f) for f in _unique_faults(evs)]
+    recovery_total = sum(f.recovery_s or 0.0 for f in faults)
+    downtime_total = sum(f.downtime_s or 0.0 for f in faults)
+    step_time_total = sum(float(e.get("duration_s", 0.0)) for e in steps)
+
+    attempts = {int(e.get("attempt") or 0) for e in evs}
+    restarts = sum(1 for e in evs if e.get("role") == "launcher" and e["kind"] == "restart")
+    inprocess = defaultdict(int)
+    for e in trainer:
+        if e["kind"] == "inprocess_restart":
+            inprocess[int(e["rank"])] += 1
+
+    return RunMetrics(
+        world_size=world_size,
+        wall_s=wall_s,
+        steps_completed=steps_completed,
+        steps_computed=steps_computed,
+        lost_steps=max(0, steps_computed - steps_completed),
+        median_step_s=median_step_s,
+        stall_s=stall_s,
+        drain_s=drain_s,
+        efficiency=1.0 - _ratio(stall_s, wall_s),
+        checkpoints_committed=len(committed),
+        checkpoints_failed=len(failed),
+        faults=faults,
+        recovery_s_total=recovery_total,
+        goodput=_ratio(steps_completed * median_step_s, wall_s),
+        training_goodput=_ratio(step_time_total, wall_s),
+        infra_goodput=_ratio(wall_s - downtime_total, wall_s),
+        finished=bool(ends),
+        attempts=max(attempts, default=0) + 1,
+        restarts=restarts,
+        inprocess_restarts=max(inprocess.values(), default=0),
+        faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
+        checkpoint_write_s=ckpt_sum("write"),
+    )
+
+
+def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
+    """Metrics of the run folder `run_dir`; MetricsError with the fix when it is not a run folder."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise MetricsError(f"run folder {str(path)!r} does not exist: pass <run.root>/<run.id>, e.g. runs/x")
+    folder = events_dir(path)
+    if not folder.is_dir() or not any(folder.glob("*.jsonl")):
+        raise MetricsError(
+            f"{str(path)!r} has no events/*.jsonl: pass a run folder that training.train wrote"
+        )
+    return compute_metrics(read_events(path))
