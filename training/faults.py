@@ -1,20 +1,85 @@
-"""Fault injection (design, contract 5) (owner: launcher work). STUB: interface final, body not.
+"""Fault injection (design, contract 5): real signals and real hangs, described as data.
 
 Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:rank=R` or
 `KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom. Example:
-`kill:step=20:rank=1,exception:step=45:rank=1`. A seeded schedule like the study's is configured by
-FaultConfig.schedule_* fields (never rank 0).
+`kill:step=20:rank=1,exception:step=45:rank=1`.
+
+- kill: SIGKILL itself (a crashed process, exit -9).
+- hang: the training thread stops making progress forever (sleep loop); the process stays alive.
+- sigstop: SIGSTOP itself (the whole process freezes, like a wedged host process).
+- exception: raises `InjectedFault` (a soft fault the in-process restart can catch).
+- oom: caps its own address space (RLIMIT_AS, current size + 256 MiB) and allocates until
+  MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
+  than the cap, so the machine is never exhausted.
+
+A step fault fires at the top of that step (`maybe_inject(step)`, before the step is computed). A time
+fault fires TIME seconds after the injector is created (trainer start): kill, sigstop and oom act at
+once from a timer thread (mid-step, mid-checkpoint); hang and exception need the training thread, so
+they take effect at the next step boundary.
+
+The study's seeded schedule (reference/seed-system.md §11) is reproduced exactly: with
+`rng = random.Random(seed)`, steps = sorted(rng.sample(after+1 .. max_steps, count)); then per step in
+order rank = rng.randint(1, world_size - 1) (never rank 0) and kind = rng.choices(kinds, weights).
+
+Each fault fires once per run: before acting, the injector creates a marker file in
+`<run_dir>/faults/` (O_EXCL) and emits the `fault` event, so a resumed or in-process-restarted run
+never fires it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import random
+import re
+import resource
+import signal
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from training.events import EventLog
+
+FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom"]
+KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
+FAULTS_DIR = "faults"
+OOM_HEADROOM_BYTES = 256 * 1024 * 1024
+
+
+class FaultConfigError(ValueError):
+    """A fault spec or schedule that cannot be used; the message says what to fix."""
+
+
+class InjectedFault(RuntimeError):
+    """The `exception` fault: a Python exception on one rank, recoverable in process."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One planned fault: what, on which rank, and when (a step or seconds after trainer start)."""
+
+    kind: FaultKind
+    rank: int
+    step: int | None = None
+    time_s: float | None = None
+
+    @property
+    def key(self) -> str:
+        """Stable name of this fault, used for its once-per-run marker."""
+        when = f"step{self.step}" if self.step is not None else f"t{self.time_s:g}"
+        return f"{self.kind}-{when}-rank{self.rank}"
+
+    def __str__(self) -> str:
+        when = f"step={self.step}" if self.step is not None else f"time={self.time_s:g}"
+        return f"{self.kind}:{when}:rank={self.rank}"
 
 
 @dataclass(kw_only=True)
 class FaultConfig:
+    """The trainer config's `fault` section; checked when built (bad input raises FaultConfigError)."""
+
     spec: str = ""
     """Explicit faults, e.g. "kill:step=20:rank=1,hang:time=30:rank=1"; empty means none."""
     schedule_seed: int | None = None
@@ -22,19 +87,276 @@ class FaultConfig:
     schedule_count: int = 5
     """Number of scheduled faults."""
     schedule_kinds: str = "exception:0.6,hang:0.4"
-    """Kinds with weights for the scheduled faults."""
+    """Kinds with weights for the scheduled faults ("KIND:WEIGHT,..."; a bare KIND weighs 1)."""
     schedule_after_step: int = 10
     """Scheduled faults fall strictly after this step."""
 
+    def __post_init__(self) -> None:
+        parse_spec(self.spec)
+        if self.schedule_seed is not None:
+            parse_kinds(self.schedule_kinds)
+            if self.schedule_count < 1:
+                raise FaultConfigError(
+                    f"fault.schedule_count must be >= 1, got {self.schedule_count}; "
+                    "set it to the number of faults, or unset fault.schedule_seed"
+                )
+            if self.schedule_after_step < 0:
+                raise FaultConfigError(
+                    f"fault.schedule_after_step must be >= 0, got {self.schedule_after_step}"
+                )
+
+    def plan(self, *, world_size: int, max_steps: int) -> list[Fault]:
+        """Every fault of the run (all ranks): the explicit spec plus the seeded schedule."""
+        faults = parse_spec(self.spec)
+        if self.schedule_seed is not None:
+            faults += seeded_schedule(
+                seed=self.schedule_seed,
+                count=self.schedule_count,
+                kinds=parse_kinds(self.schedule_kinds),
+                after_step=self.schedule_after_step,
+                max_steps=max_steps,
+                world_size=world_size,
+            )
+        for fault in faults:
+            if fault.rank >= world_size:
+                raise FaultConfigError(
+                    f"fault {fault} targets rank {fault.rank} but the world size is {world_size}; "
+                    f"use a rank below {world_size}"
+                )
+            if fault.step is not None and fault.step > max_steps:
+                raise FaultConfigError(
+                    f"fault {fault} is after the last step ({max_steps}) and would never fire; "
+                    f"use a step <= {max_steps}"
+                )
+        return list(dict.fromkeys(faults))
+
+
+_ITEM_HELP = 'write KIND:step=N:rank=R or KIND:time=SECONDS:rank=R, e.g. "kill:step=20:rank=1"'
+_INT = re.compile(r"[0-9]+")
+
+
+def parse_spec(spec: str) -> list[Fault]:
+    """Parse the fault grammar; raises FaultConfigError naming the bad item and the fix."""
+    faults: list[Fault] = []
+    for index, raw in enumerate(spec.split(","), start=1):
+        item = raw.strip()
+        if not item:
+            if spec.strip():
+                raise FaultConfigError(f"fault spec {spec!r}: item {index} is empty; remove the extra comma")
+            continue
+        faults.append(_parse_item(item))
+    return faults
+
+
+def _parse_item(item: str) -> Fault:
+    kind, *fields = item.split(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise FaultConfigError(f"fault {item!r}: unknown kind {kind!r}; use one of {', '.join(KINDS)}")
+    values: dict[str, str] = {}
+    for field in fields:
+        name, sep, value = field.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not value:
+            raise FaultConfigError(f"fault {item!r}: {field!r} is not NAME=VALUE; {_ITEM_HELP}")
+        if name not in ("step", "time", "rank"):
+            raise FaultConfigError(f"fault {item!r}: unknown field {name!r}; {_ITEM_HELP}")
+        if name in values:
+            raise FaultConfigError(f"fault {item!r}: {name} given twice; give it once")
+        values[name] = value
+    if "rank" not in values:
+        raise FaultConfigError(f"fault {item!r}: no rank; {_ITEM_HELP}")
+    if ("step" in values) == ("time" in values):
+        raise FaultConfigError(f"fault {item!r}: give exactly one of step= or time=; {_ITEM_HELP}")
+    if not _INT.fullmatch(values["rank"]):
+        raise FaultConfigError(f"fault {item!r}: rank must be an integer >= 0, got {values['rank']!r}")
+    rank = int(values["rank"])
+    if "step" in values:
+        if not _INT.fullmatch(values["step"]) or int(values["step"]) < 1:
+            raise FaultConfigError(f"fault {item!r}: step must be an integer >= 1, got {values['step']!r}")
+        return Fault(kind=kind, rank=rank, step=int(values["step"]))  # type: ignore[arg-type]
+    try:
+        time_s = float(values["time"])
+    except ValueError:
+        time_s = -1.0
+    if not time_s > 0 or time_s == float("inf"):
+        raise FaultConfigError(
+            f"fault {item!r}: time must be seconds > 0 after trainer start, got {values['time']!r}"
+        )
+    return Fault(kind=kind, rank=rank, time_s=time_s)  # type: ignore[arg-type]
+
+
+def parse_kinds(kinds: str) -> list[tuple[FaultKind, float]]:
+    """Parse "exception:0.6,hang:0.4" into (kind, weight) pairs, in the given order."""
+    pairs: list[tuple[FaultKind, float]] = []
+    for raw in kinds.split(","):
+        kind, sep, weight_text = raw.strip().partition(":")
+        if kind not in KINDS:
+            raise FaultConfigError(
+                f"fault.schedule_kinds {kinds!r}: unknown kind {kind!r}; use one of {', '.join(KINDS)}"
+            )
+        try:
+            weight = float(weight_text) if sep else 1.0
+        except ValueError:
+            weight = -1.0
+        if not weight > 0:
+            raise FaultConfigError(
+                f"fault.schedule_kinds {kinds!r}: weight of {kind!r} must be a number > 0, "
+                f"got {weight_text!r}"
+            )
+        pairs.append((kind, weight))  # type: ignore[arg-type]
+    return pairs
+
+
+def seeded_schedule(
+    *,
+    seed: int,
+    count: int,
+    kinds: list[tuple[FaultKind, float]],
+    after_step: int,
+    max_steps: int,
+    world_size: int,
+) -> list[Fault]:
+    """The study's deterministic schedule (S/src/failure_simulator.py), identical on every rank."""
+    if world_size < 2:
+        raise FaultConfigError(
+            "the seeded fault schedule never targets rank 0, so it needs a world size >= 2; "
+            "unset fault.schedule_seed or run more ranks"
+        )
+    eligible = list(range(after_step + 1, max_steps + 1))
+    if count > len(eligible):
+        raise FaultConfigError(
+            f"fault.schedule_count={count} but only {len(eligible)} steps lie after "
+            f"fault.schedule_after_step={after_step} up to training.steps={max_steps}; lower the count"
+        )
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(eligible, count))
+    names = [kind for kind, _ in kinds]
+    weights = [weight for _, weight in kinds]
+    faults = []
+    for step in steps:
+        rank = rng.randint(1, world_size - 1)
+        kind = rng.choices(names, weights)[0]
+        faults.append(Fault(kind=kind, rank=rank, step=step))
+    return faults
+
+
+def _run_dir_of(events: EventLog) -> Path | None:
+    # The event log lives in <run_dir>/events/<file>; markers go beside it in <run_dir>/faults/.
+    file = getattr(events, "_file", None)
+    name = getattr(file, "name", None)
+    return Path(name).parent.parent if isinstance(name, str) else None
+
 
 class FaultInjector:
-    """Applies the faults meant for this rank; faults already passed (the run resumed past them) never fire again."""
+    """Applies the faults meant for this rank; each fires once per run, even across restarts."""
 
-    def __init__(self, cfg: FaultConfig, *, rank: int, world_size: int, max_steps: int, events: EventLog) -> None:
+    def __init__(
+        self,
+        cfg: FaultConfig,
+        *,
+        rank: int,
+        world_size: int,
+        max_steps: int,
+        events: EventLog,
+        run_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.rank = rank
+        self._events = events
+        plan = cfg.plan(world_size=world_size, max_steps=max_steps)
+        self._faults = [f for f in plan if f.rank == rank]
+        self._by_step = {f.step: f for f in self._faults if f.step is not None}
+        folder = Path(run_dir) if run_dir is not None else _run_dir_of(events)
+        self._marker_dir = folder / FAULTS_DIR if folder is not None else None
+        self._fired: set[str] = set()
+        self._due: list[Fault] = []
+        self._lock = threading.Lock()
+        self._step: int | None = None
+        self._timers = [
+            threading.Timer(f.time_s, self._on_timer, args=(f,))
+            for f in self._faults
+            if f.time_s is not None and not self._already_fired(f)
+        ]
+        for timer in self._timers:
+            timer.daemon = True
+            timer.start()
+
+    @property
+    def faults(self) -> list[Fault]:
+        """The faults planned for this rank."""
+        return list(self._faults)
 
     def maybe_inject(self, step: int) -> None:
         """Called at the top of every training step; acts when a fault for (step, this rank) is due."""
+        self._step = step
+        with self._lock:
+            due, self._due = self._due, []
+        fault = self._by_step.get(step)
+        if fault is not None:
+            due.append(fault)
+        for item in due:
+            if self._claim(item):
+                self._act(item)
 
     def close(self) -> None:
         """Stops the timer of time-based faults."""
+        for timer in self._timers:
+            timer.cancel()
+
+    def _on_timer(self, fault: Fault) -> None:
+        if fault.kind in ("hang", "exception"):
+            with self._lock:
+                self._due.append(fault)  # needs the training thread: next step boundary
+        elif self._claim(fault):
+            self._act(fault)
+
+    def _already_fired(self, fault: Fault) -> bool:
+        if fault.key in self._fired:
+            return True
+        return self._marker_dir is not None and (self._marker_dir / fault.key).exists()
+
+    def _claim(self, fault: Fault) -> bool:
+        """Record the fault as fired, exactly once per run (the marker outlives this process)."""
+        with self._lock:
+            if fault.key in self._fired:
+                return False
+            self._fired.add(fault.key)
+        if self._marker_dir is not None:
+            self._marker_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self._marker_dir / fault.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            os.write(fd, f"{time.time():.6f} pid={os.getpid()} step={self._step}\n".encode())
+            os.fsync(fd)
+            os.close(fd)
+        step = fault.step if fault.step is not None else self._step
+        self._events.emit("fault", fault=fault.kind, step=step, target_rank=fault.rank)
+        return True
+
+    def _act(self, fault: Fault) -> None:
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault.kind == "hang":
+            while True:  # the training thread never comes back; the process stays alive
+                time.sleep(3600)
+        elif fault.kind == "exception":
+            raise InjectedFault(f"injected fault {fault} (rank {self.rank})")
+        elif fault.kind == "oom":
+            _die_of_oom()
+
+
+def _die_of_oom() -> None:
+    """Hit a self-imposed memory limit, then die the way the kernel OOM killer kills (SIGKILL)."""
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        size_bytes = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = size_bytes + OOM_HEADROOM_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    hoard = []
+    with contextlib.suppress(MemoryError):
+        while True:
+            hoard.append(bytearray(16 * 1024 * 1024))
+    os.kill(os.getpid(), signal.SIGKILL)

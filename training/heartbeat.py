@@ -1,28 +1,122 @@
-"""Worker-side heartbeat client (owner: launcher work). STUB: the interface is final, the body is not.
+"""Worker-side heartbeat client: tells the launcher that this rank is still making progress.
 
-Protocol: the kit's launcher sets KIT_HEARTBEAT_DIR for each worker; the worker writes
-`<dir>/rank_<RANK>.json` atomically ({"pid", "step", "phase", "ts"}) on every beat. With no
-launcher listening (env unset) every call is a no-op. Under NVRx's ft_launcher the same calls go to
-its RankMonitorClient.
+Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR for each worker (a folder per node and
+attempt). The worker replaces `<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on
+every beat and phase change with {"pid", "rank", "step", "phase", "since", "ts"}: `phase` is what the
+rank is doing now, `since` when it entered that phase, `ts` the time of this write (unix seconds). The
+launcher applies the load allowance in "start", "load" and "checkpoint", the (learned) step timeout in
+"train", and never treats "done" as a hang.
+
+Beats come from the training (main) thread on purpose: a background thread would keep beating while
+the training thread is stuck.
+
+Under NVRx's ft_launcher (FT_RANK_MONITOR_IPC_SOCKET set) the same calls go to its
+RankMonitorClient: it is connected on the first beat (it needs the process group) and gets a
+heartbeat per beat; phases are not sent because 0.4.1's heartbeat protocol has none. With neither
+launcher (env unset) every call is a no-op.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
 
 Phase = Literal["start", "load", "train", "checkpoint", "done"]
+PHASES: tuple[str, ...] = ("start", "load", "train", "checkpoint", "done")
+HEARTBEAT_DIR_ENV = "KIT_HEARTBEAT_DIR"
+NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """The file a rank beats into; the launcher reads the same name."""
+    return Path(directory) / f"rank_{rank}.json"
 
 
 class HeartbeatClient:
+    """One per worker process; cheap enough to call every step (one small file write)."""
+
+    def __init__(self, *, directory: str | os.PathLike[str] | None, rank: int, nvrx: bool = False) -> None:
+        self._path = heartbeat_path(directory, rank) if directory else None
+        self._tmp = self._path.with_name(self._path.name + ".tmp") if self._path else None
+        self._rank = rank
+        self._nvrx = nvrx
+        self._nvrx_client: Any = None
+        self._phase: str = "start"
+        self._since = time.time()
+        self._step: int | None = None
+        self._closed = False
+        self._write()
+
     @classmethod
     def from_env(cls) -> HeartbeatClient:
-        return cls()
+        """The client for the launcher this process runs under (kit, NVRx ft_launcher, or none)."""
+        rank = int(os.environ.get("RANK", "0"))
+        directory = os.environ.get(HEARTBEAT_DIR_ENV) or None
+        nvrx = directory is None and bool(os.environ.get(NVRX_SOCKET_ENV))
+        return cls(directory=directory, rank=rank, nvrx=nvrx)
+
+    @property
+    def enabled(self) -> bool:
+        return self._path is not None or self._nvrx
 
     def phase(self, phase: Phase) -> None:
-        """Announce a phase with its own allowance (e.g. "load" while a checkpoint is read)."""
+        """Announce a phase with its own allowance (e.g. "load" while a checkpoint is read).
+
+        The phase lasts until the next `beat()`, which returns the rank to "train".
+        """
+        if phase not in PHASES:
+            raise ValueError(f"heartbeat phase {phase!r} is not one of {', '.join(PHASES)}")
+        if phase != self._phase:
+            self._phase = phase
+            self._since = time.time()
+        self._write()
 
     def beat(self, step: int) -> None:
-        """One beat per training step; cheap (one small file write)."""
+        """One beat per completed training step."""
+        if self._closed:
+            return
+        now = time.time()
+        if self._phase != "train":
+            self._phase = "train"
+            self._since = now
+        self._step = step
+        self._write(now)
+        if self._nvrx:
+            self._nvrx_beat()
 
     def close(self) -> None:
-        """Final beat with phase "done"; later silence is not a hang."""
+        """Final write with phase "done"; later silence is not a hang."""
+        if self._closed:
+            return
+        self.phase("done")
+        self._closed = True
+        if self._nvrx_client is not None:
+            self._nvrx_client.shutdown_workload_monitoring()
+            self._nvrx_client = None
+
+    def _write(self, now: float | None = None) -> None:
+        if self._path is None or self._tmp is None:
+            return
+        record = {
+            "pid": os.getpid(),
+            "rank": self._rank,
+            "step": self._step,
+            "phase": self._phase,
+            "since": self._since,
+            "ts": now if now is not None else time.time(),
+        }
+        self._tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(self._tmp, self._path)
+
+    def _nvrx_beat(self) -> None:
+        if self._nvrx_client is None:
+            # Imported lazily: NVRx is an optional benchmark dependency, never needed by the kit.
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            client = RankMonitorClient()
+            client.init_workload_monitoring()
+            self._nvrx_client = client
+        self._nvrx_client.send_heartbeat()
