@@ -1,0 +1,246 @@
+"""`python -m training.report RUN_DIR [--png PATH] [--json]`: a run's metrics as a table and a PNG timeline.
+
+The numbers come from `training.metrics` (one module defines them); this module only presents them. The
+timeline shows steps per rank over time, checkpoint stalls, faults, launcher detections and recoveries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from training import exitcodes
+from training.events import read_events
+from training.metrics import DETECTION_KINDS, MetricsError, RunMetrics, load_run_metrics
+
+DEFAULT_PNG = "timeline.png"
+"""Written inside the run folder unless --png says otherwise."""
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} s"
+
+
+ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("world size", "trainer ranks", lambda m: str(m.world_size)),
+    ("wall time", "first trainer start to last end", lambda m: _s(m.wall_s)),
+    ("steps completed", "steps in the final result", lambda m: str(m.steps_completed)),
+    ("steps computed", "replays after resumes included", lambda m: str(m.steps_computed)),
+    ("lost steps", "computed again after a resume", lambda m: str(m.lost_steps)),
+    ("median step", "fault-free steps", lambda m: _s(m.median_step_s)),
+    ("checkpoint stall", "training loop blocked by saves", lambda m: _s(m.stall_s)),
+    ("final drain", "last background save at exit", lambda m: _s(m.drain_s)),
+    ("checkpoints", "committed / failed", lambda m: f"{m.checkpoints_committed} / {m.checkpoints_failed}"),
+    ("efficiency", "1 - stalls / wall (study)", lambda m: _pct(m.efficiency)),
+    ("faults", "recovered / injected", lambda m: f"{m.faults_recovered} / {len(m.faults)}"),
+    ("restarts", "worker group / in-process", lambda m: f"{m.restarts} / {m.inprocess_restarts}"),
+    ("recovery total", "sum over faults", lambda m: _s(m.recovery_s_total)),
+    ("goodput", "steps x median step / wall (strict)", lambda m: _pct(m.goodput)),
+    ("training goodput", "study's definition", lambda m: _pct(m.training_goodput)),
+    ("infra goodput", "study's definition", lambda m: _pct(m.infra_goodput)),
+)
+"""Table rows: label, meaning, formatter. Shared by the single-run and the side-by-side tables."""
+
+
+def metrics_table(m: RunMetrics, title: str = "Run metrics") -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("meaning", style="dim")
+    for label, meaning, fmt in ROWS:
+        table.add_row(label, fmt(m), meaning)
+    return table
+
+
+def faults_table(m: RunMetrics) -> Table:
+    table = Table(title="Faults")
+    for col in (
+        "#",
+        "kind",
+        "step",
+        "rank",
+        "detected by",
+        "detect",
+        "recovery",
+        "downtime",
+        "resumed",
+        "lost",
+    ):
+        table.add_column(col, justify="right" if col not in ("kind", "detected by") else "left")
+    for i, f in enumerate(m.faults, 1):
+        resumed = "-" if f.resume_source is None else f"{f.resume_step} ({f.resume_source})"
+        table.add_row(
+            str(i),
+            f.kind,
+            str(f.step),
+            str(f.rank),
+            f.detected_by or "-",
+            _s(f.detect_s),
+            _s(f.recovery_s),
+            _s(f.downtime_s),
+            resumed,
+            "-" if f.lost_steps is None else str(f.lost_steps),
+        )
+    return table
+
+
+def comparison_table(runs: Mapping[str, RunMetrics], title: str = "Side by side") -> Table:
+    """The same rows for several runs, one column each (the demo's kit / sync / torchrun view)."""
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in runs:
+        table.add_column(name, justify="right")
+    for label, _, fmt in ROWS:
+        table.add_row(label, *(fmt(m) for m in runs.values()))
+    table.add_row("mean recovery", *(_s(_mean_recovery(m)) for m in runs.values()))
+    return table
+
+
+def _mean_recovery(m: RunMetrics) -> float | None:
+    done = [f.recovery_s for f in m.faults if f.recovery_s is not None]
+    return sum(done) / len(done) if done else None
+
+
+def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path, *, title: str = "") -> Path:
+    """Steps per rank over time with stalls, faults, detections and recoveries, as a PNG (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trainer = [e for e in events if e.get("role") == "trainer" and e.get("rank") is not None]
+    t0 = min(float(e["ts"]) for e in trainer)
+    fig, (ax, ax_dur) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
+
+    # One line per (rank, attempt) so a restart shows as a break and a drop back to the resumed step.
+    series: dict[tuple[int, int], list[tuple[float, int, float]]] = defaultdict(list)
+    for e in trainer:
+        if e["kind"] == "step":
+            series[(int(e["rank"]), int(e.get("attempt") or 0))].append(
+                (float(e["ts"]) - t0, int(e["step"]), float(e.get("duration_s", 0.0)))
+            )
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    labelled: set[int] = set()
+    for (rank, _attempt), pts in sorted(series.items()):
+        color = colors[rank % len(colors)]
+        label = None if rank in labelled else f"rank {rank}"
+        labelled.add(rank)
+        xs, steps, durs = zip(*pts, strict=True)
+        ax.plot(xs, steps, ".-", ms=3, lw=1, color=color, label=label)
+        ax_dur.plot(xs, durs, ".", ms=3, color=color)
+
+    ref = min(int(e["rank"]) for e in trainer)
+    stalled = False
+    for e in trainer:
+        if e["kind"] == "ckpt" and e.get("phase") == "stall" and int(e["rank"]) == ref:
+            end, dur = float(e["ts"]) - t0, float(e.get("duration_s") or 0.0)
+            for a in (ax, ax_dur):
+                a.axvspan(
+                    end - dur, end, color="orange", alpha=0.35, lw=0, label=None if stalled else "ckpt stall"
+                )
+                stalled = True
+    for i, f in enumerate(m.faults):
+        x = f.ts - t0
+        for a in (ax, ax_dur):
+            a.axvline(x, color="red", lw=1.2, label="fault" if (i == 0 and a is ax) else None)
+        ax.annotate(
+            f"{f.kind}@{f.step} r{f.rank}",
+            (x, 0.98),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="red",
+        )
+        if f.recovery_s is not None:
+            ax.axvspan(
+                x, x + f.recovery_s, color="red", alpha=0.12, lw=0, label="recovery" if i == 0 else None
+            )
+    detections = [
+        float(e["ts"]) - t0 for e in events if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS
+    ]
+    if detections:
+        ax.plot(detections, [0] * len(detections), "kx", ms=7, label="launcher detection", clip_on=False)
+
+    starts = sorted({round(float(e["ts"]) - t0, 3) for e in trainer if e["kind"] == "start"})
+    ax.plot(starts, [0] * len(starts), "g^", ms=6, label="workers start", clip_on=False)
+    ax.set_xlim(left=0)
+    ax.set_ylabel("step")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(
+        title
+        or f"goodput {_pct(m.goodput)} · efficiency {_pct(m.efficiency)} · "
+        f"{m.faults_recovered}/{len(m.faults)} faults recovered",
+        fontsize=10,
+    )
+    ax_dur.set_ylabel("step time (s)")
+    ax_dur.set_xlabel("seconds since the first trainer start")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def _as_json(m: RunMetrics, png: Path | None) -> str:
+    data = dataclasses.asdict(m)
+    data["timeline_png"] = None if png is None else str(png)
+    return json.dumps(data, indent=2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder: <run.root>/<run.id>")
+    parser.add_argument(
+        "--png", type=Path, help=f"where to write the timeline (default RUN_DIR/{DEFAULT_PNG})"
+    )
+    parser.add_argument("--no-png", action="store_true", help="skip the timeline")
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of tables")
+    args = parser.parse_args(argv)
+
+    run_dir = Path(args.run_dir)
+    try:
+        m = load_run_metrics(run_dir)
+        png = (
+            None
+            if args.no_png
+            else write_timeline(read_events(run_dir), m, args.png or run_dir / DEFAULT_PNG)
+        )
+    except MetricsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    except OSError as exc:
+        print(
+            f"error: cannot write the timeline: {exc.strerror or exc}: {exc.filename}; pass --png PATH",
+            file=sys.stderr,
+        )
+        return exitcodes.USAGE
+
+    if args.json:
+        print(_as_json(m, png))
+        return exitcodes.OK
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(metrics_table(m, title=f"Run metrics: {run_dir}"))
+    if m.faults:
+        console.print(faults_table(m))
+    if png is not None:
+        console.print(f"timeline: {png}")
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
