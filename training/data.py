@@ -1,0 +1,192 @@
+"""Training data: a deterministic synthetic stream, or memory-mapped token shards.
+
+Both sources are a pure function of (seed, global sample index), so the only state is the position:
+`samples_consumed`, the number of samples the whole job has consumed. It is part of the checkpoint
+(`TokenLoader` is Stateful) and identical on every rank. Rank r takes global samples
+`pos + r*batch ... pos + (r+1)*batch - 1` at each step, so a resumed run reads exactly the batches it
+would have read.
+
+Shard format (one `*.bin` file per shard, files read in name order, tokens concatenated):
+  bytes 0-7    magic b"KITTOK01"
+  bytes 8-11   item size in bytes, uint32 little-endian (2 = uint16 tokens, 4 = uint32 tokens)
+  bytes 12-15  vocab size, uint32 (every token id is < vocab size)
+  bytes 16-23  number of tokens, uint64
+  bytes 24-31  reserved (zero)
+  bytes 32-    the tokens, little-endian
+The stream is cut into non-overlapping windows of seq_len + 1 tokens (a window may span two shards);
+each epoch visits every window once, in a seeded order.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from training.config import DataConfig
+
+MAGIC = b"KITTOK01"
+HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
+_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    itemsize: int
+    vocab_size: int
+    num_tokens: int
+
+
+def write_shard(path: str | Path, tokens: np.ndarray, *, vocab_size: int) -> None:
+    """Write one shard (uint16 when the vocab fits, else uint32), atomically via a temporary name."""
+    itemsize = 2 if vocab_size <= 2**16 else 4
+    arr = np.ascontiguousarray(tokens, dtype=_DTYPES[itemsize])
+    if arr.size and int(arr.max()) >= vocab_size:
+        raise ValueError(f"token id {int(arr.max())} is >= vocab_size {vocab_size}")
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(HEADER.pack(MAGIC, itemsize, vocab_size, arr.size, 0))
+        fh.write(arr.tobytes())
+    tmp.replace(path)
+
+
+def read_header(path: str | Path) -> ShardHeader:
+    path = Path(path)
+    with open(path, "rb") as fh:
+        raw = fh.read(HEADER.size)
+    if len(raw) < HEADER.size:
+        raise ValueError(f"shard {str(path)!r} is shorter than its {HEADER.size}-byte header")
+    magic, itemsize, vocab, n, _ = HEADER.unpack(raw)
+    if magic != MAGIC or itemsize not in _DTYPES:
+        raise ValueError(
+            f"{str(path)!r} is not a token shard (bad magic or item size): rebuild it with make_shards"
+        )
+    expected = HEADER.size + n * itemsize
+    if path.stat().st_size != expected:
+        raise ValueError(
+            f"shard {str(path)!r} has {path.stat().st_size} bytes, its header says {expected}: "
+            f"it is truncated or damaged; rebuild it with make_shards"
+        )
+    return ShardHeader(itemsize=itemsize, vocab_size=vocab, num_tokens=n)
+
+
+def shard_files(folder: str | Path) -> list[Path]:
+    return sorted(Path(folder).glob("*.bin"))
+
+
+def check_shards(folder: str | Path, *, seq_len: int, vocab_size: int) -> None:
+    """Validate a shard folder against the run's settings; ValueError with a one-line fix otherwise."""
+    if not Path(folder).is_dir():
+        raise ValueError(f"data.path={str(folder)!r} is not a folder: pass the --out folder of make_shards")
+    files = shard_files(folder)
+    if not files:
+        raise ValueError(
+            f"data.path={str(folder)!r} holds no *.bin shards: run python -m training.make_shards"
+        )
+    headers = [read_header(f) for f in files]
+    vocab = max(h.vocab_size for h in headers)
+    if vocab > vocab_size:
+        raise ValueError(
+            f"shards in {str(folder)!r} use vocab size {vocab} > the model's {vocab_size}: pick a larger model"
+        )
+    total = sum(h.num_tokens for h in headers)
+    if total < seq_len + 1:
+        raise ValueError(
+            f"shards in {str(folder)!r} hold {total} tokens, fewer than one sample (seq_len + 1 = {seq_len + 1}): "
+            f"add text or lower data.seq_len"
+        )
+
+
+class TokenShards:
+    """Memory-mapped shards read as one concatenated token stream."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.files = shard_files(folder)
+        self.maps = []
+        for f in self.files:
+            h = read_header(f)
+            self.maps.append(
+                np.memmap(f, dtype=_DTYPES[h.itemsize], mode="r", offset=HEADER.size, shape=(h.num_tokens,))
+            )
+        self.starts = np.cumsum([0] + [m.size for m in self.maps])
+        self.num_tokens = int(self.starts[-1])
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        while filled < length:
+            pos = start + filled
+            i = int(np.searchsorted(self.starts, pos, side="right")) - 1
+            local = pos - int(self.starts[i])
+            take = min(length - filled, self.maps[i].size - local)
+            out[filled : filled + take] = self.maps[i][local : local + take]
+            filled += take
+        return out
+
+
+def _mix(seed: int, *values: int) -> int:
+    h = seed & (2**64 - 1)
+    for v in values:
+        h = ((h ^ v) * _GOLDEN + 0x632BE59BD9B4E019) & (2**64 - 1)
+    return h >> 1  # torch.Generator.manual_seed takes < 2**63 comfortably
+
+
+def _affine_permutation(n: int, seed: int) -> tuple[int, int]:
+    """(a, b) with gcd(a, n) == 1, so j -> (a*j + b) % n visits every window once per epoch."""
+    a = _mix(seed, 1) % n or 1
+    while math.gcd(a, n) != 1:
+        a = (a + 1) % n or 1
+    return a, _mix(seed, 2) % n
+
+
+class TokenLoader:
+    """Per-rank batches (inputs, targets) of shape (batch_size, seq_len); Stateful (its position)."""
+
+    def __init__(self, cfg: DataConfig, *, vocab_size: int, seed: int, rank: int, world_size: int) -> None:
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.samples_consumed = 0
+        self.shards = TokenShards(cfg.path) if cfg.kind == "shards" else None
+        self._windows = self.shards.num_tokens // (cfg.seq_len + 1) if self.shards is not None else 0
+
+    def _synthetic(self, index: int) -> torch.Tensor:
+        # A random motif tiled along the sample: learnable (the loss falls), yet fully determined by index.
+        g = torch.Generator().manual_seed(_mix(self.seed, index))
+        period = int(torch.randint(4, 33, (1,), generator=g))
+        motif = torch.randint(0, self.vocab_size, (period,), generator=g)
+        return motif.repeat(self.cfg.seq_len // period + 2)[: self.cfg.seq_len + 1]
+
+    def _from_shards(self, index: int) -> torch.Tensor:
+        assert self.shards is not None
+        epoch, j = divmod(index, self._windows)
+        a, b = _affine_permutation(self._windows, _mix(self.seed, epoch))
+        window = (a * j + b) % self._windows
+        width = self.cfg.seq_len + 1
+        return torch.from_numpy(self.shards.read(window * width, width))
+
+    def sample(self, index: int) -> torch.Tensor:
+        """Tokens of global sample `index` (seq_len + 1 of them)."""
+        return self._synthetic(index) if self.shards is None else self._from_shards(index)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        first = self.samples_consumed + self.rank * self.cfg.batch_size
+        rows = torch.stack([self.sample(first + i) for i in range(self.cfg.batch_size)])
+        self.samples_consumed += self.world_size * self.cfg.batch_size
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_consumed": self.samples_consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.samples_consumed = int(state["samples_consumed"])

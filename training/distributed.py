@@ -1,0 +1,142 @@
+"""Process-group setup: backend and device chosen from the hardware, seeds, deterministic flags.
+
+Reads the usual torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+that torchrun, the kit's launcher or the NVRx launchers set; without it, runs as a single process.
+
+The process group is built on a store the trainer holds itself (`DistContext.store`), wrapped in a
+PrefixStore per launcher attempt and per in-process generation. Holding the store keeps it alive across
+`destroy_process_group` (in-process restart), and the prefixes keep a restarted group away from the keys
+of a dead one (the stale-key trap of torch's shared rendezvous store, pytorch/pytorch#135712).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    timeout: timedelta
+    store: dist.Store | None = None
+    generation: int = 0
+    """In-process restart generation (0 = the group created at start)."""
+    mesh: DeviceMesh | None = field(default=None, repr=False)
+
+    @property
+    def attempt(self) -> int:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def pick_device(local_rank: int) -> tuple[torch.device, str]:
+    """(device, backend): NCCL on a GPU (gloo kept for CPU collectives), gloo on CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def connect_store(timeout: timedelta) -> dist.Store:
+    """The job's TCPStore: rank 0 hosts it unless the elastic agent already does (shared agent store)."""
+    rank = _env_int("RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _env_int("MASTER_PORT", 29500)
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return dist.TCPStore(
+        host,
+        port,
+        world_size=world,
+        is_master=(rank == 0 and not agent_hosts),
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+
+
+def init_distributed(
+    *, timeout_s: float, store: dist.Store | None = None, generation: int = 0
+) -> DistContext:
+    """Create the default process group and the 1-D device mesh FSDP2 shards over."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    device, backend = pick_device(local_rank)
+    timeout = timedelta(seconds=timeout_s)
+    if "MASTER_ADDR" not in os.environ and world == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    ctx = DistContext(
+        rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, timeout=timeout
+    )
+    ctx.store = store if store is not None else connect_store(timeout)
+    new_group(ctx, generation)
+    return ctx
+
+
+def new_group(ctx: DistContext, generation: int) -> None:
+    """(Re)create the default group on a fresh key prefix; used at start and after an in-process abort."""
+    prefix = f"kit/attempt{ctx.attempt}/gen{generation}"
+    dist.init_process_group(
+        backend=ctx.backend,
+        store=dist.PrefixStore(prefix, ctx.store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=ctx.timeout,
+        device_id=ctx.device if ctx.device.type == "cuda" else None,
+    )
+    ctx.generation = generation
+    ctx.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+
+
+def abort_groups(ctx: DistContext) -> None:
+    """Abort every process group of this process (closes its connections, so peers blocked in a
+    collective with us fail at once instead of waiting for the timeout), then forget them."""
+    ctx.mesh = None
+    if dist.is_initialized():
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except (RuntimeError, ValueError):
+            dist.destroy_process_group()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Same seed on every rank for model init; per-rank streams differ only where a rank draws its own."""
+    random.seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_deterministic(enabled: bool) -> None:
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    torch.backends.cudnn.deterministic = enabled
+    torch.backends.cudnn.benchmark = not enabled
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,174 @@
+"""In-process restart: recover from a Python exception or a collective timeout without new processes.
+
+Kit backend (`inprocess.backend=kit`), per fault:
+  1. abort every process group of this process: its connections close, so a peer blocked in a
+     collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
+     for the collective timeout), then drop the model, optimizer and checkpointer groups;
+  2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
+     prefix per restart generation), at most `barrier_timeout_s`;
+  3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
+  4. restore: if every rank's checkpointer holds the same step in host memory (`memory_step()`, agreed
+     over the new group), copy it back (no disk read); else load the newest committed step from disk;
+     with no checkpoint at all, start again from the seed (the same weights as the first start);
+  5. continue the loop.
+A rank that cannot recover this way (a peer never reaches the barrier: it died or hangs in C code; the
+restart budget is spent; the restart itself fails) raises, and the process exits non-zero so the launcher
+restarts the whole group. Each restart emits `inprocess_restart` and `resume` events.
+
+NVRx backend (`inprocess.backend=nvrx`): the same loop runs inside nvidia_resiliency_ext's
+`inprocess.Wrapper` (store and group created per Wrapper iteration, as its docs require).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from training.distributed import abort_groups, new_group
+
+if TYPE_CHECKING:
+    from training.config import InprocessConfig, TrainConfig
+    from training.distributed import DistContext
+    from training.events import EventLog
+    from training.train import Session, Trainer
+
+
+class RestartFailed(RuntimeError):
+    """This rank cannot recover in process; the launcher must restart the group."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+class RestartStore:
+    """The barrier's own TCPStore: rank 0 hosts it on a free port published through the job store."""
+
+    def __init__(self, ctx: DistContext, timeout_s: float) -> None:
+        self.ctx = ctx
+        self.timeout = timedelta(seconds=timeout_s)
+        key = f"kit/attempt{ctx.attempt}/inprocess_store_port"
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        assert ctx.store is not None
+        if ctx.rank == 0:
+            self.store = dist.TCPStore(
+                host,
+                0,
+                world_size=ctx.world_size,
+                is_master=True,
+                timeout=self.timeout,
+                wait_for_workers=False,
+            )
+            ctx.store.set(key, str(self.store.port))
+        else:
+            port = int(ctx.store.get(key).decode())
+            self.store = dist.TCPStore(
+                host, port, world_size=ctx.world_size, is_master=False, timeout=self.timeout
+            )
+
+    def barrier(self, generation: int) -> None:
+        """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout."""
+        prefix = f"attempt{self.ctx.attempt}/gen{generation}"
+        arrived = self.store.add(f"{prefix}/arrived", 1)
+        if arrived == self.ctx.world_size:
+            self.store.set(f"{prefix}/go", "1")
+        try:
+            self.store.wait([f"{prefix}/go"], self.timeout)
+        except (RuntimeError, dist.DistError) as exc:
+            raise RestartFailed(
+                f"rank {self.ctx.rank}: only {self.store.add(f'{prefix}/arrived', 0)}/{self.ctx.world_size} ranks "
+                f"reached in-process restart barrier {generation} within {self.timeout.total_seconds():.0f} s "
+                f"(a peer died or hangs); exiting so the launcher restarts the group"
+            ) from exc
+
+
+def agree_memory_step(step: int | None, world_size: int) -> int | None:
+    """The host-memory step if every rank holds the same one (a collective on the default group)."""
+    if world_size == 1:
+        return step
+    steps: list[int | None] = [None] * world_size
+    dist.all_gather_object(steps, step)
+    return step if step is not None and all(s == step for s in steps) else None
+
+
+def restore(trainer: Trainer, session: Session, previous: object | None) -> tuple[int | None, str]:
+    """Restore `session` from the previous checkpointer's host copy when all ranks agree, else disk."""
+    mem_step = previous.memory_step() if previous is not None else None  # type: ignore[attr-defined]
+    agreed = agree_memory_step(mem_step, trainer.ctx.world_size)
+    if agreed is not None:
+        step = previous.load_from_memory(session.ckpt_state)  # type: ignore[attr-defined]
+        if step is not None:
+            return step, "memory"
+    step = session.checkpointer.load(session.ckpt_state)
+    return step, ("disk" if step is not None else "none")
+
+
+def _close_quietly(checkpointer: object) -> None:
+    try:
+        checkpointer.close()  # type: ignore[attr-defined]
+    except Exception as exc:  # its groups are aborted; a failed in-flight save is expected here
+        print(f"[inprocess] closing the previous checkpointer: {_one_line(exc)}", file=sys.stderr, flush=True)
+
+
+def run_with_restarts(trainer: Trainer) -> Session:
+    """Build, resume and train; with in-process restart enabled, recover soft faults in place."""
+    from training.train import build_session
+
+    cfg: InprocessConfig = trainer.cfg.inprocess
+    ctx, events = trainer.ctx, trainer.events
+    session = build_session(trainer.cfg, ctx, events)
+    trainer.resume(session)
+    if not cfg.enabled:
+        trainer.train_loop(session)
+        return session
+    store = RestartStore(ctx, cfg.barrier_timeout_s)
+    restarts = 0
+    while True:
+        try:
+            trainer.train_loop(session)
+            return session
+        except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
+            t_fail = time.time()
+            if restarts >= cfg.max_restarts:
+                raise RestartFailed(
+                    f"rank {ctx.rank}: in-process restart budget spent ({cfg.max_restarts}); last fault: {_one_line(exc)}"
+                ) from exc
+            restarts += 1
+            reason = _one_line(exc)
+            print(
+                f"[inprocess] rank {ctx.rank}: {reason}; restart {restarts}/{cfg.max_restarts}",
+                file=sys.stderr,
+                flush=True,
+            )
+            previous = session.checkpointer
+            del session
+            abort_groups(ctx)
+            gc.collect()
+            trainer.heartbeat.phase("load")
+            store.barrier(ctx.generation + 1)
+            new_group(ctx, ctx.generation + 1)
+            session = build_session(trainer.cfg, ctx, events)
+            step, source = restore(trainer, session, previous)
+            _close_quietly(previous)
+            del previous
+            duration = time.time() - t_fail
+            events.emit(
+                "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration
+            )
+            events.emit("resume", step=step, source=source, duration_s=duration, fallback_from=None)
+            trainer.log(
+                f"in-process restart {restarts}: restored step {step} from {source} in {duration:.2f} s"
+            )
+            trainer.heartbeat.phase("train")
+
+
+def run_under_nvrx(cfg: TrainConfig) -> int:
+    """Run the trainer inside NVRx's inprocess.Wrapper (the store and group are built per iteration)."""
+    raise NotImplementedError

@@ -1,0 +1,227 @@
+"""The trainer: `python -m training.train [--config FILE.yaml] [--section.field VALUE ...]`.
+
+A Llama-style decoder trained with FSDP2 (`fully_shard` per block, then the root), AdamW, linear warmup
+then cosine decay, gradient clipping, bf16 mixed precision on GPU. Runs under any launcher that sets the
+torch.distributed environment (torchrun, `python -m training.launch`, NVRx's ft_launcher), or alone.
+
+Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); anything else is a real failure,
+recorded by torch.distributed.elastic's `@record` for the launcher.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from training import exitcodes
+from training.checkpoint import Checkpointer
+from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
+from training.data import TokenLoader
+from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
+from training.events import EventLog
+from training.faults import FaultInjector
+from training.heartbeat import HeartbeatClient
+from training.model import MODEL_CONFIGS, build_model, loss_fn
+from training.state import TrainState
+
+
+def lr_schedule(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of cfg.lr at scheduler step i (0-based): linear warmup, then cosine down to min_lr."""
+    floor = cfg.min_lr / cfg.lr
+
+    def factor(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / cfg.warmup_steps
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (i - cfg.warmup_steps) / span)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+@dataclass
+class Session:
+    """Everything bound to one process group: rebuilt after an in-process restart."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    state: TrainState
+    checkpointer: Checkpointer
+
+    @property
+    def ckpt_state(self) -> dict[str, TrainState]:
+        return {"train": self.state}
+
+
+def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Session:
+    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer."""
+    seed_everything(cfg.run.seed, ctx.rank)
+    args = MODEL_CONFIGS[cfg.model.name]
+    param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
+    model = build_model(args, mesh=ctx.mesh, device=ctx.device, seed=cfg.run.seed, param_dtype=param_dtype)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        weight_decay=cfg.optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg.optim, cfg.training.steps))
+    data = TokenLoader(
+        cfg.data, vocab_size=args.vocab_size, seed=cfg.run.seed, rank=ctx.rank, world_size=ctx.world_size
+    )
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank)
+    checkpointer = Checkpointer(
+        cfg.checkpoint, run_dir=cfg.run.run_dir, rank=ctx.rank, world_size=ctx.world_size, events=events
+    )
+    return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
+
+
+def train_step(session: Session, *, device: torch.device, grad_clip: float, world_size: int) -> float:
+    """One optimizer step on this rank's next batch; returns the loss averaged over ranks."""
+    state = session.state
+    inputs, targets = state.data.next_batch()
+    loss = loss_fn(session.model(inputs.to(device)), targets.to(device))
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(session.model.parameters(), grad_clip)
+    session.optimizer.step()
+    session.optimizer.zero_grad(set_to_none=True)
+    state.scheduler.step()
+    state.step += 1
+    reported = loss.detach().float()
+    if world_size > 1:
+        dist.all_reduce(reported)
+        reported /= world_size
+    return float(reported)
+
+
+class Trainer:
+    """Owns the per-process parts (events, heartbeat, faults) and runs the loop over a Session."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.events = EventLog(cfg.run.run_dir, role="trainer", rank=ctx.rank)
+        self.heartbeat = HeartbeatClient.from_env()
+        self.faults = FaultInjector(
+            cfg.fault,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            max_steps=cfg.training.steps,
+            events=self.events,
+        )
+
+    def log(self, message: str) -> None:
+        if self.ctx.rank == 0:
+            print(f"[trainer] {message}", flush=True)
+
+    def resume(self, session: Session) -> int | None:
+        """Restore the newest committed, verified checkpoint from disk; None means a fresh start."""
+        self.heartbeat.phase("load")
+        t0 = time.time()
+        step = session.checkpointer.load(session.ckpt_state)
+        self.events.emit(
+            "resume",
+            step=step,
+            source="disk" if step is not None else "none",
+            duration_s=time.time() - t0,
+            fallback_from=None,
+        )
+        self.log(f"resumed from step {step}" if step is not None else "no checkpoint: starting at step 0")
+        self.heartbeat.phase("train")
+        return step
+
+    def train_loop(self, session: Session, *, heartbeat: HeartbeatClient | None = None) -> None:
+        heartbeat = heartbeat or self.heartbeat
+        cfg = self.cfg
+        while session.state.step < cfg.training.steps:
+            step = session.state.step + 1
+            self.faults.maybe_inject(step)
+            t_start = time.time()
+            loss = train_step(
+                session, device=self.ctx.device, grad_clip=cfg.optim.grad_clip, world_size=self.ctx.world_size
+            )
+            duration = time.time() - t_start
+            self.events.emit("step", step=step, loss=loss, duration_s=duration, t_start=t_start)
+            session.checkpointer.maybe_save(step, session.ckpt_state)
+            heartbeat.beat(step)
+            if step % cfg.training.log_every == 0 or step == cfg.training.steps:
+                self.log(f"step {step}/{cfg.training.steps} loss {loss:.4f} ({duration:.3f} s)")
+
+    def finish(self, session: Session) -> None:
+        """Drain the in-flight save (timed on its own), save the final step, optionally dump the model."""
+        step = session.state.step
+        t0 = time.time()
+        session.checkpointer.wait()
+        self.events.emit("ckpt", step=step, phase="drain", duration_s=time.time() - t0)
+        session.checkpointer.maybe_save(step, session.ckpt_state, force=True)
+        session.checkpointer.wait()
+        if self.cfg.training.dump_final:
+            dump_full_state(session, Path(self.cfg.training.dump_final), rank=self.ctx.rank)
+        self.events.emit("end", step=step)
+        self.log(f"done at step {step}")
+
+    def run(self) -> int:
+        from training.inprocess import run_with_restarts
+
+        cfg = self.cfg
+        self.events.emit(
+            "start", world_size=self.ctx.world_size, model=cfg.model.name, ckpt_mode=cfg.checkpoint.mode
+        )
+        self.heartbeat.phase("start")
+        try:
+            session = run_with_restarts(self)
+            self.finish(session)
+            session.checkpointer.close()
+        finally:
+            self.faults.close()
+            self.heartbeat.close()
+            self.events.close()
+        return exitcodes.OK
+
+
+def dump_full_state(session: Session, path: Path, *, rank: int) -> None:
+    """Rank 0 writes the unsharded model and optimizer state (a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(session.model, session.optimizer, options=opts)
+    if rank == 0:
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"step": session.state.step, "model": model_sd, "optim": optim_sd}, tmp)
+        tmp.replace(path)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return exitcodes.OK
+    try:
+        cfg = load_config(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
+    set_deterministic(cfg.training.deterministic)
+    if cfg.inprocess.enabled and cfg.inprocess.backend == "nvrx":
+        from training.inprocess import run_under_nvrx
+
+        return run_under_nvrx(cfg)
+    ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s)
+    try:
+        return Trainer(cfg, ctx).run()
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
