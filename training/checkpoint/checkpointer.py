@@ -1,0 +1,398 @@
+"""The checkpointer the training loop calls: `maybe_save`, `load`, `wait`, `close` (+ in-memory restore).
+
+One save at a time, in one of three ways (config `checkpoint.mode` / `backend`):
+  sync        the loop runs the DCP save and the commit itself (the whole save is stall);
+  async kit   the loop only takes the state (references + small deep copies); the writer thread copies
+              every tensor into reused host buffers, writes with `KitStorageWriter`, then commits;
+  async dcp   PyTorch's `dcp.async_save` with async staging into a reused `DefaultStager`, same writer and
+              commit record.
+While a host copy is running, every `torch.optim` optimizer step in the process waits for it (a global
+optimizer step pre-hook), so no later update can reach the checkpoint; forward and backward overlap it.
+
+When the next save comes due while the previous one is still being written, `maybe_save` WAITS for it
+and times the wait as stall. Why: `checkpoint.interval` is the user's bound on lost work; skipping would
+silently double it exactly when storage is slow. The wait is visible (stall events, a warning that names
+the fix: a longer interval or faster storage). Skipping would also need a collective to agree, since
+ranks may disagree on whether their own write finished (reference: torch-on-cpu.md §2.5).
+
+Events (`ckpt`, see training.events): stall (loop blocked: in maybe_save, and in the optimizer pre-hook
+if the copy was not done), write (this rank's shard durable; duration from the save request), commit
+(rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
+whose own write failed: count distinct steps), drain (`wait()`), skipped (a second save of one step).
+A failed save is logged and counted; training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from training.checkpoint.comm import CheckpointComm
+from training.checkpoint.commit import CommitRecord, FileEntry, write_commit
+from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.layout import COMMIT_FILE, checkpoints_dir, fsync_dir, step_dir
+from training.checkpoint.resume import CheckpointError, _one_line, resume
+from training.checkpoint.retention import prune
+from training.checkpoint.staging import HostStager, flatten_state, restore_into, take
+from training.checkpoint.worker import BackgroundWorker
+from training.checkpoint.writer import KitStorageWriter
+from training.events import EventLog
+
+log = logging.getLogger("training.checkpoint")
+
+__all__ = ["CheckpointError", "Checkpointer"]
+
+
+@dataclass
+class _Save:
+    """One save from request to commit."""
+
+    step: int
+    t_request: float
+    staged: threading.Event = field(default_factory=threading.Event)
+    """Set once the host copy is complete (immediately in sync mode)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
+class Checkpointer:
+    """Saves and restores a dict of Stateful objects / tensors (as `dcp.save` takes) under the run folder."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        world_size: int,
+        events: EventLog | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.root = checkpoints_dir(run_dir)
+        self.events = events or EventLog(None, role="trainer", rank=rank)
+        self._comm = CheckpointComm(rank=rank, world_size=world_size, timeout_s=cfg.pg_timeout_s)
+        self._planner = DefaultSavePlanner(enable_plan_caching=True)
+        self._inflight: _Save | None = None
+        self._last_step: int | None = None
+        self._busy_waits = 0
+        self._async = cfg.mode == "async"
+        self._stager = HostStager() if self._async and cfg.backend == "kit" else None
+        self._dcp_stager: Any = None
+        self._worker = BackgroundWorker(f"ckpt-writer-rank{rank}") if self._async else None
+        self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step) if self._async else None
+        if cfg.mode != "off" and rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------------------------------- saving
+    def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
+        """Save `state` as step `step` if it is due (every `interval` steps) or forced; True if started."""
+        if self.cfg.mode == "off" or not (force or step % self.cfg.interval == 0):
+            return False
+        if step == self._last_step:
+            self.events.emit("ckpt", step=step, phase="skipped", duration_s=0.0, reason="step already saved")
+            return False
+        t0 = time.time()
+        t0p = time.perf_counter()
+        self._wait_previous(step)
+        save = _Save(step=step, t_request=t0)
+        self._last_step = step
+        if not self._async:
+            save.staged.set()
+            self._run_sync(save, state)
+        elif self.cfg.backend == "kit":
+            taken = take(step, state)
+            self._inflight = save
+            self._worker.submit(lambda: self._kit_job(save, taken))
+        else:
+            self._start_dcp_async(save, state)
+        self.events.emit("ckpt", step=step, phase="stall", duration_s=time.perf_counter() - t0p, ts=t0)
+        return True
+
+    def _wait_previous(self, step: int) -> None:
+        prev = self._inflight
+        if prev is None or prev.done.is_set():
+            return
+        t0 = time.perf_counter()
+        prev.done.wait()
+        self._busy_waits += 1
+        if self._busy_waits == 1:
+            log.warning(
+                "checkpoint of step %d was still being written when step %d came due; waited %.2fs, "
+                "counted as stall (raise checkpoint.interval or use faster storage)",
+                prev.step,
+                step,
+                time.perf_counter() - t0,
+            )
+
+    def _run_sync(self, save: _Save, state: dict[str, Any]) -> None:
+        ok, error, files = False, None, {}
+        if self._prepare_folder(save.step):
+            ok, error, files = self._write(save, state)
+        else:
+            error = "could not clear the step folder"
+        self._finish(save, ok, error, files)
+
+    def _kit_job(self, save: _Save, taken: Any) -> None:
+        try:
+            tree = self._stager.copy(taken)
+        except Exception as exc:  # e.g. out of host memory: fail this save, keep training
+            tree, copy_error = None, _one_line(exc)
+        else:
+            copy_error = None
+        finally:
+            save.staged.set()
+        ok, error, files = False, copy_error, {}
+        if self._comm.all_true(tree is not None) and self._prepare_folder(save.step):
+            ok, error, files = self._write(save, tree)
+        elif error is None:
+            error = "another rank could not stage or clear the step folder"
+        self._finish(save, ok, error, files)
+
+    def _start_dcp_async(self, save: _Save, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if not self._prepare_folder(save.step):
+            save.staged.set()
+            self._finish(save, False, "could not clear the step folder", {})
+            return
+        if self._dcp_stager is None:
+            cuda = torch.cuda.is_available()
+            self._dcp_stager = DefaultStager(StagingOptions(cuda, False, True, cuda))
+        writer = KitStorageWriter(step_dir(self.root, save.step))
+        try:
+            response = dcp.async_save(
+                flatten_state(state),
+                storage_writer=writer,
+                planner=self._planner,
+                process_group=self._comm.group,
+                async_stager=self._dcp_stager,
+                no_dist=not self._comm.distributed,
+            )
+        except Exception as exc:
+            save.staged.set()
+            self._finish(save, False, _one_line(exc), {})
+            return
+        self._inflight = save
+
+        def job() -> None:
+            try:
+                response.staging_completion.result()
+            except Exception as exc:
+                error = _one_line(exc)
+            else:
+                error = None
+            finally:
+                save.staged.set()
+            try:
+                response.upload_completion.result()
+            except Exception as exc:
+                error = error or _one_line(exc)
+            t_written = time.time() - save.t_request
+            if error is None:
+                self._emit_write(save.step, t_written, writer.files)
+            self._finish(save, error is None, error, dict(writer.files), written=True)
+
+        self._worker.submit(job)
+
+    def _prepare_folder(self, step: int) -> bool:
+        """Rank 0 clears a leftover folder of this step (commit record first); all ranks agree it worked."""
+        ok = True
+        if self.rank == 0:
+            folder = step_dir(self.root, step)
+            try:
+                if folder.exists():
+                    (folder / COMMIT_FILE).unlink(missing_ok=True)
+                    shutil.rmtree(folder)
+                folder.mkdir(parents=True)
+            except OSError as exc:
+                ok = False
+                self._prepare_error = _one_line(exc)
+        return self._comm.all_true(ok)
+
+    def _write(self, save: _Save, tree: dict[str, Any]) -> tuple[bool, str | None, dict[str, FileEntry]]:
+        """Every rank writes its shard (a DCP save on the checkpoint group); (ok, error, files written)."""
+        writer = KitStorageWriter(step_dir(self.root, save.step))
+        try:
+            dcp.save(
+                tree,
+                storage_writer=writer,
+                planner=self._planner,
+                process_group=self._comm.group,
+                no_dist=not self._comm.distributed,
+            )
+        except Exception as exc:
+            return False, _one_line(exc), {}
+        self._emit_write(save.step, time.time() - save.t_request, writer.files)
+        return True, None, dict(writer.files)
+
+    def _emit_write(self, step: int, duration_s: float, files: dict[str, FileEntry]) -> None:
+        nbytes = sum(f.size for f in files.values())
+        self.events.emit("ckpt", step=step, phase="write", duration_s=duration_s, bytes=nbytes)
+
+    def _finish(
+        self,
+        save: _Save,
+        ok: bool,
+        error: str | None,
+        files: dict[str, FileEntry],
+        *,
+        written: bool = False,
+    ) -> None:
+        """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes."""
+        try:
+            gathered = self._comm.gather_to_zero((ok, error, files))
+        except Exception as exc:  # a peer died mid-save: the step stays uncommitted
+            gathered = None
+            ok, error = False, error or _one_line(exc)
+        if not ok:
+            self._report_failed(save.step, error or "unknown error")
+        if self.rank == 0 and gathered is not None:
+            self._commit(save, gathered)
+        save.ok = ok
+        save.done.set()
+
+    def _commit(self, save: _Save, gathered: list[Any]) -> None:
+        errors = [f"rank {r}: {e}" for r, (ok, e, _) in enumerate(gathered) if not ok]
+        if errors:
+            if gathered[0][0]:  # rank 0 itself wrote fine: report the others' errors once
+                self._report_failed(save.step, "; ".join(errors))
+            return
+        folder = step_dir(self.root, save.step)
+        files: dict[str, FileEntry] = {}
+        for _, _, per_rank in gathered:
+            files.update(per_rank)
+        record = CommitRecord(step=save.step, world_size=self.world_size, files=files)
+        try:
+            fsync_dir(folder)
+            write_commit(folder, record)
+        except OSError as exc:
+            self._report_failed(save.step, f"commit record: {_one_line(exc)}")
+            return
+        self.events.emit(
+            "ckpt",
+            step=save.step,
+            phase="commit",
+            duration_s=time.time() - save.t_request,
+            bytes=record.total_bytes,
+        )
+        try:
+            prune(self.root, keep=self.cfg.keep, in_flight=save.step)
+        except OSError as exc:
+            log.warning("checkpoint retention could not delete old steps: %s", _one_line(exc))
+
+    def _report_failed(self, step: int, error: str) -> None:
+        log.error("checkpoint of step %d failed, training goes on: %s", step, error)
+        self.events.emit("ckpt", step=step, phase="failed", duration_s=0.0, error=error)
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Global optimizer pre-hook: an update must not start while the host copy still reads the state."""
+        save = self._inflight
+        if save is None or save.staged.is_set():
+            return
+        t0 = time.time()
+        t0p = time.perf_counter()
+        save.staged.wait()
+        self.events.emit(
+            "ckpt",
+            step=save.step,
+            phase="stall",
+            duration_s=time.perf_counter() - t0p,
+            ts=t0,
+            waited="staging",
+        )
+
+    def maybe_wait_for_staging(self) -> None:
+        """Block until the host copy of the in-flight save is done; call before mutating state in place
+        outside `torch.optim` (optimizer steps already wait by themselves)."""
+        self._before_optimizer_step(None, None, None)
+
+    # ---------------------------------------------------------------------------------------- waiting
+    def wait(self) -> None:
+        """Drain: block until the in-flight save is committed or failed (a `drain` event times it)."""
+        save = self._inflight
+        if save is None or save.done.is_set():
+            return
+        t0 = time.time()
+        t0p = time.perf_counter()
+        save.done.wait()
+        self.events.emit("ckpt", step=save.step, phase="drain", duration_s=time.perf_counter() - t0p, ts=t0)
+
+    def close(self) -> None:
+        """Drain, stop the writer thread, release the hook, the staging memory and the process group."""
+        self.wait()
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._stager is not None:
+            self._stager.close()
+        if self._dcp_stager is not None:
+            self._dcp_stager.close()
+            self._dcp_stager = None
+        self._comm.close()
+
+    # ---------------------------------------------------------------------------------------- loading
+    def load(self, state: dict[str, Any]) -> int | None:
+        """Restore the newest committed step whose files verify into `state`; None if none is committed.
+
+        Falls back to an older step (warning + `resume` event with fallback_from) when the newest is
+        damaged; raises CheckpointError (one line) when steps are committed but none verifies."""
+        if self.cfg.mode == "off":
+            return None
+        self.wait()
+        t0 = time.time()
+        result = resume(self._comm, self.root, state, checksum=self.cfg.verify == "checksum")
+        self.events.emit(
+            "resume",
+            step=result.step,
+            source="disk" if result.step is not None else "none",
+            duration_s=time.time() - t0,
+            fallback_from=result.fallback_from,
+            ts=t0,
+        )
+        if result.fallback_from is not None:
+            log.warning(
+                "resumed from step %d, not the newest committed step %d (damaged: %s)",
+                result.step,
+                result.fallback_from,
+                result.rejected.get(result.fallback_from),
+            )
+        self._last_step = result.step
+        return result.step
+
+    def memory_step(self) -> int | None:
+        """Step held in host memory by the last async (kit) save, for in-process restart; None if none.
+        Each rank answers for itself: restore from memory only if every rank reports the same step."""
+        if self._stager is None:
+            return None
+        save = self._inflight
+        if save is not None:
+            save.staged.wait()  # a local memcpy: always finishes
+        return self._stager.last_step
+
+    def load_from_memory(self, state: dict[str, Any]) -> int | None:
+        """Copy the host copy of the last async save back into `state`; its step, or None if none."""
+        step = self.memory_step()
+        if step is None:
+            return None
+        t0 = time.time()
+        restore_into(state, self._stager.last)
+        self.events.emit(
+            "resume", step=step, source="memory", duration_s=time.time() - t0, fallback_from=None, ts=t0
+        )
+        self._last_step = step
+        return step

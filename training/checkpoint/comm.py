@@ -1,0 +1,59 @@
+"""The checkpoint's own gloo process group, and the few collectives it needs (none without distributed).
+
+Background saves must never share the training process group: their collectives would interleave with
+FSDP's and deadlock (reference: torch-on-cpu.md §2.5). Every collective here runs on this group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class CheckpointComm:
+    """Rank, world size and a dedicated gloo group; every method is a collective over that group."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.distributed = dist.is_available() and dist.is_initialized() and world_size > 1
+        self.group: dist.ProcessGroup | None = None
+        if self.distributed:
+            # A collective: every rank builds its Checkpointer at the same point.
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+    def gather_to_zero(self, obj: Any) -> list[Any] | None:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=dist.get_global_rank(self.group, 0), group=self.group)
+        return out
+
+    def broadcast_from_zero(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return box[0]
+
+    def all_true(self, flag: bool) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        if self.group is not None:
+            # The default group may already be gone (shutdown order); then there is nothing to free.
+            with contextlib.suppress(RuntimeError, ValueError):
+                dist.destroy_process_group(self.group)
+            self.group = None

@@ -1,0 +1,45 @@
+"""Where checkpoints live in a run folder (design, contract 3): `<run_dir>/checkpoints/step_<N:08d>/`."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+CHECKPOINTS_DIR = "checkpoints"
+COMMIT_FILE = "commit.json"
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+
+
+def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def list_steps(root: Path) -> list[int]:
+    """Every step folder present, committed or not, oldest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in os.scandir(root):
+        match = _STEP_RE.match(entry.name)
+        if match and entry.is_dir():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def is_committed(root: Path, step: int) -> bool:
+    """A step exists for resume only once its commit record is in place (written last)."""
+    return (step_dir(root, step) / COMMIT_FILE).is_file()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (new or renamed files) durable, as a rename alone is not."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

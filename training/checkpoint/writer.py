@@ -1,0 +1,152 @@
+"""A DCP StorageWriter that writes one file per rank with the least CPU: raw tensor bytes, checksummed
+on the way out, fsynced.
+
+Why not the stock `FileSystemWriter`: in torch 2.13 it runs `torch.save` per tensor with the zip writer's
+CRC32 on (miniz, about 0.26 GB/s on one core here, against 3.4 GB/s with it off), and nothing records a
+whole-file checksum. This writer keeps the exact on-disk layout that `FileSystemReader` / `dcp.load`
+read (one `__<rank>_0.distcp` per rank holding one torch zip archive per item, plus `.metadata`), turns
+the per-record zip CRC off, and computes one zlib CRC32 per file over the same memory it writes
+(no second pass, no re-read). The recorded (size, crc32) of every file feeds the commit record.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    DEFAULT_SUFFIX,
+    FileSystemWriter,
+    _StorageInfo,
+    _StoragePrefix,
+)
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from training.checkpoint.commit import FileEntry
+
+METADATA_FILE = ".metadata"
+TEST_DELAY_ENV = "KIT_CKPT_TEST_WRITE_DELAY_S"
+"""For tests only: seconds to sleep before each item the writer writes, to hold a save in flight."""
+_MAX_WRITE = 1 << 30
+
+
+class ChecksumFile:
+    """A write-only file that keeps a running CRC32 and size of everything written, then fsyncs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = open(path, "wb", buffering=0)  # noqa: SIM115
+        self.size = 0
+        self.crc32 = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc32 = zlib.crc32(view, self.crc32)
+        done = 0
+        while done < len(view):
+            done += self._fh.write(view[done : done + _MAX_WRITE])
+        self.size += done
+        return done
+
+    def flush(self) -> None:
+        """Unbuffered: nothing to flush (the torch zip writer calls this)."""
+
+    def tell(self) -> int:
+        return self.size
+
+    def close(self, *, fsync: bool = True) -> FileEntry:
+        if fsync:
+            os.fsync(self._fh.fileno())
+        self._fh.close()
+        return FileEntry(size=self.size, crc32=self.crc32)
+
+    def abort(self) -> None:
+        self._fh.close()
+
+
+def _write_tensor(out: ChecksumFile, tensor: torch.Tensor) -> None:
+    """`torch.save(tensor, out)` without the zip's own CRC pass (our file CRC covers the bytes)."""
+    writer = torch._C.PyTorchFileWriter(out, False, torch.serialization._get_storage_alignment())
+    torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+
+
+class KitStorageWriter(FileSystemWriter):
+    """One checksummed, fsynced file per rank; `files` holds what this rank wrote in the last save."""
+
+    def __init__(self, path: str | os.PathLike[str], *, sync_files: bool = True) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1)
+        self.files: dict[str, FileEntry] = {}
+        self._delay_s = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.files = {}
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        prefix: _StoragePrefix = plan.storage_data
+        name = f"{prefix.prefix}0{DEFAULT_SUFFIX}"
+        out = ChecksumFile(Path(self.path) / name)
+        results: list[WriteResult] = []
+        try:
+            for item in plan.items:
+                if self._delay_s:
+                    time.sleep(self._delay_s)
+                offset = out.tell()
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    if not isinstance(data, io.BytesIO):
+                        raise TypeError(f"BYTE_IO item {item.index.fqn} resolved to {type(data).__name__}")
+                    out.write(data.getbuffer())
+                else:
+                    tensor = data.detach()
+                    if tensor.device.type != "cpu":
+                        tensor = tensor.cpu()
+                    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+                        tensor = tensor.clone()  # a view: save only its own bytes
+                    _write_tensor(out, tensor)
+                length = out.tell() - offset
+                results.append(
+                    WriteResult(
+                        index=item.index,
+                        size_in_bytes=length,
+                        storage_data=_StorageInfo(name, offset, length),
+                    )
+                )
+            self.files[name] = out.close(fsync=self.sync_files)
+        except BaseException:
+            out.abort()
+            raise
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator only: write `.metadata` (temp + rename), checksummed like the shards."""
+        metadata.version = CURRENT_DCP_VERSION
+        storage_md = {}
+        for wr_list in results:
+            storage_md.update({wr.index: wr.storage_data for wr in wr_list})
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        folder = Path(self.path)
+        tmp = folder / (METADATA_FILE + ".tmp")
+        out = ChecksumFile(tmp)
+        try:
+            pickle.dump(metadata, out)
+            entry = out.close(fsync=self.sync_files)
+        except BaseException:
+            out.abort()
+            raise
+        os.replace(tmp, folder / METADATA_FILE)
+        self.files[METADATA_FILE] = entry
