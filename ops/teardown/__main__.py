@@ -1,0 +1,178 @@
+"""`python -m ops.teardown --prefix P`: print what the kit owns and, only when confirmed, delete it in order.
+
+Dry run by default. Deleting needs `--yes` and the typed confirmation `P/ACCOUNT` (flag or prompt).
+Exit codes: 0 ok (dry run, or all deleted), 1 aborted by an AWS error, 2 bad input or wrong confirmation
+(nothing deleted), 3 finished but kept some resources, 4 some deletions failed, 5 nothing tagged with the
+prefix, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import botocore.exceptions
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ops.aws import Aws, AwsSettings, OpsError, describe_error
+from ops.tags import PROJECT_TAG
+from ops.teardown import report, runner
+from ops.teardown.model import Options
+from ops.teardown.registry import KIND_NAMES
+from ops.teardown.scope import discover
+
+PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,62}")
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ops.teardown",
+        description="Delete everything tagged kit:project=PREFIX, in dependency order. Dry run by default.",
+        epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error, 2 bad input or wrong confirmation, "
+        "3 done but some resources kept, 4 some deletions failed, 5 nothing tagged with the prefix",
+    )
+    p.add_argument("--prefix", required=True, help="the kit's name prefix (value of the kit:project tag)")
+    p.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
+    p.add_argument("--yes", action="store_true", help="really delete (still needs the typed confirmation)")
+    p.add_argument("--confirm", metavar="PREFIX/ACCOUNT", help="the confirmation, typed: prefix/account id")
+    p.add_argument("--delete-data", action="store_true", help="also empty and delete kit-tagged S3 buckets")
+    p.add_argument("--fsx-backup", action="store_true", help="take a final FSx backup before deleting")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=KIND_NAMES,
+        metavar="KIND",
+        help=f"only these kinds (repeatable): {', '.join(KIND_NAMES)}",
+    )
+    p.add_argument("--timeout", type=positive, default=1800.0, help="seconds per step (default 1800)")
+    p.add_argument("--poll-interval", type=positive, default=10.0, help="seconds between polls (default 10)")
+    p.add_argument(
+        "--backoff",
+        type=positive,
+        default=5.0,
+        help="first delay before retrying a dependency error, doubling (default 5)",
+    )
+    p.add_argument(
+        "--retry-mode",
+        choices=("standard", "adaptive"),
+        default="adaptive",
+        help="botocore retry mode for throttling (default adaptive)",
+    )
+    p.add_argument("--max-attempts", type=int, default=10, help="botocore attempts per call (default 10)")
+    p.add_argument("--kubectl", default="kubectl", help="kubectl binary for the Kubernetes step")
+    p.add_argument("--json", action="store_true", help="print the plan/report as JSON on stdout")
+    return p
+
+
+def confirmed(args: argparse.Namespace, expected: str, err: Console) -> bool:
+    typed = args.confirm
+    if typed is None:
+        if not sys.stdin.isatty():
+            raise OpsError(
+                f"--yes needs --confirm {expected!r} when not run from a terminal; nothing was deleted"
+            )
+        typed = err.input(f"Type [bold]{expected}[/] to delete the resources above: ")
+    if typed.strip() != expected:
+        raise OpsError(f"confirmation {typed.strip()!r} does not match {expected!r}; nothing was deleted")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = Console(soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
+    err = Console(stderr=True)
+    try:
+        if not PREFIX_RE.fullmatch(args.prefix):
+            raise OpsError(
+                f"--prefix must be a letter then letters, digits or '-' (max 63), got {args.prefix!r}"
+            )
+        options = Options(
+            delete_data=args.delete_data,
+            fsx_backup=args.fsx_backup,
+            timeout_s=args.timeout,
+            poll_s=args.poll_interval,
+            backoff_s=args.backoff,
+            backoff_max_s=max(args.backoff, 60.0),
+            kinds=tuple(args.only or ()),
+            kubectl=args.kubectl,
+        )
+        aws = Aws(AwsSettings(region=args.region, retry_mode=args.retry_mode, max_attempts=args.max_attempts))
+        scope = discover(aws, args.prefix, options)
+        steps = runner.make_plan(aws, scope)
+        if runner.owned_count(steps, scope) == 0 and not any(s.error for s in steps):
+            raise NothingFound(
+                f"nothing tagged {PROJECT_TAG}={args.prefix} in {scope.region} of account {scope.account} "
+                "(already torn down, or a typo in --prefix / --region)"
+            )
+        if not args.json:
+            report.print_plan(out, scope, steps)
+        if not args.yes:
+            if args.json:
+                print(report.as_json(scope, steps, executed=False, code=runner.EXIT_OK))
+            else:
+                err.print(
+                    f"dry run: nothing changed. To delete, rerun with --yes --confirm "
+                    f"'{scope.prefix}/{scope.account}'"
+                )
+            return runner.EXIT_OK
+        confirmed(args, f"{scope.prefix}/{scope.account}", err)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=err,
+        ) as progress:
+
+            def on_step(step: runner.Step) -> runner.strategies.Tick:
+                task = progress.add_task(step.kind.title, total=max(len(step.decisions), 1), note=step.note)
+                if not step.decisions:
+                    progress.update(task, completed=1)
+
+                def tick(finished: int, total: int, note: str) -> None:
+                    progress.update(task, completed=finished, note=note)
+
+                return tick
+
+            steps = runner.execute(aws, scope, on_step)
+        code = runner.exit_code(steps)
+        if args.json:
+            print(report.as_json(scope, steps, executed=True, code=code))
+        else:
+            report.print_results(out, scope, steps)
+        return code
+    except NothingFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return runner.EXIT_NOTHING
+    except OpsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return runner.EXIT_USAGE
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        print(
+            f"error: AWS call failed, teardown aborted: {describe_error(exc)}; rerun is safe", file=sys.stderr
+        )
+        return runner.EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: deletions already started continue in AWS; rerun to finish", file=sys.stderr)
+        return 130
+
+
+class NothingFound(OpsError):
+    """The prefix matches nothing in this region/account."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""EBS volumes the EBS CSI driver created for PVCs; a `Retain` reclaim policy makes them outlive the cluster.
+
+Listed after the node groups are gone, so they are detached; `VolumeInUse` is retried with backoff.
+"""
+
+from __future__ import annotations
+
+from ops.aws import Aws
+from ops.tags import PROJECT_TAG, tag_dict
+from ops.teardown.filters import ownership
+from ops.teardown.kinds import CFN_STACK_TAG
+from ops.teardown.model import Kind, Resource, Scope, State
+
+PVC_TAG = "kubernetes.io/created-for/pvc/name"
+
+
+def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
+    ec2 = aws.client("ec2")
+    keys = [PROJECT_TAG, PVC_TAG, "ebs.csi.aws.com/cluster", "KubernetesCluster"]
+    keys += [f"kubernetes.io/cluster/{c}" for c in scope.clusters]
+    found = []
+    for page in ec2.get_paginator("describe_volumes").paginate(Filters=[{"Name": "tag-key", "Values": keys}]):
+        for v in page["Volumes"]:
+            t = tag_dict(v.get("Tags"))
+            if CFN_STACK_TAG in t:
+                continue
+            r = Resource(
+                kind="ebs-volume",
+                id=v["VolumeId"],
+                name=t.get(PVC_TAG, t.get("Name", "")),
+                tags=t,
+                detail={"state": v["State"], "size_gib": v["Size"]},
+            )
+            if ownership(r, scope) is not None:
+                found.append(r)
+    return found
+
+
+def delete_volume(aws: Aws, r: Resource, scope: Scope) -> None:
+    aws.client("ec2").delete_volume(VolumeId=r.id)
+
+
+def volume_state(aws: Aws, r: Resource) -> tuple[State, str]:
+    vols = aws.client("ec2").describe_volumes(Filters=[{"Name": "volume-id", "Values": [r.id]}])["Volumes"]
+    if not vols or vols[0]["State"] == "deleted":
+        return "gone", ""
+    return "deleting", vols[0]["State"]
+
+
+KIND = Kind(
+    name="ebs-volume",
+    title="EBS volumes from PVCs",
+    list=list_volumes,
+    delete=delete_volume,
+    state=volume_state,
+)

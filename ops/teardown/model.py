@@ -1,0 +1,121 @@
+"""The data every resource kind shares: what teardown found, what it decided, and what happened.
+
+Each kind (one module per kind, `ops/teardown/kinds/`) fills a `Kind`:
+  list(aws, scope) -> list[Resource]       candidates in the kit's scope (tags, VPC, cluster)
+  delete(aws, resource, scope) -> None     starts the deletion; raises the AWS error
+  state(aws, resource) -> (State, detail)  polled until "gone" (None: deletion is synchronous)
+The shared `filters.plan(resources, filters)` decides delete/keep, and `strategies.run_step` turns every
+planned item into a `Result`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ops.aws import Aws
+
+Action = Literal["delete", "keep"]
+Status = Literal["deleted", "gone", "kept", "failed"]
+"""deleted: removed by this run; gone: already absent; kept: left on purpose; failed: still there."""
+State = Literal["gone", "deleting", "failed"]
+
+
+class Unavailable(Exception):
+    """A kind cannot be listed here (e.g. kubectl missing); the step is skipped with this reason."""
+
+
+class DeleteFailed(Exception):
+    """The service reported a terminal failure (e.g. a stack in DELETE_FAILED), with its reason."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What the user asked for on the command line (validated by the CLI)."""
+
+    delete_data: bool = False
+    """Also empty and delete kit-tagged S3 buckets (data is kept by default)."""
+    fsx_backup: bool = False
+    """Take a final FSx backup before deleting a file system (billed as backup storage)."""
+    timeout_s: float = 1800.0
+    """Seconds one step may take (dependency retries plus waiting for deletions)."""
+    poll_s: float = 10.0
+    """Seconds between status polls while waiting for deletions."""
+    backoff_s: float = 5.0
+    """First delay before retrying a dependency error; doubles up to `backoff_max_s`."""
+    backoff_max_s: float = 60.0
+    """Longest delay between dependency retries."""
+    kinds: tuple[str, ...] = ()
+    """Only these kinds (empty = all)."""
+    kubectl: str = "kubectl"
+    """kubectl binary for the Kubernetes step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scope:
+    """Who owns what: the prefix, where, and the kit's clusters and VPCs found at the start of the run."""
+
+    prefix: str
+    region: str
+    account: str
+    clusters: tuple[str, ...] = ()
+    """Names of EKS clusters tagged kit:project=<prefix>; their controllers' tags mark owned resources."""
+    cluster_endpoints: Mapping[str, str] = field(default_factory=dict)
+    """API server URL per kit cluster (to find the kubeconfig context)."""
+    vpcs: tuple[str, ...] = ()
+    """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
+    subnets: tuple[str, ...] = ()
+    """Subnet ids of those VPCs (FSx reports subnets, not VPCs)."""
+    options: Options = field(default_factory=Options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resource:
+    """One thing teardown may delete."""
+
+    kind: str
+    id: str
+    """The identifier the delete call takes (id, ARN, name)."""
+    name: str = ""
+    """A human label (Name tag, stack name); may be empty."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, ..."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} ({self.name})" if self.name and self.name != self.id else self.id
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    resource: Resource
+    action: Action
+    reason: str
+    """Why: the ownership evidence for delete, the rule for keep."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    resource: Resource
+    status: Status
+    reason: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """One resource kind: a name, its list/delete/state functions and how it is ordered inside its step."""
+
+    name: str
+    title: str
+    list: Callable[[Aws, Scope], list[Resource]]
+    delete: Callable[[Aws, Resource, Scope], None]
+    state: Callable[[Aws, Resource], tuple[State, str]] | None = None
+    """Polled after delete until "gone"; None when the delete call is synchronous."""
+    waves: Callable[[Aws, list[Resource]], list[list[Resource]]] | None = None
+    """Groups deleted one after the other (stacks: importers before exporters); None = one group."""
+    prepare: Callable[[Aws, list[Resource], Scope], list[str]] | None = None
+    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs); returns notes."""

@@ -1,0 +1,57 @@
+"""The order of teardown, in one place, with the reason for each position (reference §8).
+
+Each step re-lists its kind right before deleting, because earlier steps free or create things (ENIs become
+`available` when nodes go; an LB appears as "left over" only once the controller has stopped).
+"""
+
+from __future__ import annotations
+
+from ops.teardown.kinds import (
+    cluster,
+    ebs_volumes,
+    ecr,
+    enis,
+    fsx,
+    k8s_objects,
+    load_balancers,
+    log_groups,
+    nodegroups,
+    s3,
+    security_groups,
+    stacks,
+    target_groups,
+)
+from ops.teardown.model import Kind
+
+KINDS: tuple[Kind, ...] = (
+    # 1. Kubernetes objects first, while the Load Balancer Controller and the CSI drivers still run, so they
+    #    delete the LBs, target groups, SGs, EBS volumes and FSx file systems they made (pitfalls 1, 2, 8, 9).
+    k8s_objects.KIND,
+    # 2. Node groups before the cluster: EKS refuses "Cluster has nodegroups attached" (pitfall 4). Their
+    #    instances' ENIs and volumes are released with them.
+    nodegroups.KIND,
+    # 3. The cluster: after it, nothing recreates controller resources or the control-plane log group.
+    cluster.KIND,
+    # 4. Load balancers the controller left: they hold ENIs/public IPs in the subnets and use controller SGs.
+    load_balancers.KIND,
+    # 5. Target groups after their LBs: a listener's target group answers ResourceInUse.
+    target_groups.KIND,
+    # 6. EBS volumes from PVCs (Retain outlives the cluster); nodes are gone, so they are detached.
+    ebs_volumes.KIND,
+    # 7. FSx (final backup optional): its ENIs block the subnets; no waiter, so it is polled until gone.
+    fsx.KIND,
+    # 8. Leftover ENIs once nodes, LBs and FSx have released theirs; they block SG/subnet/VPC deletion.
+    enis.KIND,
+    # 9. Controller SGs after everything that used them (ENIs, LBs); referencing rules are revoked first.
+    security_groups.KIND,
+    # 10. Log groups after the cluster (the control plane recreates its group while it logs, pitfall 10).
+    log_groups.KIND,
+    # 11. ECR repositories with their images: CloudFormation cannot delete a non-empty repository.
+    ecr.KIND,
+    # 12. S3 only with --delete-data, before stacks: CloudFormation cannot delete a non-empty bucket.
+    s3.KIND,
+    # 13. Stacks last, importers before exporters; everything that blocked them is gone by now (pitfall 5, 7).
+    stacks.KIND,
+)
+
+KIND_NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
