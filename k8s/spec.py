@@ -1,0 +1,376 @@
+"""Everything the templates place, computed from trusted JobValues: names, ranks, env, command, checksum.
+
+The templates contain no arithmetic and no decisions beyond one `if` per optional object; every number and
+string in a manifest comes from `job_spec()`. This is the module the rank-discovery tests exercise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from k8s.profiles import get_profile
+from k8s.values import (
+    FSX_MOUNT,
+    RUNS_ROOT,
+    TRAINER_FIELDS,
+    JobValues,
+    heartbeat_seconds,
+    max_restarts,
+    procs_per_node,
+    shm_gib,
+    world_size,
+)
+
+CONFIG_DIR = "/etc/kit"
+CONFIG_FILE = "train.yaml"
+CONTAINER = "trainer"
+KIT_FSX_PVC = "kit-fsx"
+LOCAL_PVC = "kit-local-runs"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+CHECKSUM_ANNOTATION = "kit.io/config-sha256"
+RUN_ID_LABEL = "kit.io/run-id"
+MANAGED_BY = "kit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """The template context: plain data, JSON-serialisable, nothing left to compute."""
+
+    values: dict[str, Any]
+    namespace: str
+    job_name: str
+    service_name: str
+    configmap_name: str
+    service_account: str
+    labels: dict[str, str]
+    selector: dict[str, str]
+    pod_annotations: dict[str, str]
+    nodes: int
+    procs_per_node: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    ports: list[dict[str, Any]]
+    rdzv_endpoint: str
+    run_dir: str
+    image: str
+    image_pull_policy: str
+    command: list[str]
+    env: list[dict[str, Any]]
+    resources: dict[str, str]
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, str]]
+    affinity: dict[str, Any] | None
+    volumes: list[dict[str, Any]]
+    volume_mounts: list[dict[str, Any]]
+    config_yaml: str
+    config_sha256: str
+    pv: dict[str, Any] | None
+    pvc: dict[str, Any] | None
+    backoff_limit_per_index: int
+    ttl_seconds_after_finished: int
+    active_deadline_s: int | None
+    termination_grace_s: int
+    fatal_exit_code: int
+    kubernetes_version: str
+
+
+FATAL_CONFIG_EXIT = 78
+"""training/exitcodes.FATAL_CONFIG: a bad config; the Job's pod failure policy fails the Job at once."""
+
+
+def master_addr(job: str, service: str, namespace: str) -> str:
+    """Pod 0's stable DNS name: `<job>-0.<service>.<namespace>.svc.cluster.local` (needs `subdomain`)."""
+    return f"{job}-0.{service}.{namespace}.svc.cluster.local"
+
+
+def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
+    """The trainer config (contract 4) by section; None is left out so the trainer's default applies."""
+    profile = get_profile(v.profile)
+    config: dict[str, dict[str, Any]] = {
+        "run": {"id": v.run_id, "root": RUNS_ROOT, "seed": v.seed},
+        "model": {"name": v.model or profile.default_model},
+        "data": {
+            "kind": v.data_kind,
+            "path": v.data_path or None,
+            "seq_len": v.seq_len,
+            "batch_size": v.batch_size,
+        },
+        "optim": {},
+        "training": {"steps": v.steps, "log_every": v.log_every, "deterministic": v.deterministic},
+        "checkpoint": {
+            "mode": v.checkpoint_mode,
+            "interval": v.checkpoint_interval,
+            "keep": v.checkpoint_keep,
+            "backend": v.checkpoint_backend,
+        },
+        "fault": {
+            "spec": v.fault_spec or None,
+            "schedule_seed": v.fault_schedule_seed,
+            "schedule_count": v.fault_schedule_count,
+            "schedule_kinds": v.fault_schedule_kinds,
+            "schedule_after_step": v.fault_schedule_after_step,
+        },
+        "inprocess": {
+            "enabled": v.inprocess,
+            "backend": v.inprocess_backend,
+            "max_restarts": v.inprocess_max_restarts,
+            "barrier_timeout_s": v.inprocess_barrier_timeout_s,
+        },
+    }
+    for section, fields in v.train.items():
+        config[section].update(fields)
+    cleaned = {s: {k: x for k, x in f.items() if x is not None} for s, f in config.items()}
+    return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s]}
+
+
+def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_dir: str) -> list[str]:
+    """The container's argv: launcher flags (contract 4, torchrun names), then the trainer and config."""
+    nnodes, nproc, port = v.nodes, procs_per_node(v), v.rdzv_port
+    trainer = ["-m", "training.train", "--config", config_path]
+    restarts = max_restarts(v)
+    if v.launcher == "kit":
+        cmd = [
+            "python",
+            "-m",
+            "training.launch",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--node-rank=$(NODE_RANK)",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint_host}:{port}",
+            f"--rdzv-id={v.run_id}",
+            f"--max-restarts={restarts}",
+            f"--monitor-interval={v.monitor_interval_s:g}",
+            f"--heartbeat-timeout={v.heartbeat_timeout}",
+            f"--heartbeat-load-timeout={v.heartbeat_load_timeout_s:g}",
+        ]
+        if v.heartbeat_safety_factor is not None:
+            cmd.append(f"--heartbeat-safety-factor={v.heartbeat_safety_factor:g}")
+        cmd.append(f"--run-dir={run_dir}")
+        return cmd + trainer
+    if v.launcher == "ft_launcher":
+        # No --node-rank with c10d (NVRx issue #142); the rendezvous orders the nodes.
+        return [
+            "ft_launcher",
+            f"--nnodes={nnodes}:{nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint_host}:{port}",
+            f"--rdzv-id={v.run_id}",
+            f"--max-restarts={restarts}",
+            f"--monitor-interval={v.monitor_interval_s:g}",
+            f"--ft-initial-rank-heartbeat-timeout={v.heartbeat_load_timeout_s:g}",
+            f"--ft-rank-heartbeat-timeout={heartbeat_seconds(v):g}",
+            *trainer,
+        ]
+    # torchrun: the study's baseline, static rendezvous on pod 0.
+    return [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--node-rank=$(NODE_RANK)",
+        f"--master-addr={endpoint_host}",
+        f"--master-port={port}",
+        f"--max-restarts={restarts}",
+        f"--monitor-interval={v.monitor_interval_s:g}",
+        *trainer,
+    ]
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) -> list[dict[str, Any]]:
+    """Kit-owned env first (rank discovery, run folder), then profile and user env sorted by name."""
+    owned: list[dict[str, Any]] = [
+        _field_env("NODE_RANK", f"metadata.annotations['{INDEX_ANNOTATION}']"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("POD_IP", "status.podIP"),
+        {"name": "MASTER_ADDR", "value": addr},
+        {"name": "MASTER_PORT", "value": str(v.rdzv_port)},
+        {"name": "NNODES", "value": str(v.nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(procs_per_node(v))},
+        {"name": "WORLD_SIZE", "value": str(world_size(v))},
+        {"name": "RUN_ID", "value": v.run_id},
+        {"name": "RUN_DIR", "value": run_dir},
+        {"name": "KIT_CONFIG", "value": config_path},
+    ]
+    if v.launcher in ("kit", "torchrun"):
+        # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
+        owned.append({"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"})
+    profile = get_profile(v.profile)
+    defaults: dict[str, str] = {
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_CPP_LOG_LEVEL": "error",
+        "NCCL_NVLS_ENABLE": "0",
+        "HF_HOME": f"{FSX_MOUNT}/cache/huggingface",
+        **profile.env,
+    }
+    if profile.gpus:
+        defaults["NCCL_DEBUG"] = v.nccl_debug.upper()
+    if v.inprocess:
+        defaults["TORCH_NCCL_RETHROW_CUDA_ERRORS"] = "0"
+    merged = {**defaults, **v.env}
+    return owned + [{"name": k, "value": merged[k]} for k in sorted(merged)]
+
+
+def _resources(v: JobValues) -> dict[str, str]:
+    profile = get_profile(v.profile)
+    res = {"cpu": str(profile.cpu), "memory": f"{profile.memory_gib}Gi"}
+    if profile.gpus:
+        res["nvidia.com/gpu"] = str(profile.gpus)
+    if profile.efa:
+        res["vpc.amazonaws.com/efa"] = str(profile.efa)
+    if v.hugepages_2mi_mib:
+        res["hugepages-2Mi"] = f"{v.hugepages_2mi_mib}Mi"
+    return res
+
+
+def _tolerations(v: JobValues) -> list[dict[str, str]]:
+    if not get_profile(v.profile).gpus:
+        return []
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if v.gpu_node_taint:
+        key_value, _, effect = v.gpu_node_taint.rpartition(":")
+        key, sep, value = key_value.partition("=")
+        own = (
+            {"key": key, "operator": "Equal", "value": value, "effect": effect}
+            if sep
+            else {"key": key, "operator": "Exists", "effect": effect}
+        )
+        if own["key"] != "nvidia.com/gpu" or own["operator"] != "Exists":
+            tolerations.append(own)
+    return tolerations
+
+
+def _node_selector(v: JobValues) -> dict[str, str]:
+    profile = get_profile(v.profile)
+    if v.node_selector:
+        return dict(sorted(v.node_selector.items()))
+    if profile.gpus:
+        return {"node.kubernetes.io/instance-type": v.gpu_instance_type or profile.instance_type}
+    return {}
+
+
+def _storage(v: JobValues) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """(claim name, PV or None, PVC or None): the kit's static FSx PV/PVC unless CDK made a claim."""
+    if v.fsx_pvc:
+        return v.fsx_pvc, None, None
+    if not get_profile(v.profile).requires_image:
+        return (
+            LOCAL_PVC,
+            None,
+            {"name": LOCAL_PVC, "storage": "10Gi", "storage_class": None, "volume_name": None},
+        )
+    pv_name = f"{KIT_FSX_PVC}-{v.namespace}"
+    pv = {
+        "name": pv_name,
+        "storage": f"{v.fsx_storage_gib}Gi",
+        "volume_handle": v.fsx_file_system_id,
+        "dns_name": v.fsx_dns_name,
+        "mount_name": v.fsx_mount_name,
+    }
+    return (
+        KIT_FSX_PVC,
+        pv,
+        {
+            "name": KIT_FSX_PVC,
+            "storage": f"{v.fsx_storage_gib}Gi",
+            "storage_class": "",
+            "volume_name": pv_name,
+        },
+    )
+
+
+def job_spec(v: JobValues) -> JobSpec:
+    """Derive the template context from validated values."""
+    job = service = v.run_id
+    addr = master_addr(job, service, v.namespace)
+    run_dir = f"{RUNS_ROOT}/{v.run_id}"
+    config_path = f"{CONFIG_DIR}/{CONFIG_FILE}"
+    config = trainer_config(v)
+    config_yaml = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    digest = hashlib.sha256(config_yaml.encode()).hexdigest()
+    selector = {"app.kubernetes.io/name": "kit-trainer", RUN_ID_LABEL: v.run_id}
+    labels = {
+        **selector,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/instance": v.run_id,
+        "kit.io/profile": v.profile,
+        "kit.io/launcher": v.launcher,
+    }
+    claim, pv, pvc = _storage(v)
+    port = v.rdzv_port
+    ports = [
+        {"name": "rdzv", "port": port},
+        {"name": "store", "port": port + 1},
+        {"name": "store-inproc", "port": port + 2},
+    ]
+    affinity = None
+    if get_profile(v.profile).gpus:
+        affinity = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {RUN_ID_LABEL: v.run_id}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        }
+    return JobSpec(
+        values={k: getattr(v, k) for k in v.__dataclass_fields__},
+        namespace=v.namespace,
+        job_name=job,
+        service_name=service,
+        configmap_name=f"{v.run_id}-config",
+        service_account=v.service_account,
+        labels=labels,
+        selector=selector,
+        pod_annotations={CHECKSUM_ANNOTATION: digest},
+        nodes=v.nodes,
+        procs_per_node=procs_per_node(v),
+        world_size=world_size(v),
+        master_addr=addr,
+        master_port=port,
+        ports=ports,
+        rdzv_endpoint=f"{addr}:{port}",
+        run_dir=run_dir,
+        image=v.image or "kit-trainer:local",
+        image_pull_policy=v.image_pull_policy,
+        command=launcher_command(v, endpoint_host=addr, config_path=config_path, run_dir=run_dir),
+        env=container_env(v, addr=addr, run_dir=run_dir, config_path=config_path),
+        resources=_resources(v),
+        node_selector=_node_selector(v),
+        tolerations=_tolerations(v),
+        affinity=affinity,
+        volumes=[
+            {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(v)}Gi"}},
+            {"name": "config", "configMap": {"name": f"{v.run_id}-config"}},
+        ],
+        volume_mounts=[
+            {"name": "fsx", "mountPath": FSX_MOUNT},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+        config_yaml=config_yaml,
+        config_sha256=digest,
+        pv=pv,
+        pvc=pvc,
+        backoff_limit_per_index=v.backoff_limit_per_index,
+        ttl_seconds_after_finished=v.ttl_seconds_after_finished,
+        active_deadline_s=v.active_deadline_s,
+        termination_grace_s=v.termination_grace_s,
+        fatal_exit_code=FATAL_CONFIG_EXIT,
+        kubernetes_version=v.kubernetes_version,
+    )
