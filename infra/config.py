@@ -1,0 +1,483 @@
+"""Typed kit settings, read from `cdk.json` context and `-c key=value` overrides, validated once.
+
+Keys are `section.field` (e.g. `gpu.instance_type`) plus the top-level `prefix`, `account`, `region`
+and `nag`. `-c` beats `cdk.json` (the CDK CLI merges them before the app starts). Values from `-c` arrive
+as strings and are parsed by the field's type: integers, `true`/`false`, comma-separated or JSON lists,
+`null` for "unset". Unknown kit-looking keys are errors, so a typo never silently falls back to a default.
+
+Within-section rules live in each section's `__post_init__`; rules across sections live in
+`infra.validation`, which `KitConfig.__post_init__` runs. A `KitConfig` that exists is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra import validation
+from infra.errors import ConfigError
+from infra.instances import GPU_INSTANCES, EfaLayout
+
+KubernetesVersion = Literal["1.34", "1.35", "1.36"]
+EndpointAccess = Literal["public", "private", "public_and_private"]
+ControlPlaneLog = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
+Capacity = Literal["on_demand", "odcr", "capacity_block"]
+DeploymentType = Literal["PERSISTENT_2", "PERSISTENT_1", "SCRATCH_2"]
+
+_AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
+_ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_INSTANCE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
+_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_DNS_LABEL_RE = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+_CHART_VERSION_RE = re.compile(r"^v?\d+\.\d+\.\d+$")
+
+# FSx for Lustre SSD rules (AWS FSx for Lustre user guide, "Storage capacity" and "Throughput").
+FSX_THROUGHPUT_PER_TIB: dict[str, tuple[int, ...]] = {
+    "PERSISTENT_2": (125, 250, 500, 1000),
+    "PERSISTENT_1": (50, 100, 200),
+    "SCRATCH_2": (),
+}
+FSX_DEFAULT_THROUGHPUT_PER_TIB: dict[str, int | None] = {
+    "PERSISTENT_2": 250,
+    "PERSISTENT_1": 200,
+    "SCRATCH_2": None,
+}
+
+
+def _need(cond: bool, key: str, problem: str) -> None:
+    """Raise ConfigError(key, problem) unless cond holds."""
+    if not cond:
+        raise ConfigError(key, problem)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkConfig:
+    """The VPC: private subnets over two or more AZs, one NAT gateway by default."""
+
+    availability_zones: tuple[str, ...]
+    """AZs of the VPC (2 or more, in `region`); one private /18 and one public /24 subnet each."""
+    vpc_cidr: str = "10.0.0.0/16"
+    """IPv4 CIDR of the VPC; must hold a /18 plus a /24 per AZ (VPC CNI gives every pod a VPC IP)."""
+    nat_gateways: int = 1
+    """NAT gateways (1 .. number of AZs); one per AZ survives an AZ outage, at extra cost."""
+
+    def __post_init__(self) -> None:
+        key = "network.availability_zones"
+        _need(len(self.availability_zones) >= 2, key, "list at least 2 AZs (the EKS control plane needs 2)")
+        _need(
+            len(set(self.availability_zones)) == len(self.availability_zones),
+            key,
+            f"AZs must be distinct, got {','.join(self.availability_zones)}",
+        )
+        for az in self.availability_zones:
+            _need(bool(_AZ_RE.match(az)), key, f"{az!r} is not an AZ name like 'us-west-2a'")
+        try:
+            net = ipaddress.IPv4Network(self.vpc_cidr)
+        except ValueError:
+            raise ConfigError(
+                "network.vpc_cidr", f"{self.vpc_cidr!r} is not an IPv4 CIDR like '10.0.0.0/16'"
+            ) from None
+        need = len(self.availability_zones) * (2**14 + 2**8)
+        _need(
+            net.num_addresses >= need,
+            "network.vpc_cidr",
+            f"{self.vpc_cidr} holds {net.num_addresses} addresses but {len(self.availability_zones)} AZs need "
+            f"{need} (a /18 and a /24 each); use a larger block or fewer AZs",
+        )
+        _need(
+            1 <= self.nat_gateways <= len(self.availability_zones),
+            "network.nat_gateways",
+            f"{self.nat_gateways} is not allowed; use 1 .. {len(self.availability_zones)} (one per AZ at most)",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterConfig:
+    """The EKS control plane (aws_eks_v2, managed node groups, no Auto Mode) and the system node group."""
+
+    kubernetes_version: KubernetesVersion = "1.35"
+    """Kubernetes minor version of the control plane (kubectl 1.35 in the CDK provider covers 1.34-1.36)."""
+    endpoint_access: EndpointAccess = "public_and_private"
+    """Who can reach the Kubernetes API: `public`, `private` (VPC only) or `public_and_private`."""
+    public_access_cidrs: tuple[str, ...] = ()
+    """CIDRs allowed to reach the public endpoint; empty means any address. Only with public access."""
+    admin_principal_arns: tuple[str, ...] = ()
+    """IAM role/user ARNs given cluster-admin access entries (AmazonEKSClusterAdminPolicy, cluster scope)."""
+    control_plane_logs: tuple[ControlPlaneLog, ...] = ("api", "audit", "authenticator")
+    """Control-plane log types sent to CloudWatch Logs (at least one)."""
+    system_instance_type: str = "m7i.2xlarge"
+    """Instance type of the system node group (CoreDNS, CSI controllers, agents); x86 or Graviton."""
+    system_nodes: int = 2
+    """Minimum and desired size of the system node group (1 or more; 2 keeps CoreDNS highly available)."""
+    system_max_nodes: int = 4
+    """Maximum size of the system node group (>= system_nodes)."""
+
+    def __post_init__(self) -> None:
+        for cidr in self.public_access_cidrs:
+            try:
+                ipaddress.IPv4Network(cidr)
+            except ValueError:
+                raise ConfigError("cluster.public_access_cidrs", f"{cidr!r} is not an IPv4 CIDR") from None
+        _need(
+            not (self.public_access_cidrs and self.endpoint_access == "private"),
+            "cluster.public_access_cidrs",
+            "only applies when cluster.endpoint_access is 'public' or 'public_and_private'; remove it",
+        )
+        for arn in self.admin_principal_arns:
+            _need(
+                bool(_ARN_RE.match(arn)),
+                "cluster.admin_principal_arns",
+                f"{arn!r} is not an IAM role or user ARN like 'arn:aws:iam::123456789012:role/Admin'",
+            )
+        _need(bool(self.control_plane_logs), "cluster.control_plane_logs", "name at least one log type")
+        _need(
+            bool(_INSTANCE_RE.match(self.system_instance_type)),
+            "cluster.system_instance_type",
+            f"{self.system_instance_type!r} is not an EC2 instance type like 'm7i.2xlarge'",
+        )
+        _need(
+            self.system_nodes >= 1,
+            "cluster.system_nodes",
+            f"{self.system_nodes} is not allowed; use 1 or more",
+        )
+        _need(
+            self.system_max_nodes >= self.system_nodes,
+            "cluster.system_max_nodes",
+            f"{self.system_max_nodes} is below cluster.system_nodes={self.system_nodes}; use >= {self.system_nodes}",
+        )
+
+    @property
+    def system_is_arm(self) -> bool:
+        """True for Graviton families (m7g, c7gn, r8g, ...): the node group then needs the ARM AMI."""
+        family = self.system_instance_type.split(".", 1)[0]
+        return bool(re.match(r"^[a-z]+\d+[a-z]*g[a-z]*(-flex)?$", family))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuConfig:
+    """The GPU managed node group: EFA launch template, capacity, size."""
+
+    availability_zone: str
+    """AZ of the GPU nodes and the FSx file system (a Capacity Block's AZ); one of network.availability_zones."""
+    instance_type: str = "p5.48xlarge"
+    """EFA GPU instance type: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge."""
+    min_nodes: int = 0
+    """Minimum GPU nodes (>= 0)."""
+    desired_nodes: int = 2
+    """GPU nodes to run now (min_nodes .. max_nodes); keep 0 until a Capacity Block is active."""
+    max_nodes: int = 2
+    """Maximum GPU nodes (1 or more)."""
+    capacity: Capacity = "on_demand"
+    """Where instances come from: `on_demand`, `odcr` (On-Demand Capacity Reservation) or `capacity_block`."""
+    reservation_id: str | None = None
+    """Capacity reservation id `cr-...` (17 hex digits); required for odcr and capacity_block, else unset."""
+    placement_group: bool = False
+    """Put GPU nodes in a cluster placement group; only for plain on_demand (refused with a reservation)."""
+    efa_layout: EfaLayout = "efa-only"
+    """NIC layout: `efa-only` (ENA primary + one EFA-only device per card, 1 IP per node) or `legacy` (EFA on every card)."""
+    root_volume_gib: int = 512
+    """Root EBS volume size in GiB (gp3, encrypted, 16,000 IOPS, 1,000 MB/s); 64 .. 16384."""
+    node_repair: bool = True
+    """EKS node auto-repair (replaces unhealthy GPU nodes one at a time; pairs with the node monitoring agent)."""
+
+    def __post_init__(self) -> None:
+        _need(
+            bool(_AZ_RE.match(self.availability_zone)),
+            "gpu.availability_zone",
+            f"{self.availability_zone!r} is not an AZ name like 'us-west-2a'",
+        )
+        _need(
+            self.instance_type in GPU_INSTANCES,
+            "gpu.instance_type",
+            f"{self.instance_type!r} has no EFA network-card layout in the kit; use one of: "
+            + ", ".join(sorted(GPU_INSTANCES)),
+        )
+        _need(self.max_nodes >= 1, "gpu.max_nodes", f"{self.max_nodes} is not allowed; use 1 or more")
+        _need(self.min_nodes >= 0, "gpu.min_nodes", f"{self.min_nodes} is not allowed; use 0 or more")
+        _need(
+            self.min_nodes <= self.max_nodes,
+            "gpu.min_nodes",
+            f"{self.min_nodes} is above gpu.max_nodes={self.max_nodes}; use 0 .. {self.max_nodes}",
+        )
+        _need(
+            self.min_nodes <= self.desired_nodes <= self.max_nodes,
+            "gpu.desired_nodes",
+            f"{self.desired_nodes} is outside gpu.min_nodes .. gpu.max_nodes; use {self.min_nodes} .. {self.max_nodes}",
+        )
+        if self.capacity == "on_demand":
+            _need(
+                self.reservation_id is None,
+                "gpu.reservation_id",
+                f"{self.reservation_id!r} is set but gpu.capacity is 'on_demand'; "
+                "use gpu.capacity=odcr or capacity_block, or unset it",
+            )
+        else:
+            _need(
+                self.reservation_id is not None,
+                "gpu.reservation_id",
+                f"required when gpu.capacity is {self.capacity!r}; give the reservation id 'cr-' + 17 hex digits",
+            )
+            _need(
+                bool(_RESERVATION_RE.match(str(self.reservation_id))),
+                "gpu.reservation_id",
+                f"{self.reservation_id!r} is not a capacity reservation id ('cr-' + 17 hex digits)",
+            )
+            _need(
+                not self.placement_group,
+                "gpu.placement_group",
+                f"not allowed with gpu.capacity={self.capacity!r}: the reservation already fixes placement, and a "
+                "cluster placement group on reserved capacity fails with InsufficientInstanceCapacity; set it to false",
+            )
+        _need(
+            64 <= self.root_volume_gib <= 16384,
+            "gpu.root_volume_gib",
+            f"{self.root_volume_gib} is not allowed; use 64 .. 16384",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StorageConfig:
+    """FSx for Lustre (LZ4, encrypted at rest, in the GPU subnet), optionally linked to an S3 bucket."""
+
+    deployment_type: DeploymentType = "PERSISTENT_2"
+    """FSx for Lustre deployment type: PERSISTENT_2 (recommended), PERSISTENT_1 or SCRATCH_2 (SSD)."""
+    storage_gib: int = 1200
+    """Storage capacity in GiB: 1200, or a multiple of 2400."""
+    throughput_per_tib: int | None = None
+    """MB/s per TiB: PERSISTENT_2 125/250/500/1000 (unset: 250), PERSISTENT_1 50/100/200 (unset: 200); SCRATCH_2: unset."""
+    s3_bucket: str | None = None
+    """Existing S3 bucket to link at /data (auto import and export); unset for no link."""
+
+    def __post_init__(self) -> None:
+        gib = self.storage_gib
+        _need(
+            gib == 1200 or (gib > 0 and gib % 2400 == 0),
+            "storage.storage_gib",
+            f"{gib} is not allowed for {self.deployment_type}; use 1200 or a multiple of 2400",
+        )
+        allowed = FSX_THROUGHPUT_PER_TIB[self.deployment_type]
+        if self.throughput_per_tib is not None:
+            _need(
+                bool(allowed),
+                "storage.throughput_per_tib",
+                f"{self.throughput_per_tib} is not allowed for SCRATCH_2 (fixed throughput); unset it",
+            )
+            _need(
+                self.throughput_per_tib in allowed,
+                "storage.throughput_per_tib",
+                f"{self.throughput_per_tib} is not allowed for {self.deployment_type}; use one of "
+                + ", ".join(map(str, allowed)),
+            )
+        if self.s3_bucket is not None:
+            _need(
+                bool(_BUCKET_RE.match(self.s3_bucket)),
+                "storage.s3_bucket",
+                f"{self.s3_bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.', '-')",
+            )
+
+    @property
+    def effective_throughput_per_tib(self) -> int | None:
+        """Throughput actually requested (the type's default when unset); None for SCRATCH_2."""
+        if self.throughput_per_tib is not None:
+            return self.throughput_per_tib
+        return FSX_DEFAULT_THROUGHPUT_PER_TIB[self.deployment_type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegistryConfig:
+    """The ECR repository for the trainer image."""
+
+    repository: str = "trainer"
+    """Repository name under the prefix: the image lives at `<prefix>/<repository>`."""
+    keep_images: int = 30
+    """Tagged images kept by the lifecycle rule (older ones expire; untagged images expire after 7 days)."""
+
+    def __post_init__(self) -> None:
+        _need(
+            bool(_DNS_LABEL_RE.match(self.repository)),
+            "registry.repository",
+            f"{self.repository!r} is not allowed; use lowercase letters, digits and '-'",
+        )
+        _need(
+            self.keep_images >= 1, "registry.keep_images", f"{self.keep_images} is not allowed; use 1 or more"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KubernetesConfig:
+    """Kubernetes objects CDK can install: NVIDIA and EFA device plugins (Helm) and the FSx PV/PVC."""
+
+    deploy_objects: bool = True
+    """Install device plugins and the FSx PV/PVC with CDK (adds the kubectl provider Lambdas, ~57 MB assets); false: apply them with `make train-job`."""
+    namespace: str = "default"
+    """Namespace of the FSx PVC (the training Job's namespace)."""
+    nvidia_device_plugin_version: str = "0.20.0"
+    """Pinned `nvidia-device-plugin` chart version (https://nvidia.github.io/k8s-device-plugin)."""
+    efa_device_plugin_version: str = "v0.5.32"
+    """Pinned `aws-efa-k8s-device-plugin` chart version (https://aws.github.io/eks-charts); 0.5.10 or newer."""
+
+    def __post_init__(self) -> None:
+        _need(
+            bool(_DNS_LABEL_RE.match(self.namespace)),
+            "kubernetes.namespace",
+            f"{self.namespace!r} is not a DNS-1123 label",
+        )
+        for key, value in (
+            ("kubernetes.nvidia_device_plugin_version", self.nvidia_device_plugin_version),
+            ("kubernetes.efa_device_plugin_version", self.efa_device_plugin_version),
+        ):
+            _need(bool(_CHART_VERSION_RE.match(value)), key, f"{value!r} is not a chart version like '1.2.3'")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KitConfig:
+    """Every setting of the CDK app. Built by `load_config`; valid once constructed."""
+
+    account: str
+    """AWS account id (12 digits) the stacks deploy to; the committed placeholder synthesizes offline."""
+    region: str
+    """AWS region, e.g. `us-west-2`; `network.availability_zones` must belong to it."""
+    network: NetworkConfig
+    gpu: GpuConfig
+    prefix: str = "fsdp-kit"
+    """Name prefix of stacks and resources, and the value of the `kit:project` tag (2-20 chars, a-z 0-9 -)."""
+    nag: bool = False
+    """Run the cdk-nag AwsSolutions checks during synth (findings fail the synth; `make lint` sets it)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+
+    def __post_init__(self) -> None:
+        _need(
+            bool(re.match(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$", self.prefix)),
+            "prefix",
+            f"{self.prefix!r} is not allowed; use 2-20 characters a-z, 0-9, '-', starting with a letter",
+        )
+        _need(
+            bool(re.match(r"^\d{12}$", self.account)),
+            "account",
+            f"{self.account!r} is not a 12-digit account id",
+        )
+        _need(
+            bool(re.match(r"^[a-z]{2}(-gov)?-[a-z]+-\d$", self.region)),
+            "region",
+            f"{self.region!r} is not a region name like 'us-west-2'",
+        )
+        validation.check_cross_rules(
+            region=self.region,
+            network=self.network,
+            gpu=self.gpu,
+            cluster=self.cluster,
+            kubernetes=self.kubernetes,
+        )
+
+
+SECTIONS: dict[str, type] = {
+    "network": NetworkConfig,
+    "cluster": ClusterConfig,
+    "gpu": GpuConfig,
+    "storage": StorageConfig,
+    "registry": RegistryConfig,
+    "kubernetes": KubernetesConfig,
+}
+_KIT_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?$")
+_NULLS = {"null", "none", ""}
+
+
+def known_keys() -> list[str]:
+    """Every context key the kit reads, `section.field` or top-level."""
+    keys = [f.name for f in dataclasses.fields(KitConfig) if f.name not in SECTIONS]
+    for section, cls in SECTIONS.items():
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def _parse(key: str, raw: Any, hint: Any) -> Any:
+    """Turn a context value (JSON from cdk.json, or a string from -c) into the field's type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NULLS):
+            return None
+        return _parse(key, raw, inner[0])
+    if raw is None:
+        raise ConfigError(key, "must not be null")
+    if origin is Literal:
+        value = str(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else raw
+        if value not in args:
+            raise ConfigError(key, f"{raw!r} is not allowed; use one of: " + ", ".join(map(str, args)))
+        return value
+    if origin is tuple:
+        if isinstance(raw, str):
+            text = raw.strip()
+            if text.startswith("["):
+                try:
+                    raw = json.loads(text)
+                except json.JSONDecodeError:
+                    raise ConfigError(key, f"{raw!r} is not a JSON list") from None
+            else:
+                raw = [part.strip() for part in text.split(",") if part.strip()]
+        if not isinstance(raw, list | tuple):
+            raise ConfigError(key, f"{raw!r} is not a list; give a JSON list or comma-separated values")
+        return tuple(_parse(key, item, args[0]) for item in raw)
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+            return raw.strip().lower() == "true"
+        raise ConfigError(key, f"{raw!r} is not a boolean; use true or false")
+    if hint is int:
+        if isinstance(raw, bool):
+            raise ConfigError(key, f"{raw!r} is not an integer")
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, str) and re.match(r"^-?\d+$", raw.strip()):
+            return int(raw.strip())
+        raise ConfigError(key, f"{raw!r} is not an integer")
+    if hint is str:
+        if isinstance(raw, str):
+            return raw.strip()
+        raise ConfigError(key, f"{raw!r} is not a string")
+    raise TypeError(f"config field {key} has an unsupported type {hint!r}")  # a bug in this module, not input
+
+
+def _build(cls: type, prefix: str, values: Mapping[str, Any]) -> Any:
+    """Construct one dataclass from the context values whose keys start with `prefix`."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in SECTIONS and cls is KitConfig:
+            kwargs[f.name] = _build(SECTIONS[f.name], f"{f.name}.", values)
+            continue
+        key = f"{prefix}{f.name}"
+        if key in values:
+            kwargs[f.name] = _parse(key, values[key], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(key, f"required; set it in cdk.json context or with -c {key}=...")
+    return cls(**kwargs)
+
+
+def load_config(context: Mapping[str, Any]) -> KitConfig:
+    """Build and validate the KitConfig from CDK context (cdk.json merged with -c overrides).
+
+    Keys that look like kit keys (`name` or `section.name`, lowercase) but are unknown are rejected with the
+    closest known key; CDK's own keys (feature flags, `aws:cdk:*`, AZ lookups) contain `@`, `:` or `-`.
+    """
+    known = known_keys()
+    for key in context:
+        if _KIT_KEY_RE.match(key) and key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see docs/infra.md for the keys"
+            raise ConfigError(key, f"unknown setting; {hint}")
+    return _build(KitConfig, "", context)

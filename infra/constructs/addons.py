@@ -1,0 +1,125 @@
+"""EKS managed add-ons, with Pod Identity roles for the ones that call AWS APIs.
+
+Add-on versions are left to EKS (the default version for the cluster's Kubernetes version), so a
+Kubernetes upgrade never pins an incompatible add-on; the device plugins, which EKS does not manage,
+are pinned in `device_plugins.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct, IConstruct
+
+TOLERATE_ALL = [{"operator": "Exists"}]
+"""Node DaemonSets must run on tainted GPU nodes too."""
+
+
+def pod_identity_role(scope: Construct, construct_id: str, *, managed_policies: Sequence[str]) -> iam.Role:
+    """IAM role that EKS Pod Identity can assume for a service account (sts:AssumeRole + sts:TagSession)."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(name) for name in managed_policies],
+    )
+
+
+def _addon(
+    scope: Construct,
+    construct_id: str,
+    *,
+    cluster: eks.Cluster,
+    name: str,
+    after: Sequence[IConstruct] = (),
+    configuration: dict[str, Any] | None = None,
+    service_account: str | None = None,
+    role: iam.IRole | None = None,
+) -> eks.Addon:
+    """One managed add-on; `after` lists what must exist first, `service_account` + `role` bind Pod Identity."""
+    addon = eks.Addon(
+        scope,
+        construct_id,
+        cluster=cluster,
+        addon_name=name,
+        configuration_values=configuration,
+        preserve_on_delete=False,
+    )
+    cfn = addon.node.default_child
+    # Adopt what is already there (e.g. after a manual install) instead of failing the deploy.
+    cfn.add_property_override("ResolveConflicts", "OVERWRITE")
+    if service_account is not None and role is not None:
+        cfn.add_property_override(
+            "PodIdentityAssociations", [{"ServiceAccount": service_account, "RoleArn": role.role_arn}]
+        )
+    for dependency in after:
+        addon.node.add_dependency(dependency)
+    return addon
+
+
+class NetworkingAddons(Construct):
+    """vpc-cni, kube-proxy and the Pod Identity agent: DaemonSets the nodes need before they are Ready."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster) -> None:
+        super().__init__(scope, construct_id)
+        self.vpc_cni = _addon(self, "VpcCni", cluster=cluster, name="vpc-cni")
+        self.kube_proxy = _addon(self, "KubeProxy", cluster=cluster, name="kube-proxy")
+        # The agent's DaemonSet tolerates every taint by default, so it also runs on the GPU nodes.
+        self.pod_identity_agent = _addon(
+            self, "PodIdentityAgent", cluster=cluster, name="eks-pod-identity-agent"
+        )
+
+    @property
+    def all(self) -> list[eks.Addon]:
+        """Every add-on here, for `add_dependency` on the node groups."""
+        return [self.vpc_cni, self.kube_proxy, self.pod_identity_agent]
+
+
+class ClusterAddons(Construct):
+    """CoreDNS, FSx CSI driver, node monitoring agent and CloudWatch observability.
+
+    These run Deployments, so they wait for the system node group; the ones that call AWS get a Pod
+    Identity role (no OIDC provider, no extra Lambda).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        system_nodes: IConstruct,
+        pod_identity_agent: eks.Addon,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        after = [system_nodes, pod_identity_agent]
+        self.coredns = _addon(self, "CoreDns", cluster=cluster, name="coredns", after=after)
+        fsx_role = pod_identity_role(self, "FsxCsiRole", managed_policies=["AmazonFSxFullAccess"])
+        self.fsx_csi = _addon(
+            self,
+            "FsxCsi",
+            cluster=cluster,
+            name="aws-fsx-csi-driver",
+            after=after,
+            configuration={"node": {"tolerations": TOLERATE_ALL}},
+            service_account="fsx-csi-controller-sa",
+            role=fsx_role,
+        )
+        self.node_monitoring = _addon(
+            self, "NodeMonitoring", cluster=cluster, name="eks-node-monitoring-agent", after=after
+        )
+        cloudwatch_role = pod_identity_role(
+            self, "CloudWatchRole", managed_policies=["CloudWatchAgentServerPolicy", "AWSXrayWriteOnlyAccess"]
+        )
+        self.cloudwatch = _addon(
+            self,
+            "CloudWatch",
+            cluster=cluster,
+            name="amazon-cloudwatch-observability",
+            after=after,
+            service_account="cloudwatch-agent",
+            role=cloudwatch_role,
+        )

@@ -1,0 +1,81 @@
+"""Static PersistentVolume and claim for the FSx file system (kubernetes-sigs/aws-fsx-csi-driver static provisioning)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_fsx as fsx
+from constructs import Construct, IConstruct
+
+PV_NAME = "fsx-pv"
+PVC_NAME = "fsx-claim"
+
+
+def fsx_volume_manifests(
+    *, file_system_id: str, dns_name: str, mount_name: str, storage_gib: int, namespace: str
+) -> list[dict[str, Any]]:
+    """The PV (Retain, ReadWriteMany, flock) and the PVC bound to it by name."""
+    size = f"{storage_gib}Gi"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": PV_NAME},
+        "spec": {
+            "capacity": {"storage": size},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "mountOptions": ["flock"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {
+                "driver": "fsx.csi.aws.com",
+                "volumeHandle": file_system_id,
+                "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name},
+            },
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": PVC_NAME, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": size}},
+            "volumeName": PV_NAME,
+        },
+    }
+    return [pv, pvc]
+
+
+class FsxVolume(Construct):
+    """Applies the PV/PVC through the kubectl provider, after the FSx CSI driver add-on."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        file_system: fsx.LustreFileSystem,
+        storage_gib: int,
+        namespace: str,
+        after: Sequence[IConstruct] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        manifests = fsx_volume_manifests(
+            file_system_id=file_system.file_system_id,
+            dns_name=file_system.dns_name,
+            mount_name=file_system.mount_name,
+            storage_gib=storage_gib,
+            namespace=namespace,
+        )
+        if namespace != "default":
+            manifests.insert(0, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        self.manifest = eks.KubernetesManifest(
+            self, "Manifest", cluster=cluster, manifest=manifests, overwrite=True
+        )
+        for dependency in after:
+            self.manifest.node.add_dependency(dependency)

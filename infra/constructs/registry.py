@@ -1,0 +1,40 @@
+"""The ECR repository for the trainer image."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ecr as ecr
+from constructs import Construct
+
+from infra.config import RegistryConfig
+
+
+class Registry(Construct):
+    """Private repository `<prefix>/<repository>`: scan on push, lifecycle expiry, kept on stack deletion."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: RegistryConfig, prefix: str) -> None:
+        super().__init__(scope, construct_id)
+        self.repository = ecr.Repository(
+            self,
+            "Repository",
+            repository_name=f"{prefix}/{cfg.repository}",
+            image_scan_on_push=True,
+            image_tag_mutability=ecr.TagMutability.MUTABLE,
+            encryption=ecr.RepositoryEncryption.AES_256,
+            # Images are build artifacts; `make teardown` deletes the tagged repository when asked to.
+            removal_policy=RemovalPolicy.RETAIN,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    rule_priority=1,
+                    description="expire untagged images after 7 days",
+                    tag_status=ecr.TagStatus.UNTAGGED,
+                    max_image_age=Duration.days(7),
+                ),
+                ecr.LifecycleRule(
+                    rule_priority=2,
+                    description=f"keep the newest {cfg.keep_images} images",
+                    tag_status=ecr.TagStatus.ANY,
+                    max_image_count=cfg.keep_images,
+                ),
+            ],
+        )

@@ -1,0 +1,95 @@
+"""FSx for Lustre in the GPU nodes' subnet, optionally linked to an S3 bucket."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from infra.config import StorageConfig
+
+DATA_PATH = "/data"
+"""Where the linked S3 bucket appears in the file system."""
+
+_DEPLOYMENT_TYPES = {
+    "PERSISTENT_2": fsx.LustreDeploymentType.PERSISTENT_2,
+    "PERSISTENT_1": fsx.LustreDeploymentType.PERSISTENT_1,
+    "SCRATCH_2": fsx.LustreDeploymentType.SCRATCH_2,
+}
+_ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+class Storage(Construct):
+    """Encrypted, LZ4-compressed Lustre 2.15 file system for checkpoints and data.
+
+    Kept when the stack is deleted (it holds checkpoints); `make teardown` removes it on confirmation.
+    Clients reach it through the EFA security group, which gets the matching egress rule.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cfg: StorageConfig,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        client_security_group: ec2.ISecurityGroup,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        persistent = cfg.deployment_type.startswith("PERSISTENT")
+        self.key = (
+            kms.Key(
+                self,
+                "Key",
+                enable_key_rotation=True,
+                description="FSx for Lustre encryption at rest (kept with the file system)",
+                removal_policy=RemovalPolicy.RETAIN,
+            )
+            if persistent  # SCRATCH file systems are always encrypted with an AWS-owned key
+            else None
+        )
+        link_by_path = cfg.s3_bucket is not None and cfg.deployment_type != "PERSISTENT_2"
+        self.file_system = fsx.LustreFileSystem(
+            self,
+            "FileSystem",
+            vpc=vpc,
+            vpc_subnet=subnet,
+            storage_capacity_gib=cfg.storage_gib,
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            kms_key=self.key,
+            removal_policy=RemovalPolicy.RETAIN,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=_DEPLOYMENT_TYPES[cfg.deployment_type],
+                per_unit_storage_throughput=cfg.effective_throughput_per_tib,
+                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+                import_path=f"s3://{cfg.s3_bucket}" if link_by_path else None,
+                export_path=f"s3://{cfg.s3_bucket}" if link_by_path else None,
+                auto_import_policy=fsx.LustreAutoImportPolicy.NEW_CHANGED_DELETED if link_by_path else None,
+            ),
+        )
+        self.file_system.connections.allow_default_port_from(
+            client_security_group, "Lustre clients (GPU nodes)"
+        )
+
+        self.data_repository_association: fsx.CfnDataRepositoryAssociation | None = None
+        if cfg.s3_bucket is not None and cfg.deployment_type == "PERSISTENT_2":
+            # PERSISTENT_2 cannot use import/export paths; it links buckets through associations.
+            self.data_repository_association = fsx.CfnDataRepositoryAssociation(
+                self,
+                "S3Link",
+                file_system_id=self.file_system.file_system_id,
+                file_system_path=DATA_PATH,
+                data_repository_path=f"s3://{cfg.s3_bucket}/",
+                batch_import_meta_data_on_create=True,
+                s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                    auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                        events=_ALL_EVENTS
+                    ),
+                    auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                        events=_ALL_EVENTS
+                    ),
+                ),
+            )

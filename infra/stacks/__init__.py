@@ -1,0 +1,5 @@
+"""Stacks that compose the constructs; `build_kit` wires them in order Network -> Storage, Registry -> Cluster."""
+
+from infra.stacks.kit import Kit, build_kit
+
+__all__ = ["Kit", "build_kit"]

@@ -1,0 +1,136 @@
+"""Cluster stack: EKS, node groups, add-ons, optional Kubernetes objects, and the kit's outputs (contract 2)."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_fsx as fsx
+from constructs import Construct
+
+from infra.config import KitConfig
+from infra.constructs.addons import ClusterAddons, NetworkingAddons
+from infra.constructs.cluster import Cluster
+from infra.constructs.device_plugins import DevicePlugins
+from infra.constructs.fsx_volume import PVC_NAME, FsxVolume
+from infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
+from infra.constructs.network import Network
+from infra.instances import GPU_INSTANCES
+from infra.stacks.base import KitStack
+
+OUTPUT_KEYS = (
+    "ClusterName",
+    "Region",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "FsxStorageGiB",
+    "EcrRepositoryUri",
+    "GpuNodeLabels",
+    "GpuNodeTaint",
+    "GpuInstanceType",
+    "GpuNodeCount",
+    "GpusPerNode",
+    "EfaDevicesPerNode",
+    "KubernetesObjectsByCdk",
+    "UpdateKubeconfigCommand",
+)
+"""Outputs of the cluster stack, always present. With kubernetes.deploy_objects, also FsxPvcName and FsxPvcNamespace."""
+
+
+class ClusterStack(KitStack):
+    """Everything that lives in or on the EKS cluster, plus the outputs `make train-job` reads."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cfg: KitConfig,
+        network: Network,
+        file_system: fsx.LustreFileSystem,
+        repository: ecr.IRepository,
+    ) -> None:
+        super().__init__(
+            scope, construct_id, cfg=cfg, suffix="cluster", description="FSDP kit: EKS cluster and GPU nodes"
+        )
+        deploy_objects = cfg.kubernetes.deploy_objects
+        self.control_plane = Cluster(
+            self,
+            "Eks",
+            cfg=cfg.cluster,
+            name=cfg.prefix,
+            vpc=network.vpc,
+            with_kubectl=deploy_objects,
+            instance_tags=self.kit_tags,
+        )
+        cluster = self.control_plane.cluster
+        networking = NetworkingAddons(self, "NetworkingAddons", cluster=cluster)
+        self.gpu = GpuNodeGroup(
+            self,
+            "Gpu",
+            cfg=cfg.gpu,
+            cluster=cluster,
+            subnet=network.private_subnet_in(cfg.gpu.availability_zone),
+            efa_security_group=network.efa_security_group,
+            instance_tags=self.kit_tags,
+        )
+        for nodegroup in (self.control_plane.system_nodegroup, self.gpu.nodegroup):
+            for addon in networking.all:
+                nodegroup.node.add_dependency(addon)
+        self.addons = ClusterAddons(
+            self,
+            "Addons",
+            cluster=cluster,
+            system_nodes=self.control_plane.system_nodegroup,
+            pod_identity_agent=networking.pod_identity_agent,
+        )
+        if deploy_objects:
+            DevicePlugins(
+                self,
+                "DevicePlugins",
+                cfg=cfg.kubernetes,
+                cluster=cluster,
+                after=[self.control_plane.system_nodegroup],
+            )
+            FsxVolume(
+                self,
+                "FsxVolume",
+                cluster=cluster,
+                file_system=file_system,
+                storage_gib=cfg.storage.storage_gib,
+                namespace=cfg.kubernetes.namespace,
+                after=[self.addons.fsx_csi],
+            )
+
+        spec = GPU_INSTANCES[cfg.gpu.instance_type]
+        outputs = {
+            "ClusterName": (cluster.cluster_name, "EKS cluster name"),
+            "Region": (cfg.region, "AWS region of the kit"),
+            "FsxFileSystemId": (
+                file_system.file_system_id,
+                "FSx for Lustre file system id (PV volumeHandle)",
+            ),
+            "FsxDnsName": (file_system.dns_name, "FSx DNS name (PV volumeAttributes.dnsname)"),
+            "FsxMountName": (file_system.mount_name, "FSx mount name (PV volumeAttributes.mountname)"),
+            "FsxStorageGiB": (str(cfg.storage.storage_gib), "FSx capacity in GiB (PV/PVC size)"),
+            "EcrRepositoryUri": (repository.repository_uri, "ECR repository URI for the trainer image"),
+            "GpuNodeLabels": (gpu_node_labels_json(), "GPU node labels, a JSON object"),
+            "GpuNodeTaint": (GPU_TAINT, "GPU node taint, key=value:Effect"),
+            "GpuInstanceType": (cfg.gpu.instance_type, "GPU instance type"),
+            "GpuNodeCount": (str(cfg.gpu.desired_nodes), "desired GPU nodes"),
+            "GpusPerNode": (str(spec.gpus), "nvidia.com/gpu per node"),
+            "EfaDevicesPerNode": (str(spec.efa_devices), "vpc.amazonaws.com/efa per node"),
+            "KubernetesObjectsByCdk": (
+                "true" if deploy_objects else "false",
+                "whether CDK installed the device plugins and the FSx PV/PVC",
+            ),
+            "UpdateKubeconfigCommand": (
+                f"aws eks update-kubeconfig --region {cfg.region} --name {cfg.prefix}",
+                "configure kubectl for the cluster",
+            ),
+        }
+        if deploy_objects:
+            outputs["FsxPvcName"] = (PVC_NAME, "PVC bound to the FSx PV")
+            outputs["FsxPvcNamespace"] = (cfg.kubernetes.namespace, "namespace of the FSx PVC")
+        for key, (value, description) in outputs.items():
+            CfnOutput(self, key, value=value, description=description)
