@@ -1,0 +1,397 @@
+"""Run a rendered `local`-profile Job on this machine: each pod as a local process, as the cluster would.
+
+The runner reads the Job manifest, not the values, so the container command line that EKS runs is the one
+that is tested here. For every completion index it builds the environment the kubelet and Job controller
+would give (JOB_COMPLETION_INDEX, HOSTNAME, fieldRef env such as NODE_RANK and POD_NAME, `$(VAR)`
+expansion), maps each volume mount to a local folder (the mount path is substituted in argv, env and the
+ConfigMap files), points MASTER_ADDR and the rendezvous endpoint at 127.0.0.1 on a free port, and then
+applies the Job's own failure rules: exit 78 fails the Job, other failures replace the pod up to
+`backoffLimitPerIndex`, and any index that runs out fails the Job (`maxFailedIndexes: 0`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k8s.render import Manifest
+from k8s.spec import INDEX_ANNOTATION
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+class LocalRunError(ValueError):
+    """Manifests the local runner cannot run (wrong profile, missing objects); one line."""
+
+
+@dataclass
+class PodRecord:
+    """One local "pod": an attempt at one completion index."""
+
+    name: str
+    index: int
+    attempt: int
+    log: Path
+    exit_code: int | None = None
+
+
+@dataclass
+class LocalResult:
+    """Outcome of a local Job run."""
+
+    succeeded: bool
+    reason: str
+    run_dir: Path
+    pods: list[PodRecord] = field(default_factory=list)
+
+
+def expand_vars(text: str, env: dict[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: known names are replaced, `$$` escapes, unknown references stay."""
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return _VAR_REF.sub(repl, text)
+
+
+class PathMap:
+    """Mount path -> local folder; replaces whole path prefixes only (`/fsx/runs` yes, `/fsxx` no)."""
+
+    def __init__(self, mounts: dict[str, Path]) -> None:
+        self.mounts = dict(sorted(mounts.items(), key=lambda kv: -len(kv[0])))
+        alts = "|".join(re.escape(p.rstrip("/")) for p in self.mounts)
+        self._re = re.compile(rf"(?<![\w.\-/])({alts})(?=/|$|[^\w.\-])") if alts else None
+
+    def __call__(self, text: str) -> str:
+        if self._re is None:
+            return text
+        return self._re.sub(lambda m: str(self.mounts[m.group(1)]), text)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, with the next two free too (trainer and in-process stores)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 2 > 65535:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port + 1))
+                b.bind(("127.0.0.1", port + 2))
+            return port
+        except OSError:
+            continue
+    raise LocalRunError("no free TCP port triple on 127.0.0.1; close other jobs and retry")
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """What the runner takes from the manifests."""
+
+    name: str
+    completions: int
+    backoff_limit_per_index: int
+    fail_job_codes: frozenset[int]
+    grace_s: float
+    container: dict[str, Any]
+    pod_meta: dict[str, Any]
+    namespace: str
+    volumes: dict[str, dict[str, Any]]
+    configmaps: dict[str, dict[str, str]]
+
+
+def load_job(manifests: list[Manifest]) -> LocalJob:
+    """Pick the Job and its ConfigMaps; LocalRunError unless this is a `local`-profile Job."""
+    jobs = [m.obj for m in manifests if m.obj.get("kind") == "Job"]
+    if len(jobs) != 1:
+        raise LocalRunError(f"expected one Job in the manifests, found {len(jobs)}")
+    job = jobs[0]
+    labels = job["metadata"].get("labels", {})
+    if labels.get("kit.io/profile") != "local":
+        raise LocalRunError(
+            f"the local runner runs PROFILE=local manifests; these are for {labels.get('kit.io/profile')!r} "
+            "(use 'python -m k8s apply' for EKS)"
+        )
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    fail_codes: set[int] = set()
+    for rule in spec.get("podFailurePolicy", {}).get("rules", []):
+        codes = rule.get("onExitCodes", {})
+        if rule["action"] == "FailJob" and codes.get("operator") == "In":
+            fail_codes.update(codes["values"])
+    return LocalJob(
+        name=job["metadata"]["name"],
+        completions=int(spec["completions"]),
+        backoff_limit_per_index=int(spec.get("backoffLimitPerIndex", 0)),
+        fail_job_codes=frozenset(fail_codes),
+        grace_s=float(pod.get("terminationGracePeriodSeconds", 30)),
+        container=pod["containers"][0],
+        pod_meta=spec["template"]["metadata"],
+        namespace=job["metadata"].get("namespace", "default"),
+        volumes={v["name"]: v for v in pod.get("volumes", [])},
+        configmaps={
+            m.obj["metadata"]["name"]: m.obj.get("data", {})
+            for m in manifests
+            if m.obj["kind"] == "ConfigMap"
+        },
+    )
+
+
+class LocalRunner:
+    """Runs a LocalJob's pods as process groups under `workdir`; see the module docstring."""
+
+    def __init__(
+        self,
+        job: LocalJob,
+        *,
+        workdir: Path,
+        volume_root: Path | None = None,
+        python: str = sys.executable,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.workdir = workdir.resolve()
+        self.volume_root = (volume_root or self.workdir / "volumes").resolve()
+        self.python = python
+        self.on_line = on_line
+        self.port = free_port()
+        self.paths = self._prepare_volumes()
+        self.pods: list[PodRecord] = []
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # -- volumes
+    def _prepare_volumes(self) -> PathMap:
+        mounts: dict[str, Path] = {}
+        env = self._static_env()
+        for mount in self.job.container.get("volumeMounts", []):
+            vol = self.job.volumes[mount["name"]]
+            target = mount["mountPath"]
+            if "persistentVolumeClaim" in vol:
+                local = self.volume_root / vol["persistentVolumeClaim"]["claimName"]
+            elif "configMap" in vol:
+                local = self.workdir / "configmaps" / vol["configMap"]["name"]
+            elif "emptyDir" in vol:
+                if target == "/dev/shm":
+                    continue  # this machine's own /dev/shm plays the memory-backed volume
+                local = self.workdir / "emptydir" / vol["name"]
+            else:
+                raise LocalRunError(f"volume {vol['name']!r} has a type the local runner does not emulate")
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[target] = local
+        paths = PathMap(mounts)
+        for mount in self.job.container.get("volumeMounts", []):
+            vol = self.job.volumes[mount["name"]]
+            if "configMap" in vol:
+                data = self.job.configmaps.get(vol["configMap"]["name"])
+                if data is None:
+                    raise LocalRunError(f"ConfigMap {vol['configMap']['name']!r} is not among the manifests")
+                folder = mounts[mount["mountPath"]]
+                for key, text in data.items():
+                    (folder / key).write_text(self._rewrite(paths(text), env), encoding="utf-8")
+        return paths
+
+    # -- environment
+    def _static_env(self) -> dict[str, str]:
+        env = {e["name"]: e["value"] for e in self.job.container.get("env", []) if "value" in e}
+        return env
+
+    def _rewrite(self, text: str, static_env: dict[str, str]) -> str:
+        """Point the cluster's rank-0 address at 127.0.0.1 and its port at this run's free port."""
+        addr, port = static_env.get("MASTER_ADDR"), static_env.get("MASTER_PORT")
+        if addr and port:
+            text = text.replace(f"{addr}:{port}", f"127.0.0.1:{self.port}")
+            text = re.sub(rf"(--master-port=){re.escape(port)}\b", rf"\g<1>{self.port}", text)
+        if addr:
+            text = text.replace(addr, "127.0.0.1")
+        return text
+
+    def pod_env(self, index: int, pod_name: str) -> dict[str, str]:
+        """The env the kubelet would give pod `index`, with local paths and addresses."""
+        hostname = f"{self.job.name}-{index}"
+        annotations = {**self.job.pod_meta.get("annotations", {}), INDEX_ANNOTATION: str(index)}
+        fields = {
+            "metadata.name": pod_name,
+            "metadata.namespace": self.job.namespace,
+            "status.podIP": "127.0.0.1",
+            "spec.nodeName": socket.gethostname(),
+            **{f"metadata.annotations['{k}']": v for k, v in annotations.items()},
+            **{f"metadata.labels['{k}']": v for k, v in self.job.pod_meta.get("labels", {}).items()},
+        }
+        static = self._static_env()
+        env: dict[str, str] = {
+            "JOB_COMPLETION_INDEX": str(index),  # the Job controller adds it to every container
+            "HOSTNAME": hostname,
+        }
+        for entry in self.job.container.get("env", []):
+            name = entry["name"]
+            if "value" in entry:
+                env[name] = self.paths(self._rewrite(expand_vars(entry["value"], env), static))
+            else:
+                ref = entry["valueFrom"].get("fieldRef", {}).get("fieldPath")
+                if ref not in fields:
+                    raise LocalRunError(f"env {name}: valueFrom {entry['valueFrom']} is not emulated locally")
+                env[name] = fields[ref]
+        if "MASTER_PORT" in env:
+            env["MASTER_PORT"] = str(self.port)
+        return env
+
+    def pod_argv(self, env: dict[str, str]) -> list[str]:
+        """The container's command and args after `$(VAR)` expansion and path mapping."""
+        raw = list(self.job.container.get("command", [])) + list(self.job.container.get("args", []))
+        static = self._static_env()
+        argv = [self.paths(self._rewrite(expand_vars(a, env), static)) for a in raw]
+        if not argv:
+            raise LocalRunError("the container has no command; the local runner needs the launcher argv")
+        if argv[0] in ("python", "python3"):
+            argv[0] = self.python
+        else:
+            found = shutil.which(
+                argv[0], path=f"{Path(self.python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+            )
+            if found is None:
+                raise LocalRunError(f"{argv[0]} (the container's launcher) is not installed on this machine")
+            argv[0] = found
+        return argv
+
+    def _host_env(self) -> dict[str, str]:
+        """What a container image provides besides the pod env: PATH, HOME, locale, the code on PYTHONPATH."""
+        keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "TERM")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        return env
+
+    # -- running
+    def _start(self, index: int, attempt: int) -> PodRecord:
+        suffix = "local" if attempt == 0 else f"local-r{attempt}"
+        name = f"{self.job.name}-{index}-{suffix}"
+        record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
+        record.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self._host_env(), **self.pod_env(index, name)}
+        argv = self.pod_argv(env)
+        proc = subprocess.Popen(
+            argv,
+            cwd=str(REPO_ROOT),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a pod is a process group; stopping it reaches every child
+        )
+        threading.Thread(target=self._pump, args=(proc, record), daemon=True).start()
+        with self._lock:
+            self._procs[index] = proc
+            self.pods.append(record)
+        return record
+
+    def _pump(self, proc: subprocess.Popen[bytes], record: PodRecord) -> None:
+        assert proc.stdout is not None  # noqa: S101 - set by Popen(stdout=PIPE)
+        with open(record.log, "wb") as log:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if record.index == 0 and self.on_line is not None:
+                    self.on_line(line.decode(errors="replace").rstrip("\n"))
+
+    def _stop_all(self) -> None:
+        """SIGTERM every pod's process group, then SIGKILL after the pod's grace period."""
+        procs = list(self._procs.values())
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + min(self.job.grace_s, 30.0)
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def run(self, *, timeout_s: float | None = None, run_dir: Path) -> LocalResult:
+        """Run every index to completion under the Job's failure rules."""
+        failures = dict.fromkeys(range(self.job.completions), 0)
+        records = {i: self._start(i, 0) for i in range(self.job.completions)}
+        done: set[int] = set()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while len(done) < self.job.completions:
+                if deadline is not None and time.monotonic() > deadline:
+                    return self._finish(False, f"timed out after {timeout_s:g} s", run_dir)
+                progressed = False
+                for index, proc in list(self._procs.items()):
+                    if index in done or (code := proc.poll()) is None:
+                        continue
+                    progressed = True
+                    records[index].exit_code = code
+                    if code == 0:
+                        done.add(index)
+                    elif code in self.job.fail_job_codes:
+                        return self._finish(
+                            False, f"pod {records[index].name} exited {code} (FailJob)", run_dir
+                        )
+                    else:
+                        failures[index] += 1
+                        if failures[index] > self.job.backoff_limit_per_index:
+                            return self._finish(
+                                False,
+                                f"index {index} failed {failures[index]} times (backoffLimitPerIndex "
+                                f"{self.job.backoff_limit_per_index}); last exit code {code}",
+                                run_dir,
+                            )
+                        records[index] = self._start(index, failures[index])
+                if not progressed:
+                    self._wait_any(0.2)
+        except KeyboardInterrupt:
+            self._finish(False, "interrupted", run_dir)
+            raise
+        return self._finish(True, "all indexes succeeded", run_dir)
+
+    def _wait_any(self, timeout: float) -> None:
+        """Block until some pod exits or `timeout` passes (pods exit rarely; this is the poll period)."""
+        running = [p for p in self._procs.values() if p.poll() is None]
+        if running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running[0].wait(timeout=timeout)
+
+    def _finish(self, ok: bool, reason: str, run_dir: Path) -> LocalResult:
+        self._stop_all()
+        for index, proc in self._procs.items():
+            rec = next(r for r in reversed(self.pods) if r.index == index)
+            if rec.exit_code is None:
+                rec.exit_code = proc.returncode
+        return LocalResult(succeeded=ok, reason=reason, run_dir=run_dir, pods=list(self.pods))
+
+
+def run_local(
+    manifests: list[Manifest],
+    *,
+    workdir: Path,
+    volume_root: Path | None = None,
+    timeout_s: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> LocalResult:
+    """Run the rendered local Job; returns when every index succeeded or the Job failed."""
+    job = load_job(manifests)
+    runner = LocalRunner(job, workdir=workdir, volume_root=volume_root, on_line=on_line)
+    env0 = runner.pod_env(0, f"{job.name}-0-local")
+    run_dir = Path(env0.get("RUN_DIR", str(workdir)))
+    return runner.run(timeout_s=timeout_s, run_dir=run_dir)
