@@ -302,9 +302,8 @@ class LocalRunner:
         return record
 
     def _pump(self, proc: subprocess.Popen[bytes], record: PodRecord) -> None:
-        assert proc.stdout is not None  # noqa: S101 - set by Popen(stdout=PIPE)
         with open(record.log, "wb") as log:
-            for line in proc.stdout:
+            for line in proc.stdout or ():
                 log.write(line)
                 log.flush()
                 if record.index == 0 and self.on_line is not None:
