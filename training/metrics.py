@@ -274,7 +274,14 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
             float(e.get("duration_s") or 0.0) for e in mine if e["kind"] == "ckpt" and e.get("phase") == phase
         )
 
-    stall_s, drain_s = ckpt_sum("stall"), ckpt_sum("drain")
+    stall_s = ckpt_sum("stall")
+    # One final wait can be logged by two layers (trainer and checkpointer): keep one per process and step.
+    drains: dict[tuple[Any, Any], float] = {}
+    for e in mine:
+        if e["kind"] == "ckpt" and e.get("phase") == "drain":
+            key = (e.get("pid"), e.get("step"))
+            drains[key] = max(drains.get(key, 0.0), float(e.get("duration_s") or 0.0))
+    drain_s = sum(drains.values())
     ckpt = [e for e in trainer if e["kind"] == "ckpt"]
     committed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "commit"}
     failed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "failed"}

@@ -146,10 +146,15 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     stalled = False
     for e in trainer:
         if e["kind"] == "ckpt" and e.get("phase") == "stall" and int(e["rank"]) == ref:
-            end, dur = float(e["ts"]) - t0, float(e.get("duration_s") or 0.0)
+            begin, dur = float(e["ts"]) - t0, float(e.get("duration_s") or 0.0)  # ckpt ts: the phase start
             for a in (ax, ax_dur):
                 a.axvspan(
-                    end - dur, end, color="orange", alpha=0.35, lw=0, label=None if stalled else "ckpt stall"
+                    begin,
+                    begin + dur,
+                    color="orange",
+                    alpha=0.35,
+                    lw=0,
+                    label=None if stalled else "ckpt stall",
                 )
                 stalled = True
     for i, f in enumerate(m.faults):

@@ -251,3 +251,14 @@ def test_bad_run_folders_say_what_to_fix(tmp_path: Path) -> None:
         load_run_metrics(tmp_path)
     with pytest.raises(MetricsError, match="no trainer events"):
         compute_metrics([{"ts": T0, "kind": "exit", "role": "launcher", "rank": None}])
+
+
+def test_one_drain_logged_by_two_layers_counts_once(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path, world_size=1)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 4, T0 + 1.0, 0.5)
+    run.ckpt(4, "drain", t, 0.7)  # the checkpointer's wait(), stamped at its start
+    run.ckpt(4, "drain", t + 0.7, 0.7)  # the trainer timing the same wait, stamped at its end
+    run.end(4, t + 0.7)
+    run.close()
+    assert load_run_metrics(tmp_path).drain_s == pytest.approx(0.7)
