@@ -42,7 +42,7 @@ class Kubectl:
             if found is None:
                 raise KubectlError(
                     "kubectl not found on PATH; install it (https://kubernetes.io/docs/tasks/tools/) and "
-                    "point it at the cluster: aws eks update-kubeconfig --name <ClusterName> --region <Region>"
+                    "point it at the cluster: aws eks update-kubeconfig --name CLUSTER --region REGION"
                 )
             self.binary = found
 
