@@ -76,7 +76,17 @@ def run_step(kind: Kind, decisions: list[Decision], aws: Aws, scope: Scope, tick
         for note in kind.prepare(aws, doomed, scope):
             tick(len(results), total, note)
     waves = kind.waves(aws, doomed) if (kind.waves and doomed) else [doomed]
-    for wave in waves:
+    for index, wave in enumerate(waves):
+        failed = [x.id for x in doomed if x.id in results and results[x.id].status == "failed"]
+        if index and failed:
+            # later waves depend on earlier ones (stacks: exporters after importers): do not try them
+            for r in wave:
+                done(
+                    r,
+                    "failed",
+                    f"not attempted: waits for {', '.join(failed)} (earlier in the order), which failed",
+                )
+            continue
         deleting = _start_deletes(
             kind, wave, aws, scope, deadline, done, lambda n: tick(len(results), total, n)
         )

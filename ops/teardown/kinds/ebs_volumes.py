@@ -18,21 +18,25 @@ def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
     ec2 = aws.client("ec2")
     keys = [PROJECT_TAG, PVC_TAG, "ebs.csi.aws.com/cluster", "KubernetesCluster"]
     keys += [f"kubernetes.io/cluster/{c}" for c in scope.clusters]
-    found = []
-    for page in ec2.get_paginator("describe_volumes").paginate(Filters=[{"Name": "tag-key", "Values": keys}]):
-        for v in page["Volumes"]:
-            t = tag_dict(v.get("Tags"))
-            if CFN_STACK_TAG in t:
-                continue
-            r = Resource(
-                kind="ebs-volume",
-                id=v["VolumeId"],
-                name=t.get(PVC_TAG, t.get("Name", "")),
-                tags=t,
-                detail={"state": v["State"], "size_gib": v["Size"]},
-            )
-            if ownership(r, scope) is not None:
-                found.append(r)
+    seen: dict[str, Resource] = {}
+    for key in keys:  # one filter per key: an OR over several tag keys is not honoured everywhere (moto)
+        for page in ec2.get_paginator("describe_volumes").paginate(
+            Filters=[{"Name": "tag-key", "Values": [key]}]
+        ):
+            for v in page["Volumes"]:
+                t = tag_dict(v.get("Tags"))
+                if CFN_STACK_TAG in t or v["VolumeId"] in seen:
+                    continue
+                r = Resource(
+                    kind="ebs-volume",
+                    id=v["VolumeId"],
+                    name=t.get(PVC_TAG, t.get("Name", "")),
+                    tags=t,
+                    detail={"state": v["State"], "size_gib": v["Size"]},
+                )
+                if ownership(r, scope) is not None:
+                    seen[r.id] = r
+    found = sorted(seen.values(), key=lambda r: r.id)
     return found
 
 

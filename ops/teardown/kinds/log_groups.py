@@ -1,7 +1,8 @@
 """CloudWatch log groups: kit-tagged ones, and those AWS creates untagged for a kit cluster.
 
 After the cluster: the control plane recreates `/aws/eks/<cluster>/cluster` while it still logs (pitfall 10).
-Tagged groups are found through the Resource Groups Tagging API (one call per page instead of one per group).
+Tagged groups come from the Resource Groups Tagging API plus a sweep of names holding the prefix or a kit
+cluster (tags fetched only for those, not for every group in the account).
 """
 
 from __future__ import annotations
@@ -32,17 +33,26 @@ def list_log_groups(aws: Aws, scope: Scope) -> list[Resource]:
         name = arn.split(":log-group:", 1)[1].removesuffix(":*")
         found[name] = Resource(kind="log-group", id=name, name=name, tags=tags, detail={})
     logs = aws.client("logs")
-    for cluster in scope.clusters:
-        for pattern in CLUSTER_LOG_PREFIXES:
-            prefix = pattern.format(c=cluster)
-            for page in logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
-                for g in page["logGroups"]:
-                    name = g["logGroupName"]
-                    if name not in found:
-                        tags = logs.list_tags_for_resource(resourceArn=g["logGroupArn"]).get("tags", {})
-                        found[name] = Resource(
-                            kind="log-group", id=name, name=name, tags=tags, detail={"log_group_of": cluster}
-                        )
+    # The tagging API is the fast path on AWS; a name sweep adds the groups that carry the prefix or a kit
+    # cluster in their name (CDK names them after the stack) for endpoints whose tagging API misses logs.
+    needles = [scope.prefix.lower(), *(c.lower() for c in scope.clusters)]
+    for page in logs.get_paginator("describe_log_groups").paginate():
+        for g in page["logGroups"]:
+            name = g["logGroupName"]
+            if name in found or not any(n in name.lower() for n in needles):
+                continue
+            owner = next(
+                (c for c in scope.clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))),
+                None,
+            )
+            tags = logs.list_tags_for_resource(resourceArn=g["logGroupArn"]).get("tags", {})
+            found[name] = Resource(
+                kind="log-group",
+                id=name,
+                name=name,
+                tags=tags,
+                detail={"log_group_of": owner} if owner else {},
+            )
     return sorted(found.values(), key=lambda r: r.id)
 
 
