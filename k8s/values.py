@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import yaml
-
 from k8s.profiles import ProfileName, get_profile, profile_for_instance
 
 Launcher = Literal["kit", "ft_launcher", "torchrun"]
@@ -377,11 +375,24 @@ def apply_overrides(base: dict[str, Any], overrides: list[str] | Mapping[str, st
     return merged
 
 
+def _yaml_scalar(raw: str) -> Any:
+    """A TRAIN.* value as the trainer's YAML file would hold it: int, float, bool, or the string itself."""
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    low = raw.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    return raw
+
+
 def _set_map_entry(merged: dict[str, Any], map_field: str, sub: str, raw: str) -> None:
     label = _MAP_FIELDS[map_field]
     if map_field == "train":
         section, dot, name = sub.partition(".")
-        if not dot or section not in TRAINER_FIELDS or name not in TRAINER_FIELDS[section]:
+        if not dot or section not in TRAINER_FIELDS or not name.isidentifier():
             raise ValuesError(
                 f"TRAIN.{sub} is not a trainer config field; sections: {', '.join(TRAINER_FIELDS)} "
                 "(fields as in the trainer's config, e.g. TRAIN.optim.lr=1e-4)"
@@ -389,10 +400,7 @@ def _set_map_entry(merged: dict[str, Any], map_field: str, sub: str, raw: str) -
         typed = TYPED_TRAINER_FIELDS.get((section, name))
         if typed is not None:
             raise ValuesError(f"TRAIN.{sub} has its own value; set {_key_label(typed)}={raw} instead")
-        try:
-            parsed = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            parsed = raw
+        parsed = _yaml_scalar(raw)
         merged.setdefault("train", {}).setdefault(section, {})[name] = parsed
         return
     if not sub:

@@ -1,0 +1,329 @@
+"""Values: layering (defaults -> stack outputs -> overrides), parsing, and every rule's one-line error."""
+# ruff: noqa: E501  (the table holds exact one-line messages; splitting them hides what users see)
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k8s.outputs import OutputsError, load_stack_outputs, merge_stack_outputs
+from k8s.values import ValuesError, build_values, shm_gib, staging_gib
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+LOCAL = ["PROFILE=local", "RUN_ID=t"]
+P5 = ["RUN_ID=t", "IMAGE=repo/kit:1", "FSX_PVC=fsx"]
+
+# (overrides, exact error). Each row breaks one rule; the message names the key, the value and the fix.
+BAD_VALUES = [
+    (["NODES=0", *LOCAL], "NODES=0: must be at least 1"),
+    (["NODES=four", *LOCAL], "NODES='four' is not a whole number"),
+    (["NODEZ=4", *LOCAL], "unknown value NODEZ; did you mean NODES?"),
+    (["PROFILE=p6", "RUN_ID=t"], "PROFILE='p6' is not one of p5, p4d, g5, local"),
+    (["LAUNCHER=mpirun", *LOCAL], "LAUNCHER='mpirun' is not one of kit, ft_launcher, torchrun"),
+    (
+        ["RUN_ID=My_Run", "PROFILE=local"],
+        "RUN_ID=My_Run: must be lower-case letters, digits and '-', start with a letter, end with a letter or "
+        "digit, at most 48 characters (e.g. llama-4n-async)",
+    ),
+    (
+        ["RUN_ID=1run", "PROFILE=local"],
+        "RUN_ID=1run: must be lower-case letters, digits and '-', start with a letter, end with a letter or "
+        "digit, at most 48 characters (e.g. llama-4n-async)",
+    ),
+    (
+        [f"RUN_ID={'a' * 49}", "PROFILE=local"],
+        f"RUN_ID={'a' * 49}: must be lower-case letters, digits and '-', start with a letter, end with a letter "
+        "or digit, at most 48 characters (e.g. llama-4n-async)",
+    ),
+    (
+        ["NAMESPACE=Team_A", *LOCAL],
+        "NAMESPACE=Team_A: must be a DNS-1123 label (lower-case letters, digits, '-'; max 63)",
+    ),
+    (
+        ["GPUS_PER_NODE=4", *P5],
+        "GPUS_PER_NODE=4: p5.48xlarge has 8 GPUs and the kit runs one pod per node; remove GPUS_PER_NODE or pick "
+        "another PROFILE",
+    ),
+    (
+        ["EFA_PER_NODE=4", *P5],
+        "EFA_PER_NODE=4: p5.48xlarge has 32 EFA devices; remove EFA_PER_NODE or pick another PROFILE",
+    ),
+    (["PROCS_PER_NODE=4", *P5], "PROCS_PER_NODE=4: must equal the 8 GPUs of p5.48xlarge (one rank per GPU)"),
+    (
+        ["RUN_ID=t", "FSX_PVC=fsx"],
+        "IMAGE='': an EKS profile needs the trainer image; pass OUTPUTS=cdk-outputs.json (EcrRepositoryUri) or "
+        "IMAGE=<uri:tag> (make image builds it)",
+    ),
+    (
+        ["RUN_ID=t", "IMAGE=repo/kit:1"],
+        "FSX_FILE_SYSTEM_ID='': the FSx volume needs the stack outputs FsxFileSystemId, FsxDnsName and "
+        "FsxMountName (or FSX_PVC=<existing claim>)",
+    ),
+    (
+        ["ENV.MASTER_ADDR=10.0.0.1", *LOCAL],
+        "ENV.MASTER_ADDR=10.0.0.1: is set by the kit or the launcher from the other values; remove it",
+    ),
+    (
+        ["ENV.WORLD_SIZE=16", *LOCAL],
+        "ENV.WORLD_SIZE=16: is set by the kit or the launcher from the other values; remove it",
+    ),
+    (
+        ["ENV.TORCHELASTIC_RESTART_COUNT=1", *LOCAL],
+        "ENV.TORCHELASTIC_RESTART_COUNT=1: is set by the kit or the launcher from the other values; remove it",
+    ),
+    (
+        ["ENV.HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz", *LOCAL],
+        "ENV.HF_TOKEN=<redacted>: looks like a secret; mount it from a Kubernetes Secret instead",
+    ),
+    (["ENV.9BAD=1", *LOCAL], "ENV.9BAD=1: is not a valid environment variable name"),
+    (
+        ["FAULT_SPEC=kill:step=5:rank=2", "NODES=2", *LOCAL],
+        "FAULT_SPEC=kill:step=5:rank=2: rank=2 does not exist: the world size is 2 (2 nodes x 1 processes)",
+    ),
+    (
+        ["FAULT_SPEC=explode:step=5:rank=1", *LOCAL],
+        "FAULT_SPEC=explode:step=5:rank=1: 'explode:step=5:rank=1' is not KIND:step=N:rank=R or "
+        "KIND:time=SECONDS:rank=R (KIND kill, hang, sigstop, exception or oom)",
+    ),
+    (
+        ["FAULT_SPEC=kill:step=50:rank=1", "STEPS=40", *LOCAL],
+        "FAULT_SPEC=kill:step=50:rank=1: step=50 is after the last step (40)",
+    ),
+    (
+        ["FAULT_SCHEDULE_SEED=42", "NODES=1", *LOCAL],
+        "FAULT_SCHEDULE_SEED=42: the schedule never faults rank 0, so it needs a world size of 2 or more",
+    ),
+    (
+        ["CHECKPOINT_KEEP=1", *LOCAL],
+        "CHECKPOINT_KEEP=1: must be at least 2 (the newest may still be in flight)",
+    ),
+    (
+        ["CHECKPOINT_INTERVAL=50", "STEPS=40", *LOCAL],
+        "CHECKPOINT_INTERVAL=50: is beyond the last step (40); no checkpoint would be written",
+    ),
+    (
+        ["CHECKPOINT_MODE=off", "CHECKPOINT_INTERVAL=5", *LOCAL],
+        "CHECKPOINT_INTERVAL=5: is set but CHECKPOINT_MODE=off; remove one of them",
+    ),
+    (
+        ["HEARTBEAT_TIMEOUT=soon", *LOCAL],
+        "HEARTBEAT_TIMEOUT=soon: must be auto or a number of seconds above 0",
+    ),
+    (
+        ["HEARTBEAT_TIMEOUT=1", *LOCAL],
+        "HEARTBEAT_TIMEOUT=1: must be above twice MONITOR_INTERVAL_S (0.5) or no beat can be seen in time",
+    ),
+    (
+        ["HEARTBEAT_TIMEOUT=600", "HEARTBEAT_LOAD_TIMEOUT_S=300", *LOCAL],
+        "HEARTBEAT_LOAD_TIMEOUT_S=300.0: must be at least HEARTBEAT_TIMEOUT (600): starting and loading a "
+        "checkpoint take longer than a step",
+    ),
+    (
+        ["INPROCESS=1", "HEARTBEAT_TIMEOUT=60", "INPROCESS_BARRIER_TIMEOUT_S=90", *LOCAL],
+        "INPROCESS_BARRIER_TIMEOUT_S=90.0: must be below HEARTBEAT_TIMEOUT (60) so an in-process restart finishes "
+        "before the launcher declares a hang",
+    ),
+    (
+        ["LAUNCHER=ft_launcher", "INPROCESS=1", "INPROCESS_BARRIER_TIMEOUT_S=1000", *LOCAL],
+        "INPROCESS_BARRIER_TIMEOUT_S=1000.0: must be below HEARTBEAT_TIMEOUT (900) so an in-process restart "
+        "finishes before the launcher declares a hang",
+    ),
+    (
+        ["LAUNCHER=torchrun", "INPROCESS=yes", "MAX_RESTARTS=3", *LOCAL],
+        "MAX_RESTARTS=3: torchrun kills every worker when one dies, so in-process restart cannot work under its "
+        "restarts (NVRx guide); use MAX_RESTARTS=0 or LAUNCHER=kit",
+    ),
+    (
+        ["LAUNCHER=torchrun", "HEARTBEAT_TIMEOUT=60", *LOCAL],
+        "HEARTBEAT_TIMEOUT=60: torchrun has no heartbeat; remove it or use LAUNCHER=kit",
+    ),
+    (
+        ["INPROCESS=maybe", *LOCAL],
+        "INPROCESS='maybe' is not a boolean; use 1/0, true/false, yes/no or on/off",
+    ),
+    (
+        ["INPROCESS=1", "ENV.TORCH_NCCL_RETHROW_CUDA_ERRORS=1", *LOCAL],
+        "ENV.TORCH_NCCL_RETHROW_CUDA_ERRORS=1: must be 0 with INPROCESS=1 (NVRx in-process guide); remove it",
+    ),
+    (
+        ["ENV.NCCL_NVLS_ENABLE=1", *LOCAL],
+        "ENV.NCCL_NVLS_ENABLE=1: must stay 0 (NVLS breaks restarts); remove it",
+    ),
+    (
+        ["SHM_GIB=40", "NODES=1", *P5],
+        "SHM_GIB=40: is below the 89.7 GiB one node stages per async checkpoint; raise SHM_GIB or use more NODES",
+    ),
+    (
+        ["SHM_GIB=1000", *P5],
+        "SHM_GIB=1000: is more than half the pod's 1800 GiB memory (the shm counts against it)",
+    ),
+    (["HUGEPAGES_2MI_MIB=5121", *P5], "HUGEPAGES_2MI_MIB=5121: must be a multiple of 2 (2 MiB pages)"),
+    (
+        ["HUGEPAGES_2MI_MIB=512", *LOCAL],
+        "HUGEPAGES_2MI_MIB=512: hugepages are for EFA nodes; remove it on PROFILE=local",
+    ),
+    (["DATA_KIND=shards", *LOCAL], "DATA_PATH='': must be a folder under /fsx/ for data_kind=shards"),
+    (
+        ["DATA_KIND=shards", "DATA_PATH=/fsx/runs/c4", *LOCAL],
+        "DATA_PATH=/fsx/runs/c4: must be outside /fsx/runs/ (run folders are never shared)",
+    ),
+    (
+        ["DATA_PATH=/fsx/data/c4", *LOCAL],
+        "DATA_PATH=/fsx/data/c4: is only used with DATA_KIND=shards; remove it or set DATA_KIND=shards",
+    ),
+    (
+        ["RDZV_PORT=80", *LOCAL],
+        "RDZV_PORT=80: must be between 1024 and 65533 (the next two ports are used too)",
+    ),
+    (["KUBERNETES_VERSION=v1.35", *LOCAL], "KUBERNETES_VERSION=v1.35: must be MAJOR.MINOR, e.g. 1.35"),
+    (["NCCL_DEBUG=LOUD", *LOCAL], "NCCL_DEBUG=LOUD: must be VERSION, WARN, INFO or TRACE"),
+    (
+        ["GPU_NODE_TAINT=gpu", *LOCAL],
+        "GPU_NODE_TAINT=gpu: must be key=value:Effect (NoSchedule, PreferNoSchedule, NoExecute)",
+    ),
+    (
+        ["TRAIN.optimizer.lr=0.9", *LOCAL],
+        "TRAIN.optimizer.lr is not a trainer config field; sections: run, model, data, optim, training, "
+        "checkpoint, fault, inprocess (fields as in the trainer's config, e.g. TRAIN.optim.lr=1e-4)",
+    ),
+    (
+        ["TRAIN.checkpoint.mode=sync", *LOCAL],
+        "TRAIN.checkpoint.mode has its own value; set CHECKPOINT_MODE=sync instead",
+    ),
+    (["NODES", *LOCAL], "override 'NODES' is not KEY=VALUE; e.g. NODES=4 or ENV.NCCL_DEBUG=INFO"),
+    (
+        ["IMAGE=PLACEHOLDER.invalid/kit:1", "RUN_ID=t", "FSX_PVC=fsx"],
+        "IMAGE=PLACEHOLDER.invalid/kit:1: is a dry-run placeholder; deploy first or set it explicitly",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    BAD_VALUES,
+    ids=[m.split(":")[0].split("=")[0] + f"-{i}" for i, (_, m) in enumerate(BAD_VALUES)],
+)
+def test_k8s_bad_value_has_its_one_line_error(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValuesError) as err:
+        build_values(overrides=overrides)
+    assert str(err.value) == message
+    assert "\n" not in str(err.value)
+
+
+def test_k8s_profile_mismatch_with_the_node_group(stack_outputs: dict) -> None:
+    outputs = merge_stack_outputs(stack_outputs)
+    with pytest.raises(
+        ValuesError, match=r"^PROFILE=g5: expects g5.8xlarge but the GPU node group runs p5.48xlarge"
+    ):
+        build_values(outputs=outputs, overrides=["PROFILE=g5", "RUN_ID=t"])
+
+
+def test_k8s_nodes_beyond_the_node_group(stack_outputs: dict) -> None:
+    outputs = merge_stack_outputs(stack_outputs)
+    with pytest.raises(
+        ValuesError, match=r"^NODES=5: the GPU node group has 4 nodes; ask for at most that many"
+    ):
+        build_values(outputs=outputs, overrides=["NODES=5", "RUN_ID=t"])
+
+
+def test_k8s_layers_defaults_then_outputs_then_overrides(stack_outputs: dict) -> None:
+    outputs = merge_stack_outputs(stack_outputs)
+    from_outputs = build_values(outputs=outputs, overrides=["RUN_ID=t"])
+    assert from_outputs.profile == "p5"  # GpuInstanceType p5.48xlarge
+    assert from_outputs.nodes == 4  # GpuNodeCount
+    assert from_outputs.image == "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer:latest"
+    assert from_outputs.node_selector == {"role": "gpu-train", "vpc.amazonaws.com/efa.present": "true"}
+    assert from_outputs.fsx_file_system_id == "fs-0123456789abcdef0"
+    overridden = build_values(
+        outputs=outputs, overrides=["RUN_ID=t", "NODES=2", "IMAGE_TAG=v7", "model=small"]
+    )
+    assert (overridden.nodes, overridden.image, overridden.model) == (
+        2,
+        "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer:v7",
+        "small",
+    )
+    explicit = build_values(outputs=outputs, overrides=["RUN_ID=t", "IMAGE=registry.example/kit:abc"])
+    assert explicit.image == "registry.example/kit:abc"
+    defaults = build_values(overrides=["RUN_ID=t", "PROFILE=local"])
+    assert (defaults.nodes, defaults.model, defaults.checkpoint_mode) == (2, None, "async")
+
+
+def test_k8s_override_keys_are_case_and_dash_insensitive() -> None:
+    v = build_values(overrides=["profile=local", "run-id=mixed-case", "Checkpoint-Mode=sync", "RUN_ID=t2"])
+    assert (v.run_id, v.checkpoint_mode) == ("t2", "sync")  # later pairs win
+
+
+def test_k8s_run_id_is_generated_when_missing() -> None:
+    from datetime import UTC, datetime
+
+    v = build_values(overrides=["PROFILE=local"], now=datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC))
+    assert v.run_id == "kit-20260304-050607"
+
+
+def test_k8s_dry_run_placeholders_are_marked_and_refused_for_apply() -> None:
+    v = build_values(overrides=["RUN_ID=t"], allow_placeholders=True)
+    assert v.image.startswith("PLACEHOLDER") and v.fsx_file_system_id == "PLACEHOLDER-fsx-id"
+    with pytest.raises(ValuesError, match=r"^IMAGE='': an EKS profile needs the trainer image"):
+        build_values(overrides=["RUN_ID=t"])
+
+
+def test_k8s_shm_is_sized_for_async_staging() -> None:
+    one = build_values(overrides=[*P5, "NODES=1"])
+    four = build_values(overrides=[*P5, "NODES=4"])
+    assert staging_gib(one) == pytest.approx(8.03e9 * 12 / 2**30)
+    assert shm_gib(one) == 180 and shm_gib(four) == 64  # 2 x 89.7 GiB; 2 x 22.4 GiB is below p5's floor
+    assert shm_gib(build_values(overrides=[*P5, "SHM_GIB=100"])) == 100
+
+
+def test_k8s_outputs_missing_key_is_one_line(tmp_path: Path, stack_outputs: dict) -> None:
+    del stack_outputs["Kit-Storage"]["FsxMountName"]
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps(stack_outputs))
+    with pytest.raises(OutputsError) as err:
+        load_stack_outputs(path)
+    assert str(err.value) == (
+        f"{path}: missing output FsxMountName; redeploy with 'make deploy' (it writes every output) or pass the "
+        "value on the command line"
+    )
+
+
+def test_k8s_outputs_conflict_and_shape(stack_outputs: dict, tmp_path: Path) -> None:
+    stack_outputs["Kit-Storage"]["Region"] = "eu-west-1"
+    with pytest.raises(
+        OutputsError, match=r"output Region differs between stacks Kit-Cluster \('us-east-2'\)"
+    ):
+        merge_stack_outputs(stack_outputs)
+    with pytest.raises(OutputsError, match=r"expected \{stack name: \{output: value\}\}"):
+        merge_stack_outputs({"ClusterName": "x"})
+    with pytest.raises(OutputsError, match=r"not found; run 'make deploy' first"):
+        load_stack_outputs(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(OutputsError, match=r"is not valid JSON"):
+        load_stack_outputs(bad)
+
+
+def test_k8s_outputs_with_unknown_instance_type(stack_outputs: dict) -> None:
+    stack_outputs["Kit-Cluster"]["GpuInstanceType"] = "p6-b200.48xlarge"
+    with pytest.raises(
+        ValuesError, match=r"^GpuInstanceType='p6-b200.48xlarge' has no k8s profile; supported"
+    ):
+        build_values(outputs=merge_stack_outputs(stack_outputs), overrides=["RUN_ID=t"])
+
+
+def test_k8s_outputs_labels_must_be_a_json_object(stack_outputs: dict) -> None:
+    stack_outputs["Kit-Cluster"]["GpuNodeLabels"] = "role=gpu"
+    with pytest.raises(
+        ValuesError, match=r"^stack output GpuNodeLabels='role=gpu' is not a JSON object; redeploy"
+    ):
+        build_values(outputs=merge_stack_outputs(stack_outputs), overrides=["RUN_ID=t"])
+
+
+def test_k8s_train_section_overrides_reach_the_config() -> None:
+    v = build_values(
+        overrides=[*LOCAL, "TRAIN.optim.lr=3e-4", "TRAIN.optim.warmup_steps=5", "TRAIN.data.x=on"]
+    )
+    assert v.train == {"optim": {"lr": 3e-4, "warmup_steps": 5}, "data": {"x": "on"}}
