@@ -2,8 +2,11 @@
 
 Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR for each worker (a folder per node and
 attempt). The worker replaces `<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on
-every beat and phase change with {"pid", "rank", "step", "phase", "since", "ts"}: `phase` is what the
-rank is doing now, `since` when it entered that phase, `ts` the time of this write (unix seconds). The
+every beat and phase change with {"pid", "rank", "step", "phase", "since", "ts", "n", "recent"}:
+`phase` is what the rank is doing now, `since` when it entered that phase, `ts` the time of this write
+(unix seconds), `n` how many step intervals this process measured in "train" (between two beats with no
+phase change between them) and `recent` the last few of them in seconds, so a launcher that polls
+slower than the steps still sees every interval. The
 launcher applies the load allowance in "start", "load" and "checkpoint", the (learned) step timeout in
 "train", and never treats "done" as a hang.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +32,7 @@ Phase = Literal["start", "load", "train", "checkpoint", "done"]
 PHASES: tuple[str, ...] = ("start", "load", "train", "checkpoint", "done")
 HEARTBEAT_DIR_ENV = "KIT_HEARTBEAT_DIR"
 NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+RECENT_INTERVALS = 16
 
 
 def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -47,6 +52,9 @@ class HeartbeatClient:
         self._phase: str = "start"
         self._since = time.time()
         self._step: int | None = None
+        self._last_beat: float | None = None
+        self._intervals = 0
+        self._recent: deque[float] = deque(maxlen=RECENT_INTERVALS)
         self._closed = False
         self._write()
 
@@ -82,6 +90,10 @@ class HeartbeatClient:
         if self._phase != "train":
             self._phase = "train"
             self._since = now
+        elif self._last_beat is not None and self._step is not None and step > self._step:
+            self._intervals += 1
+            self._recent.append(round((now - self._last_beat) / (step - self._step), 6))
+        self._last_beat = now
         self._step = step
         self._write(now)
         if self._nvrx:
@@ -107,6 +119,8 @@ class HeartbeatClient:
             "phase": self._phase,
             "since": self._since,
             "ts": now if now is not None else time.time(),
+            "n": self._intervals,
+            "recent": list(self._recent),
         }
         self._tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(self._tmp, self._path)

@@ -1,0 +1,278 @@
+"""The kit's heartbeat launcher: `python -m training.launch [FLAGS] -m training.train ARGS...`.
+
+torchrun's engine (torch.distributed.elastic: c10d rendezvous, worker groups, restart budget,
+multi-node restarts) with what the kit adds: hang detection from per-step heartbeats, a never-retry exit
+code, SIGKILL restarts of a broken group, and warm workers forked from a zygote that already imported
+torch (a restart does not pay the 2-2.6 s import again). Flags keep torchrun's names where they mean the
+same thing; see docs/launcher.md.
+
+Exit codes (training/exitcodes.py): 0 the workers finished; 75 the restart budget is spent (a new pod may
+succeed); 78 a worker exited 78 (bad config: never retried); 2 a bad command line; 128+N the launcher got
+signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import NoReturn
+
+from training import exitcodes
+
+log = logging.getLogger("kit.launch")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(exitcodes.USAGE, f"kit-launch: error: {message} (see --help)\n")
+
+
+def _positive_float(name: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def _heartbeat_timeout(text: str) -> float | None:
+    if text == "auto":
+        return None
+    return _positive_float("--heartbeat-timeout (or 'auto')")(text)
+
+
+def _safety_factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 1 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"--heartbeat-safety-factor must be a number >= 1, got {text!r}")
+    return value
+
+
+def _nonneg_int(name: str):
+    def parse(text: str) -> int:
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def _nnodes(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not low.isdigit() or (sep and not high.isdigit()):
+        raise argparse.ArgumentTypeError(f"--nnodes must be N or MIN:MAX, got {text!r}")
+    lo, hi = int(low), int(high) if sep else int(low)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"--nnodes needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def _add(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """Register --a-b and torchrun's --a_b spelling."""
+    names = [name] + ([name.replace("-", "_").replace("__", "--", 1)] if "-" in name[2:] else [])
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m training.launch",
+        description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
+    )
+    _add(p, "--nnodes", type=_nnodes, default=(1, 1), help="nodes: N or MIN:MAX (default 1)")
+    _add(p, "--nproc-per-node", type=_nonneg_int("--nproc-per-node"), default=1, help="workers per node")
+    _add(p, "--node-rank", type=_nonneg_int("--node-rank"), default=0, help="node rank (static rendezvous)")
+    _add(p, "--rdzv-backend", choices=["c10d", "static"], default="c10d", help="rendezvous backend")
+    _add(p, "--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous store")
+    _add(p, "--rdzv-id", default="", help="job id shared by all nodes")
+    _add(p, "--rdzv-conf", default="", help="extra rendezvous settings, KEY=VALUE,... (e.g. is_host=1)")
+    _add(p, "--standalone", action="store_true", help="single node, local rendezvous on a free port")
+    _add(p, "--max-restarts", type=_nonneg_int("--max-restarts"), default=3, help="restart budget")
+    _add(
+        p,
+        "--monitor-interval",
+        type=_positive_float("--monitor-interval"),
+        default=0.1,
+        help="seconds between worker checks",
+    )
+    _add(p, "--log-dir", default=None, help="folder for worker logs (torchelastic layout)")
+    _add(p, "--run-dir", default=None, help="run folder; launcher events go to <run-dir>/events/")
+    _add(
+        p,
+        "--heartbeat-timeout",
+        type=_heartbeat_timeout,
+        default=None,
+        metavar="auto|SECONDS",
+        help="step timeout in the train phase; auto (default) learns it from step intervals",
+    )
+    _add(
+        p,
+        "--heartbeat-load-timeout",
+        type=_positive_float("--heartbeat-load-timeout"),
+        default=600.0,
+        help="allowance while a rank starts, loads or saves a checkpoint, seconds (default 600)",
+    )
+    _add(
+        p,
+        "--heartbeat-safety-factor",
+        type=_safety_factor,
+        default=2.5,
+        help="auto timeout = factor x p95 step interval (default 2.5)",
+    )
+    _add(
+        p,
+        "--heartbeat-min-timeout",
+        type=_positive_float("--heartbeat-min-timeout"),
+        default=1.0,
+        help="floor of the auto timeout, seconds (default 1)",
+    )
+    _add(
+        p,
+        "--worker-start",
+        choices=["zygote", "exec"],
+        default="zygote",
+        help="zygote: fork warm workers that already imported torch (default); exec: a fresh python",
+    )
+    _add(p, "--shutdown-timeout", type=_nonneg_int("--shutdown-timeout"), default=30, help="SIGTERM grace, s")
+    p.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
+    _add(p, "--no-python", action="store_true", help="run the target as a program, not with python")
+    p.add_argument("training_script", help="module (with -m), script or program to run on every worker")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchArgs:
+    """The checked command line."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    node_rank: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_configs: dict[str, str]
+    max_restarts: int
+    monitor_interval: float
+    log_dir: str | None
+    run_dir: str | None
+    heartbeat_timeout_s: float | None
+    heartbeat_load_timeout_s: float
+    heartbeat_safety_factor: float
+    heartbeat_min_timeout_s: float
+    zygote: bool
+    shutdown_timeout: int
+    entrypoint: str
+    argv: list[str]
+
+
+def parse_args(argv: list[str]) -> LaunchArgs:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.nproc_per_node < 1:
+        parser.error("--nproc-per-node must be >= 1")
+    min_nodes, max_nodes = a.nnodes
+    backend, endpoint, run_id = a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id
+    if a.standalone or (max_nodes == 1 and not endpoint):
+        if max_nodes > 1:
+            parser.error("--standalone runs one node; drop it or use --nnodes=1")
+        backend, endpoint, run_id = "c10d", "127.0.0.1:0", run_id or str(uuid.uuid4())
+    elif not endpoint:
+        parser.error(f"--rdzv-endpoint HOST:PORT is required for {max_nodes} nodes (the host of node 0)")
+    if not run_id:
+        parser.error("--rdzv-id is required with --rdzv-endpoint (the same job id on every node)")
+    if backend == "static" and min_nodes != max_nodes:
+        parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use c10d for MIN:MAX")
+    if a.node_rank >= max_nodes:
+        parser.error(f"--node-rank={a.node_rank} must be below --nnodes ({max_nodes})")
+    configs: dict[str, str] = {}
+    for item in filter(None, a.rdzv_conf.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--rdzv-conf item {item!r} is not KEY=VALUE")
+        configs[key.strip()] = value.strip()
+    if backend == "static":
+        configs["rank"] = str(a.node_rank)
+    if a.module and a.no_python:
+        parser.error("-m/--module and --no-python exclude each other")
+    target = [a.training_script, *a.training_script_args]
+    if a.no_python:
+        entrypoint, worker_argv = a.training_script, list(a.training_script_args)
+    else:
+        entrypoint, worker_argv = sys.executable, ["-u", *(["-m"] if a.module else []), *target]
+    return LaunchArgs(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=a.nproc_per_node,
+        node_rank=a.node_rank,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_id=run_id,
+        rdzv_configs=configs,
+        max_restarts=a.max_restarts,
+        monitor_interval=a.monitor_interval,
+        log_dir=a.log_dir,
+        run_dir=a.run_dir,
+        heartbeat_timeout_s=a.heartbeat_timeout,
+        heartbeat_load_timeout_s=a.heartbeat_load_timeout,
+        heartbeat_safety_factor=a.heartbeat_safety_factor,
+        heartbeat_min_timeout_s=a.heartbeat_min_timeout,
+        zygote=a.worker_start == "zygote" and not a.no_python,
+        shutdown_timeout=a.shutdown_timeout,
+        entrypoint=entrypoint,
+        argv=worker_argv,
+    )
+
+
+def _prepare_environment(workdir: str) -> None:
+    """Env the workers and the rendezvous handler read; set before torch creates anything."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; 2 threads/rank is slower on CPU
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") != "1":
+        log.warning(
+            "kit-launch: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=%s: restarted gloo workers may read stale "
+            "store keys (pytorch/pytorch#135712); unset it to get the kit's default (1)",
+            os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"],
+        )
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    from training.heartbeat import HEARTBEAT_DIR_ENV
+
+    os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    log.setLevel(logging.INFO)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.run_dir is not None:
+        try:
+            os.makedirs(args.run_dir, exist_ok=True)
+        except OSError as exc:
+            print(f"kit-launch: error: cannot create --run-dir {args.run_dir!r}: {exc}", file=sys.stderr)
+            return exitcodes.USAGE
+    workdir = tempfile.mkdtemp(prefix="kit-launch-")
+    try:
+        _prepare_environment(workdir)
+        from training.launcher.runner import run  # imports torch: after the env is set
+
+        return run(args, workdir=workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The heartbeat launcher's parts: the elastic agent subclass, the heartbeat monitor and the zygote."""

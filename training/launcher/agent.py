@@ -1,0 +1,166 @@
+"""The kit's elastic agent: torchelastic's LocalElasticAgent plus heartbeats, fatal exits and fast restarts.
+
+It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-node restarts) to
+`SimpleElasticAgent._invoke_run` (reference/style.md §5):
+
+- `_monitor_workers`: after the stock check, a worker that exited FATAL_CONFIG (78) spends the whole
+  budget (never retried); a stale heartbeat makes the group UNHEALTHY, so the inherited restart path
+  runs. Each detection logs one line with its time to detection and emits an event.
+- `_start_workers`: resets the heartbeat clocks, logs and emits the restart, then starts the group
+  (through the zygote's shims when warm workers are on).
+- `_shutdown`: a broken group (failed or hung) is SIGKILLed at once: a hung or SIGSTOPped rank never
+  honours SIGTERM, and its peers are stuck in collectives anyway. A clean stop (signal to the launcher,
+  end of run) keeps torchelastic's SIGTERM-then-wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import LogsSpecs
+
+from training import exitcodes
+from training.events import EventLog
+from training.launcher.monitor import HeartbeatMonitor
+
+log = logging.getLogger("kit.launch")
+BROKEN_GROUP_KILL_TIMEOUT_S = 10
+
+
+def describe_exit(code: int) -> str:
+    """'exit code 1' or 'signal SIGKILL (-9)'."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} ({code})"
+        except ValueError:
+            return f"signal {-code} ({code})"
+    return f"exit code {code}"
+
+
+class KitElasticAgent(LocalElasticAgent):
+    """LocalElasticAgent with heartbeat hang detection, a never-retry exit code and SIGKILL restarts."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs,
+        *,
+        monitor: HeartbeatMonitor,
+        events: EventLog,
+        shutdown_timeout: int = 30,
+    ) -> None:
+        super().__init__(
+            spec=spec, logs_specs=logs_specs, start_method="spawn", shutdown_timeout=shutdown_timeout
+        )
+        self.monitor = monitor
+        self.events = events
+        self.fatal = False
+        self.attempt = -1
+        self.last_failure = ""
+        self._broken = False
+        self._pending_reason: str | None = None
+        self._detected_at = 0.0
+
+    # --- hooks -------------------------------------------------------------------------------
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.FAILED:
+            return self._on_failed(worker_group, result)
+        if result.state != WorkerState.HEALTHY:
+            return result
+        stale = self.monitor.check()
+        if stale is None:
+            return result
+        reason = (
+            f"rank {stale.rank} heartbeat stale for {stale.stale_s:.2f} s "
+            f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step})"
+        )
+        log.warning("kit-launch: hang detected: %s", reason)
+        self.events.emit(
+            "hang_detected",
+            global_rank=stale.rank,
+            stale_s=round(stale.stale_s, 4),
+            timeout_s=round(stale.timeout_s, 4),
+            phase=stale.phase,
+            step=stale.step,
+        )
+        self._mark_broken(f"hang of rank {stale.rank}")
+        return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self.attempt += 1
+        if self.attempt > 0:
+            reason = self._pending_reason or "another node restarted (rendezvous)"
+            since = (
+                f" {time.time() - self._detected_at:.2f} s after detection" if self._pending_reason else ""
+            )
+            log.warning(
+                "kit-launch: restart %d: starting the worker group again%s (%s; %d/%d restarts left)",
+                self.attempt,
+                since,
+                reason,
+                self._remaining_restarts,
+                worker_group.spec.max_restarts,
+            )
+            self.events.emit(
+                "restart", attempt=self.attempt, reason=reason, remaining=self._remaining_restarts
+            )
+        self._pending_reason = None
+        self._broken = False
+        self.monitor.reset([w.global_rank for w in worker_group.workers])
+        return super()._start_workers(worker_group)
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        if self._broken:
+            death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
+        super()._shutdown(death_sig, timeout)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _on_failed(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        first = min(result.failures.values(), key=lambda f: f.timestamp)
+        for global_rank, failure in sorted(result.failures.items()):
+            worker = next(w for w in worker_group.workers if w.global_rank == global_rank)
+            last = self.monitor.last_beat(global_rank)
+            since = f"; {time.time() - last:.2f} s after its last heartbeat" if last is not None else ""
+            reason = describe_exit(failure.exitcode)
+            if failure is first:
+                log.warning(
+                    "kit-launch: worker failed: rank %d (local %d, pid %s): %s%s",
+                    global_rank,
+                    worker.local_rank,
+                    failure.pid,
+                    reason,
+                    since,
+                )
+            self.events.emit(
+                "worker_failed",
+                local_rank=worker.local_rank,
+                global_rank=global_rank,
+                exitcode=failure.exitcode,
+                reason=reason,
+            )
+        first_rank = next(r for r, f in result.failures.items() if f is first)
+        self.last_failure = f"rank {first_rank} {describe_exit(first.exitcode)}"
+        if any(f.exitcode == exitcodes.FATAL_CONFIG for f in result.failures.values()):
+            self.fatal = True
+            self._remaining_restarts = 0  # the inherited loop stops instead of retrying
+            log.error(
+                "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
+                exitcodes.FATAL_CONFIG,
+            )
+        self._mark_broken(self.last_failure)
+        return result
+
+    def _mark_broken(self, reason: str) -> None:
+        self._broken = True
+        self._pending_reason = reason
+        self._detected_at = time.time()
+        if reason.startswith("hang"):
+            self.last_failure = reason

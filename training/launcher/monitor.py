@@ -1,0 +1,184 @@
+"""Launcher-side heartbeat monitor: reads the ranks' beat files and says which rank is stale.
+
+A rank's allowance depends on its announced phase (training/heartbeat.py):
+- "start" (no file yet: spawn, import, process group, model build), "load" and "checkpoint": the load
+  allowance (`--heartbeat-load-timeout`);
+- "train": the step timeout, explicit (`--heartbeat-timeout SECONDS`) or learned (`auto`);
+- "done": never stale.
+
+Learning (`auto`): the interval between two beats of a rank that stayed in "train" (per step, measured
+by the worker and carried in its beat file) is one sample; the first beat after a phase change is not
+(it includes the load or the save). The timeout is max(floor, safety factor x the 95th percentile of
+the last 200 samples). A percentile rather than the maximum keeps a single slow step from doubling
+the detection time; the safety factor covers the slow steps above it. Until 8 samples exist the load allowance
+applies. What was learned survives worker restarts (the same job keeps its step time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.heartbeat import heartbeat_path
+
+LONG_PHASES = ("start", "load", "checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatSettings:
+    """Heartbeat timeouts, from the launcher's flags (checked there)."""
+
+    timeout_s: float | None
+    """Step timeout in "train"; None means learned from observed step intervals."""
+    load_timeout_s: float
+    """Allowance while a rank starts, loads a checkpoint or saves one, seconds."""
+    safety_factor: float
+    """Learned timeout = this x the 95th percentile of recent step intervals."""
+    min_timeout_s: float
+    """Floor of the learned timeout, seconds."""
+
+
+class TimeoutLearner:
+    """Turns observed step intervals into a step timeout (see the module docstring)."""
+
+    MIN_SAMPLES = 8
+    WINDOW = 200
+    QUANTILE = 0.95
+
+    def __init__(self, *, safety_factor: float, min_timeout_s: float) -> None:
+        self.safety_factor = safety_factor
+        self.min_timeout_s = min_timeout_s
+        self._samples: deque[float] = deque(maxlen=self.WINDOW)
+
+    def observe(self, interval_s: float) -> None:
+        if interval_s > 0 and math.isfinite(interval_s):
+            self._samples.append(interval_s)
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
+    @property
+    def median_s(self) -> float | None:
+        return _quantile(sorted(self._samples), 0.5) if self._samples else None
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The learned timeout, or None while too few steps were seen."""
+        if len(self._samples) < self.MIN_SAMPLES:
+            return None
+        high = _quantile(sorted(self._samples), self.QUANTILE)
+        return max(self.min_timeout_s, self.safety_factor * high)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stale:
+    """A rank whose last sign of life is older than its phase allows."""
+
+    rank: int
+    phase: str
+    step: int | None
+    stale_s: float
+    timeout_s: float
+
+
+@dataclass(kw_only=True)
+class _Seen:
+    phase: str
+    since: float
+    step: int | None
+    ts: float
+    pid: int
+    n: int
+    recent: list[float]
+
+
+class HeartbeatMonitor:
+    """Watches the beat files of this node's ranks for one attempt at a time."""
+
+    def __init__(self, directory: str | os.PathLike[str], settings: HeartbeatSettings) -> None:
+        self.directory = Path(directory)
+        self.settings = settings
+        self.learner = TimeoutLearner(
+            safety_factor=settings.safety_factor, min_timeout_s=settings.min_timeout_s
+        )
+        self._ranks: list[int] = []
+        self._started_at = 0.0
+        self._seen: dict[int, _Seen] = {}
+
+    def reset(self, ranks: list[int]) -> None:
+        """A new attempt: forget the old beats (their files are removed) and start the clocks now."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in self.directory.glob("rank_*.json*"):
+            path.unlink(missing_ok=True)
+        self._ranks = list(ranks)
+        self._started_at = time.time()
+        self._seen = {}
+
+    def step_timeout_s(self) -> float:
+        """The timeout in "train" right now (explicit, learned, or the load allowance while learning)."""
+        if self.settings.timeout_s is not None:
+            return self.settings.timeout_s
+        learned = self.learner.timeout_s
+        return learned if learned is not None else self.settings.load_timeout_s
+
+    def check(self, now: float | None = None) -> Stale | None:
+        """Read every rank's beat; learn from it; return the stalest rank past its allowance, if any."""
+        now = time.time() if now is None else now
+        worst: Stale | None = None
+        for rank in self._ranks:
+            seen = self._read(rank)
+            if seen is None:
+                phase, step, last = "start", None, self._started_at
+            else:
+                self._learn(rank, seen)
+                phase, step, last = seen.phase, seen.step, seen.ts
+            if phase == "done":
+                continue
+            timeout = self.settings.load_timeout_s if phase in LONG_PHASES else self.step_timeout_s()
+            stale = now - last
+            if stale > timeout and (worst is None or stale - timeout > worst.stale_s - worst.timeout_s):
+                worst = Stale(rank=rank, phase=phase, step=step, stale_s=stale, timeout_s=timeout)
+        return worst
+
+    def last_beat(self, rank: int) -> float | None:
+        seen = self._seen.get(rank)
+        return seen.ts if seen is not None else None
+
+    def _read(self, rank: int) -> _Seen | None:
+        try:
+            record = json.loads(heartbeat_path(self.directory, rank).read_text(encoding="utf-8"))
+            seen = _Seen(
+                phase=record["phase"],
+                since=record["since"],
+                step=record["step"],
+                ts=record["ts"],
+                pid=record["pid"],
+                n=record["n"],
+                recent=record["recent"],
+            )
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return self._seen.get(rank)  # missing, or caught mid-replace: keep what we knew
+        if seen.ts < self._started_at:
+            return self._seen.get(rank)  # a leftover from an earlier attempt
+        return seen
+
+    def _learn(self, rank: int, seen: _Seen) -> None:
+        before = self._seen.get(rank)
+        self._seen[rank] = seen
+        known = before.n if before is not None and before.pid == seen.pid else 0
+        new = min(seen.n - known, len(seen.recent))
+        for interval in seen.recent[len(seen.recent) - new :] if new > 0 else []:
+            self.learner.observe(interval)

@@ -1,0 +1,133 @@
+"""Runs the kit's elastic agent the way torchrun's `launch_agent` runs the stock one, and maps the
+outcome to the kit's exit codes.
+
+`launch_agent` hard-codes `LocalElasticAgent`, so this builds the same WorkerSpec (rendezvous handler
+from the registry, torchrun's LaunchConfig defaults) around `KitElasticAgent`, and closes the
+rendezvous at the end unless the launcher was signalled (as `launch_agent` does): peers then leave
+their next rendezvous at once instead of waiting for its timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
+
+from training import exitcodes
+from training.events import EventLog
+from training.heartbeat import HEARTBEAT_DIR_ENV
+from training.launch import LaunchArgs
+from training.launcher.agent import KitElasticAgent
+from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from training.launcher.zygote import Zygote, prewarm_modules, worker_command
+
+log = logging.getLogger("kit.launch")
+
+
+def run(args: LaunchArgs, *, workdir: str) -> int:
+    """Start the zygote (if any), run the agent, and return the launcher's exit code."""
+    events = EventLog(args.run_dir, role="launcher", rank=None)
+    entrypoint, worker_args = args.entrypoint, list(args.argv)
+    zygote = None
+    if args.zygote:
+        # Forked before the agent creates threads or stores: the zygote holds torch, nothing else.
+        zygote = Zygote(workdir, prewarm=prewarm_modules(worker_args))
+        os.environ.update(zygote.env)
+        entrypoint, worker_args = worker_command(worker_args)
+    try:
+        code, reason = _run_agent(args, entrypoint, worker_args, events)
+    finally:
+        if zygote is not None:
+            zygote.close()
+    events.emit("exit", code=code, reason=reason)
+    events.close()
+    return code
+
+
+def _run_agent(
+    args: LaunchArgs, entrypoint: str, worker_args: list[str], events: EventLog
+) -> tuple[int, str]:
+    config = LaunchConfig(
+        min_nodes=args.min_nodes,
+        max_nodes=args.max_nodes,
+        nproc_per_node=args.nproc_per_node,
+        logs_specs=DefaultLogsSpecs(log_dir=args.log_dir),
+        run_id=args.rdzv_id,
+        role="trainer",
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_configs=dict(args.rdzv_configs),
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    master_addr, master_port = _get_addr_and_port(params)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(worker_args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+    )
+    settings = HeartbeatSettings(
+        timeout_s=args.heartbeat_timeout_s,
+        load_timeout_s=args.heartbeat_load_timeout_s,
+        safety_factor=args.heartbeat_safety_factor,
+        min_timeout_s=args.heartbeat_min_timeout_s,
+    )
+    monitor = HeartbeatMonitor(os.environ[HEARTBEAT_DIR_ENV], settings)
+    agent = KitElasticAgent(
+        spec,
+        config.logs_specs,  # type: ignore[arg-type]
+        monitor=monitor,
+        events=events,
+        shutdown_timeout=config.shutdown_timeout or 30,
+    )
+    close_rendezvous = True
+    try:
+        result = agent.run()
+    except SignalException as exc:
+        close_rendezvous = False  # as torchrun: a signalled node must not close the job's rendezvous
+        log.error("kit-launch: got %s; workers stopped", exc.sigval.name)
+        return 128 + int(exc.sigval), f"signal {exc.sigval.name}"
+    except RendezvousError as exc:
+        message = f"rendezvous failed: {type(exc).__name__}: {exc}"
+        log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
+        return exitcodes.BUDGET_EXHAUSTED, message
+    finally:
+        if close_rendezvous:
+            spec.rdzv_handler.shutdown()
+    if not result.is_failed():
+        log.info("kit-launch: workers finished after %d restart(s); exiting 0", max(agent.attempt, 0))
+        return exitcodes.OK, "workers finished"
+    if agent.fatal:
+        message = f"fatal config error in a worker ({agent.last_failure}); not retried"
+        log.error("kit-launch: %s; exiting %d", message, exitcodes.FATAL_CONFIG)
+        return exitcodes.FATAL_CONFIG, message
+    message = (
+        f"restart budget exhausted (--max-restarts={args.max_restarts}); last failure: {agent.last_failure}; "
+        "raise --max-restarts or fix the cause"
+    )
+    log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
+    return exitcodes.BUDGET_EXHAUSTED, message
