@@ -35,11 +35,20 @@ def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _BlockDumper.add_representer(str, _str_presenter)
 
 
+def _defined(value: Any) -> Any:
+    """Raise jinja2.UndefinedError for a missing value (StrictUndefined raises on str())."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)
+    return value
+
+
 def _json(value: Any) -> str:
+    _defined(value)
     return json.dumps(value, ensure_ascii=False)
 
 
 def _toyaml(value: Any, indent: int) -> str:
+    _defined(value)
     if isinstance(value, str) and "\n" in value:
         body = value if value.endswith("\n") else value + "\n"
         return " |\n" + "".join(
@@ -60,6 +69,7 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.globals.pop("namespace", None)  # Jinja's namespace() would stand in for a missing `namespace` value
     env.filters["json"] = _json
     env.filters["toyaml"] = _toyaml
     return env

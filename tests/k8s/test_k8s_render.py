@@ -1,0 +1,494 @@
+"""Rendering: every profile and variant is schema-valid on three Kubernetes versions and passes the kit's
+# ruff: noqa: E501  (tables of paths and exact values read best one row per line)
+policy; rank discovery for 1-8 nodes; one test per value, asserted by path; golden files for p5."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+from k8s.local import LocalRunner, load_job
+from k8s.outputs import merge_stack_outputs
+from k8s.render import Manifest, environment, render, write
+from k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
+from k8s.values import build_values
+
+GOLDEN = Path(__file__).parent / "golden" / "p5"
+LOCAL = ["PROFILE=local", "RUN_ID=t"]
+
+
+def _render(overrides: list[str], *, outputs: dict | None = None) -> list[Manifest]:
+    return render(build_values(outputs=outputs, overrides=overrides, allow_placeholders=outputs is None))
+
+
+def _obj(manifests: list[Manifest], kind: str) -> dict[str, Any]:
+    return next(m.obj for m in manifests if m.obj["kind"] == kind)
+
+
+def _container(manifests: list[Manifest]) -> dict[str, Any]:
+    return _obj(manifests, "Job")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _env(manifests: list[Manifest]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in _container(manifests)["env"]}
+
+
+def _at(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+@pytest.mark.parametrize("launcher", ["kit", "ft_launcher", "torchrun"])
+@pytest.mark.parametrize("profile", ["p5", "p4d", "g5", "local"])
+def test_k8s_every_profile_and_launcher_is_valid(profile: str, launcher: str) -> None:
+    manifests = _render([f"PROFILE={profile}", f"LAUNCHER={launcher}", "RUN_ID=t"])
+    validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
+    assert _container(manifests)["command"][0] == ("ft_launcher" if launcher == "ft_launcher" else "python")
+
+
+VARIANTS = {
+    "inprocess-on": ["INPROCESS=1", "INPROCESS_BACKEND=nvrx", "INPROCESS_BARRIER_TIMEOUT_S=60"],
+    "inprocess-off": ["INPROCESS=0"],
+    "ckpt-off": ["CHECKPOINT_MODE=off"],
+    "ckpt-sync": ["CHECKPOINT_MODE=sync", "CHECKPOINT_INTERVAL=500", "STEPS=2000"],
+    "ckpt-async-dcp": ["CHECKPOINT_MODE=async", "CHECKPOINT_BACKEND=dcp", "CHECKPOINT_KEEP=3"],
+    "fault-spec": ["FAULT_SPEC=kill:step=20:rank=1,exception:step=45:rank=9", "STEPS=100"],
+    "fault-schedule": [
+        "FAULT_SCHEDULE_SEED=42",
+        "FAULT_SCHEDULE_COUNT=5",
+        "FAULT_SCHEDULE_KINDS=exception:0.6,hang:0.4",
+    ],
+    "ft-inprocess": ["LAUNCHER=ft_launcher", "INPROCESS=1", "MAX_RESTARTS=5"],
+    "torchrun-baseline": ["LAUNCHER=torchrun", "CHECKPOINT_MODE=sync"],
+    "hugepages-deadline": ["HUGEPAGES_2MI_MIB=5120", "ACTIVE_DEADLINE_S=7200"],
+    "cdk-pvc-env": ["FSX_PVC=fsx-claim", "ENV.NCCL_DEBUG_SUBSYS=INIT,NET", "NCCL_DEBUG=INFO"],
+    "shards": ["DATA_KIND=shards", "DATA_PATH=/fsx/data/c4", "SEQ_LEN=2048", "BATCH_SIZE=1"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_k8s_every_variant_is_valid(variant: str, stack_outputs: dict) -> None:
+    outputs = merge_stack_outputs(stack_outputs)
+    manifests = _render(["RUN_ID=t", "NODES=2", *VARIANTS[variant]], outputs=outputs)
+    validate(manifests, versions=SCHEMA_VERSIONS)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4, 8])
+def test_k8s_rank_discovery(nodes: int, tmp_path: Path) -> None:
+    manifests = _render([f"NODES={nodes}", "RUN_ID=llama", "NAMESPACE=team-a"])
+    job = _obj(manifests, "Job")
+    env = _env(manifests)
+    master = "llama-0.llama.team-a.svc.cluster.local"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == nodes
+    assert (
+        job["spec"]["template"]["spec"]["subdomain"]
+        == _obj(manifests, "Service")["metadata"]["name"]
+        == "llama"
+    )
+    assert env["MASTER_ADDR"] == master
+    assert (env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == (str(nodes), "8", str(8 * nodes))
+    assert env["NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    cmd = _container(manifests)["command"]
+    assert f"--nnodes={nodes}" in cmd and "--nproc-per-node=8" in cmd and "--node-rank=$(NODE_RANK)" in cmd
+    assert f"--rdzv-endpoint={master}:29500" in cmd
+    # What each pod sees, as the kubelet would resolve the env and $(VAR)s for completion index i.
+    runner = LocalRunner(load_job(_render_local(nodes)), workdir=tmp_path)
+    ranks: list[int] = []
+    for index in range(nodes):
+        pod_env = runner.pod_env(index, f"llama-{index}-x")
+        argv = runner.pod_argv(pod_env)
+        assert pod_env["NODE_RANK"] == pod_env["JOB_COMPLETION_INDEX"] == str(index)
+        assert pod_env["HOSTNAME"] == f"llama-{index}"
+        assert pod_env["MASTER_ADDR"] == "127.0.0.1" and pod_env["WORLD_SIZE"] == str(2 * nodes)
+        assert f"--node-rank={index}" in argv and f"--rdzv-endpoint=127.0.0.1:{runner.port}" in argv
+        ranks += [index * 2 + local for local in range(2)]
+    assert ranks == list(range(2 * nodes))
+
+
+def _render_local(nodes: int) -> list[Manifest]:
+    return _render(
+        [f"NODES={nodes}", "RUN_ID=llama", "NAMESPACE=team-a", "PROFILE=local", "PROCS_PER_NODE=2"]
+    )
+
+
+# (overrides, manifest kind, path, expected): one render test per value, asserted on parsed YAML by path.
+JOB = "spec.template.spec"
+C0 = f"{JOB}.containers.0"
+PER_VALUE = [
+    (["NODES=1"], "Job", "spec.completions", 1),
+    (["NODES=3"], "Job", "spec.parallelism", 3),
+    (["NAMESPACE=ml"], "Job", "metadata.namespace", "ml"),
+    (["NAMESPACE=ml"], "Namespace", "metadata.name", "ml"),
+    (["SERVICE_ACCOUNT=trainer"], "Job", f"{JOB}.serviceAccountName", "trainer"),
+    (["SERVICE_ACCOUNT=trainer"], "ServiceAccount", "metadata.name", "trainer"),
+    (["IMAGE=reg.example/kit:9"], "Job", f"{C0}.image", "reg.example/kit:9"),
+    (["IMAGE_PULL_POLICY=Always"], "Job", f"{C0}.imagePullPolicy", "Always"),
+    (["BACKOFF_LIMIT_PER_INDEX=0"], "Job", "spec.backoffLimitPerIndex", 0),
+    (["BACKOFF_LIMIT_PER_INDEX=7"], "Job", "spec.backoffLimitPerIndex", 7),
+    (["TTL_SECONDS_AFTER_FINISHED=0"], "Job", "spec.ttlSecondsAfterFinished", 0),
+    (["ACTIVE_DEADLINE_S=3600"], "Job", "spec.activeDeadlineSeconds", 3600),
+    (["TERMINATION_GRACE_S=0"], "Job", f"{JOB}.terminationGracePeriodSeconds", 0),
+    (["SHM_GIB=100"], "Job", f"{JOB}.volumes.1.emptyDir", {"medium": "Memory", "sizeLimit": "100Gi"}),
+    (["HUGEPAGES_2MI_MIB=5120"], "Job", f"{C0}.resources.limits.hugepages-2Mi", "5120Mi"),
+    (["HUGEPAGES_2MI_MIB=5120"], "Job", f"{C0}.resources.requests.hugepages-2Mi", "5120Mi"),
+    (["RDZV_PORT=23456"], "Service", "spec.ports.0.port", 23456),
+    (["RDZV_PORT=23456"], "Job", f"{C0}.ports.2.containerPort", 23458),
+    (["FSX_PVC=claim-x"], "Job", f"{JOB}.volumes.0.persistentVolumeClaim.claimName", "claim-x"),
+    (["FSX_STORAGE_GIB=2400"], "PersistentVolume", "spec.capacity.storage", "2400Gi"),
+    (["FSX_FILE_SYSTEM_ID=fs-1"], "PersistentVolume", "spec.csi.volumeHandle", "fs-1"),
+    (["FSX_DNS_NAME=dns.example"], "PersistentVolume", "spec.csi.volumeAttributes.dnsname", "dns.example"),
+    (["FSX_MOUNT_NAME=mnt1"], "PersistentVolume", "spec.csi.volumeAttributes.mountname", "mnt1"),
+    (["NODE_SELECTOR.role=gpu-train"], "Job", f"{JOB}.nodeSelector", {"role": "gpu-train"}),
+    ([], "Job", f"{JOB}.nodeSelector", {"node.kubernetes.io/instance-type": "p5.48xlarge"}),
+    (
+        ["GPU_NODE_TAINT=dedicated=train:NoSchedule"],
+        "Job",
+        f"{JOB}.tolerations.1",
+        {"key": "dedicated", "operator": "Equal", "value": "train", "effect": "NoSchedule"},
+    ),
+    (
+        ["GPU_NODE_TAINT=nvidia.com/gpu:NoSchedule"],
+        "Job",
+        f"{JOB}.tolerations",
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    ),
+    (["PROFILE=p4d"], "Job", f"{C0}.resources.limits.vpc\u2024amazonaws\u2024com/efa", "4"),
+    (["PROFILE=g5"], "Job", f"{C0}.resources.limits.nvidia\u2024com/gpu", "1"),
+    (["PROFILE=local"], "Job", f"{C0}.resources.limits", {"cpu": "1", "memory": "4Gi"}),
+]
+
+
+def _path_get(obj: Any, path: str) -> Any:
+    return _at(obj, path.replace("\u2024", "\0")) if "\u2024" not in path else _dotted(obj, path)
+
+
+def _dotted(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        part = part.replace("\u2024", ".")
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+@pytest.mark.parametrize(("overrides", "kind", "path", "expected"), PER_VALUE,
+                         ids=[f"{o[0] if o else 'default'}:{p}" for o, _, p, _ in PER_VALUE])  # fmt: skip
+def test_k8s_each_value_lands_at_its_path(overrides: list[str], kind: str, path: str, expected: Any) -> None:
+    manifests = _render(["RUN_ID=t", *overrides])
+    assert _dotted(_obj(manifests, kind), path) == expected
+
+
+ENV_VALUES = [
+    (["RUN_ID=abc"], "RUN_DIR", "/fsx/runs/abc"),
+    (["NCCL_DEBUG=info"], "NCCL_DEBUG", "INFO"),
+    (["ENV.NCCL_DEBUG=TRACE"], "NCCL_DEBUG", "TRACE"),  # user env beats the profile's
+    (["ENV.FI_EFA_USE_DEVICE_RDMA=0"], "FI_EFA_USE_DEVICE_RDMA", "0"),
+    ([], "FI_EFA_USE_DEVICE_RDMA", "1"),
+    ([], "FI_PROVIDER", "efa"),
+    ([], "FI_EFA_FORK_SAFE", "1"),
+    ([], "NCCL_NVLS_ENABLE", "0"),
+    ([], "TORCH_CPP_LOG_LEVEL", "error"),
+    ([], "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),
+    (["INPROCESS=1"], "TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
+    (["PROFILE=g5"], "FI_EFA_USE_DEVICE_RDMA", None),
+    (["LAUNCHER=ft_launcher"], "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None),
+    (["INPROCESS=0"], "TORCH_NCCL_RETHROW_CUDA_ERRORS", None),
+    (["PROFILE=local"], "FI_PROVIDER", None),
+    (["RDZV_PORT=30000"], "MASTER_PORT", "30000"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "name", "expected"), ENV_VALUES,
+                         ids=[f"{o[0] if o else 'default'}:{n}" for o, n, _ in ENV_VALUES])  # fmt: skip
+def test_k8s_each_env_value(overrides: list[str], name: str, expected: str | None) -> None:
+    assert _env(_render(["RUN_ID=t", *overrides])).get(name) == expected
+
+
+TRAINER = [
+    (["RUN_ID=abc"], "run", {"id": "abc", "root": "/fsx/runs"}),
+    (["SEED=7"], "run", {"id": "t", "root": "/fsx/runs", "seed": 7}),
+    ([], "model", {"name": "llama3.1-8b"}),
+    (["PROFILE=local"], "model", {"name": "tiny"}),
+    (["MODEL=small"], "model", {"name": "small"}),
+    (
+        ["STEPS=2000", "LOG_EVERY=10", "DETERMINISTIC=0"],
+        "training",
+        {"steps": 2000, "log_every": 10, "deterministic": False},
+    ),
+    (
+        ["CHECKPOINT_MODE=sync", "CHECKPOINT_INTERVAL=500", "CHECKPOINT_KEEP=2", "CHECKPOINT_BACKEND=dcp"],
+        "checkpoint",
+        {"mode": "sync", "interval": 500, "keep": 2, "backend": "dcp"},
+    ),
+    (["FAULT_SPEC=kill:step=5:rank=1"], "fault", {"spec": "kill:step=5:rank=1"}),
+    (
+        ["FAULT_SCHEDULE_SEED=42", "FAULT_SCHEDULE_COUNT=5", "FAULT_SCHEDULE_AFTER_STEP=10"],
+        "fault",
+        {"schedule_seed": 42, "schedule_count": 5, "schedule_after_step": 10},
+    ),
+    (["INPROCESS=1", "INPROCESS_MAX_RESTARTS=4"], "inprocess", {"enabled": True, "max_restarts": 4}),
+    (["TRAIN.optim.lr=0.0002"], "optim", {"lr": 0.0002}),
+    (["SEQ_LEN=2048", "BATCH_SIZE=1"], "data", {"kind": "synthetic", "seq_len": 2048, "batch_size": 1}),
+]
+
+
+@pytest.mark.parametrize(("overrides", "section", "expected"), TRAINER,
+                         ids=[f"{o[0] if o else 'default'}:{s}" for o, s, _ in TRAINER])  # fmt: skip
+def test_k8s_trainer_config_sections(overrides: list[str], section: str, expected: dict) -> None:
+    manifests = _render(["RUN_ID=t", *overrides])
+    config = yaml.safe_load(_obj(manifests, "ConfigMap")["data"]["train.yaml"])
+    assert config[section] == expected
+    assert set(config) <= {"run", "model", "data", "optim", "training", "checkpoint", "fault", "inprocess"}
+
+
+def test_k8s_config_checksum_follows_the_config() -> None:
+    a, b = _render(["RUN_ID=t", "STEPS=10"]), _render(["RUN_ID=t", "STEPS=11"])
+    key = "kit.io/config-sha256"
+    sha = [_obj(m, "Job")["spec"]["template"]["metadata"]["annotations"][key] for m in (a, b)]
+    assert sha[0] != sha[1] and len(sha[0]) == 64
+    assert _obj(a, "ConfigMap")["metadata"]["annotations"][key] == sha[0]
+    assert (
+        sha[0]
+        == _obj(_render(["RUN_ID=t", "STEPS=10"]), "Job")["spec"]["template"]["metadata"]["annotations"][key]
+    )
+
+
+LAUNCH = [
+    (
+        ["LAUNCHER=kit", "MAX_RESTARTS=4", "HEARTBEAT_TIMEOUT=120", "HEARTBEAT_SAFETY_FACTOR=3", "RUN_ID=r1"],
+        [
+            "python",
+            "-m",
+            "training.launch",
+            "--nnodes=2",
+            "--nproc-per-node=8",
+            "--node-rank=$(NODE_RANK)",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=r1-0.r1.kit-training.svc.cluster.local:29500",
+            "--rdzv-id=r1",
+            "--max-restarts=4",
+            "--monitor-interval=0.5",
+            "--heartbeat-timeout=120",
+            "--heartbeat-load-timeout=1200",
+            "--heartbeat-safety-factor=3",
+            "--run-dir=/fsx/runs/r1",
+            "-m",
+            "training.train",
+            "--config",
+            "/etc/kit/train.yaml",
+        ],
+    ),
+    (
+        ["LAUNCHER=ft_launcher", "RUN_ID=r1"],
+        [
+            "ft_launcher",
+            "--nnodes=2:2",
+            "--nproc-per-node=8",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=r1-0.r1.kit-training.svc.cluster.local:29500",
+            "--rdzv-id=r1",
+            "--max-restarts=20",
+            "--monitor-interval=0.5",
+            "--ft-initial-rank-heartbeat-timeout=1200",
+            "--ft-rank-heartbeat-timeout=900",
+            "-m",
+            "training.train",
+            "--config",
+            "/etc/kit/train.yaml",
+        ],
+    ),
+    (
+        ["LAUNCHER=torchrun", "RUN_ID=r1"],
+        [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=8",
+            "--node-rank=$(NODE_RANK)",
+            "--master-addr=r1-0.r1.kit-training.svc.cluster.local",
+            "--master-port=29500",
+            "--max-restarts=0",
+            "--monitor-interval=0.5",
+            "-m",
+            "training.train",
+            "--config",
+            "/etc/kit/train.yaml",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "argv"), LAUNCH, ids=["kit", "ft_launcher", "torchrun"])
+def test_k8s_launcher_command_lines(overrides: list[str], argv: list[str]) -> None:
+    assert _container(_render(overrides))["command"] == argv
+
+
+def test_k8s_job_failure_policy_and_security() -> None:
+    job = _obj(_render(["RUN_ID=t"]), "Job")
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [78]},
+    }
+    assert rules[1] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
+    assert rules[2]["action"] == "Count"
+    assert (job["spec"]["maxFailedIndexes"], job["spec"]["podReplacementPolicy"]) == (0, "Failed")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    sc = pod["containers"][0]["securityContext"]
+    assert sc == {"privileged": False, "allowPrivilegeEscalation": False,
+                  "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}  # fmt: skip
+    svc = _obj(_render(["RUN_ID=t"]), "Service")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_k8s_pv_only_when_cdk_has_no_claim() -> None:
+    kinds = [m.obj["kind"] for m in _render(["RUN_ID=t"])]
+    assert kinds == ["Namespace", "ServiceAccount", "PersistentVolume", "PersistentVolumeClaim", "ConfigMap",
+                     "Service", "Job"]  # fmt: skip
+    assert "PersistentVolume" not in [m.obj["kind"] for m in _render(["RUN_ID=t", "FSX_PVC=from-cdk"])]
+
+
+# Policy: each mutation of a valid manifest set must produce its problem.
+def _mutate(fn) -> list[str]:
+    manifests = _render(["RUN_ID=t", "IMAGE=r/kit:1", "FSX_PVC=fsx"])
+    mutated = []
+    for m in manifests:
+        obj = copy.deepcopy(m.obj)
+        fn(obj)
+        mutated.append(Manifest(m.filename, m.text, obj))
+    return policy_problems(mutated)
+
+
+def _c(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]["containers"][0] if obj["kind"] == "Job" else {}
+
+
+POLICY = [
+    (
+        lambda o: _c(o) and _c(o)["securityContext"].update(privileged=True),
+        "securityContext.privileged: must be false",
+    ),
+    (
+        lambda o: _c(o) and _c(o)["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"),
+        "capabilities.add: ['SYS_ADMIN'] not allowed; only IPC_LOCK",
+    ),
+    (
+        lambda o: _c(o) and _c(o)["securityContext"].pop("allowPrivilegeEscalation"),
+        "allowPrivilegeEscalation: must be false",
+    ),
+    (
+        lambda o: _c(o) and _c(o)["env"].append({"name": "WANDB_API_KEY", "value": "abc123"}),
+        "(WANDB_API_KEY): looks like a secret in plain text; use valueFrom.secretKeyRef",
+    ),
+    (
+        lambda o: _c(o) and _c(o)["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
+        "resources: nvidia.com/gpu requests (4) must equal limits (8)",
+    ),
+    (
+        lambda o: (
+            o["kind"] == "Job"
+            and o["spec"]["template"]["spec"]["volumes"].append(
+                {"name": "h", "hostPath": {"path": "/dev/shm"}}
+            )
+        ),
+        "volumes[3]: hostPath is not allowed",
+    ),
+    (
+        lambda o: o["kind"] == "Job" and o["spec"]["template"]["spec"].update(hostNetwork=True),
+        "hostNetwork: must not be true",
+    ),
+    (
+        lambda o: o["kind"] == "Job" and o["spec"]["template"]["spec"].update(subdomain="other"),
+        "subdomain: 'other' names no Service in kit-training; no pod DNS",
+    ),
+    (
+        lambda o: o["kind"] == "Service" and o["spec"].update(publishNotReadyAddresses=False),
+        "publishNotReadyAddresses must be true so rank 0 resolves early",
+    ),
+    (
+        lambda o: o["kind"] == "Service" and o["spec"].update(clusterIP="10.0.0.1"),
+        "clusterIP must be None (headless)",
+    ),
+    (
+        lambda o: _c(o) and _c(o)["env"][4].update(value="t-0.t"),
+        "env.MASTER_ADDR: 't-0.t' must be 't-0.t.kit-training",
+    ),
+    (
+        lambda o: o["kind"] == "Job" and o["spec"].update(parallelism=1),
+        "spec.parallelism: must equal completions",
+    ),
+    (
+        lambda o: o["kind"] == "ConfigMap" and o["data"].update(key="AKIAABCDEFGHIJKLMNOP"),
+        "looks like a credential",
+    ),
+    (lambda o: _c(o) and _c(o).update(image="PLACEHOLDER.invalid/kit"), "dry-run placeholder"),
+]
+
+
+@pytest.mark.parametrize(("mutation", "problem"), POLICY, ids=[p.split(":")[0][:40] for _, p in POLICY])
+def test_k8s_policy_catches(mutation, problem: str) -> None:
+    problems = _mutate(mutation)
+    assert any(problem in p for p in problems), problems
+
+
+def test_k8s_policy_is_clean_for_rendered_manifests() -> None:
+    assert _mutate(lambda o: None) == []
+
+
+def test_k8s_strict_schema_catches_a_misspelt_field() -> None:
+    manifests = _render(["RUN_ID=t"])
+    job = next(m for m in manifests if m.obj["kind"] == "Job")
+    obj = copy.deepcopy(job.obj)
+    obj["spec"]["template"]["spec"]["subdomian"] = obj["spec"]["template"]["spec"].pop("subdomain")
+    problems = schema_problems([Manifest(job.filename, job.text, obj)], "1.35")
+    assert len(problems) == 1 and "'subdomian' was unexpected" in problems[0]
+    assert problems[0].startswith("06-job.yaml: Job/t: spec.template.spec:")
+
+
+def test_k8s_unsupported_schema_version() -> None:
+    with pytest.raises(
+        ValueError, match=r"^KUBERNETES_VERSION=1.99: no bundled schemas; use one of 1.25..1.37"
+    ):
+        validate(_render(["RUN_ID=t"]), versions=["1.99"], allow_placeholders=True)
+
+
+def test_k8s_validate_reports_every_problem() -> None:
+    manifests = _render(["RUN_ID=t"])
+    with pytest.raises(ManifestError) as err:
+        validate(manifests, versions=["1.35"])  # placeholders not allowed
+    assert len(err.value.problems) == 4 and str(err.value).endswith("(and 3 more)")
+    assert all("dry-run placeholder" in p for p in err.value.problems)
+
+
+def test_k8s_templates_refuse_undefined_values() -> None:
+    with pytest.raises(jinja2.UndefinedError):
+        environment().get_template("job.yaml.j2").render(job_name="x")
+
+
+def test_k8s_golden_p5(stack_outputs: dict, tmp_path: Path) -> None:
+    """The p5 manifests from real-looking stack outputs; K8S_UPDATE_GOLDEN=1 rewrites them after review."""
+    values = build_values(
+        outputs=merge_stack_outputs(stack_outputs), overrides=["RUN_ID=golden-p5", "NODES=2"]
+    )
+    manifests = render(values)
+    validate(manifests, versions=SCHEMA_VERSIONS)
+    if os.environ.get("K8S_UPDATE_GOLDEN") == "1":
+        write(manifests, GOLDEN)
+    expected = sorted(p.name for p in GOLDEN.glob("*.yaml"))
+    assert [m.filename for m in manifests] == expected
+    for m in manifests:
+        assert m.text == (GOLDEN / m.filename).read_text(encoding="utf-8"), (
+            f"{m.filename} differs from golden"
+        )
