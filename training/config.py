@@ -131,6 +131,9 @@ class OptimConfig:
 class TrainingConfig:
     steps: int = 100
     """Total optimizer steps of the run (a resumed run continues up to this step)."""
+    stop_at: int = 0
+    """Stop cleanly after this step (final save included), as a planned interruption would; the LR schedule
+    still spans training.steps, so a later run resumes as if never stopped. 0 runs to training.steps."""
     log_every: int = 10
     """Print a progress line every N steps on rank 0 (events record every step regardless)."""
     deterministic: bool = True
@@ -144,6 +147,10 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         _positive("training.steps", self.steps)
         _positive("training.log_every", self.log_every)
+        if not 0 <= self.stop_at <= self.steps:
+            raise ConfigError(
+                f"training.stop_at must be in [0, training.steps={self.steps}] (0 = no early stop), got {self.stop_at}"
+            )
         _positive("training.collective_timeout_s", self.collective_timeout_s)
 
 

@@ -25,6 +25,7 @@ import gc
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -130,43 +131,43 @@ def run_with_restarts(trainer: Trainer) -> Session:
         return session
     store = RestartStore(ctx, cfg.barrier_timeout_s)
     restarts = 0
-    while True:
-        try:
-            trainer.train_loop(session)
-            return session
-        except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
-            t_fail = time.time()
-            if restarts >= cfg.max_restarts:
-                raise RestartFailed(
-                    f"rank {ctx.rank}: in-process restart budget spent ({cfg.max_restarts}); last fault: {_one_line(exc)}"
-                ) from exc
-            restarts += 1
-            reason = _one_line(exc)
-            print(
-                f"[inprocess] rank {ctx.rank}: {reason}; restart {restarts}/{cfg.max_restarts}",
-                file=sys.stderr,
-                flush=True,
-            )
-            previous = session.checkpointer
-            del session
-            abort_groups(ctx)
-            gc.collect()
-            trainer.heartbeat.phase("load")
-            store.barrier(ctx.generation + 1)
-            new_group(ctx, ctx.generation + 1)
-            session = build_session(trainer.cfg, ctx, events)
-            step, source = restore(trainer, session, previous)
-            _close_quietly(previous)
-            del previous
-            duration = time.time() - t_fail
-            events.emit(
-                "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration
-            )
-            events.emit("resume", step=step, source=source, duration_s=duration, fallback_from=None)
-            trainer.log(
-                f"in-process restart {restarts}: restored step {step} from {source} in {duration:.2f} s"
-            )
-            trainer.heartbeat.phase("train")
+    while (reason := _train_until_fault(trainer, session)) is not None:
+        t_fail = time.time()
+        if restarts >= cfg.max_restarts:
+            raise RestartFailed(f"rank {ctx.rank}: in-process restart budget ({cfg.max_restarts}) spent; last: {reason}")
+        restarts += 1
+        print(f"[inprocess] rank {ctx.rank}: {reason}; restart {restarts}/{cfg.max_restarts}", file=sys.stderr, flush=True)
+        # Drop every reference to the failed group (model, optimizer, FSDP state) and abort it: its sockets
+        # close, so a peer blocked in a collective with this rank fails now rather than at the timeout.
+        previous = session.checkpointer
+        session = None
+        abort_groups(ctx)
+        gc.collect()
+        trainer.heartbeat.phase("load")
+        store.barrier(ctx.generation + 1)
+        new_group(ctx, ctx.generation + 1)
+        session = build_session(trainer.cfg, ctx, events)
+        step, source = restore(trainer, session, previous)
+        _close_quietly(previous)
+        previous = None
+        duration = time.time() - t_fail
+        events.emit("inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration)
+        if source == "none" and trainer.cfg.checkpoint.mode == "off":  # else the checkpointer emitted it
+            events.emit("resume", step=None, source="none", duration_s=duration, fallback_from=None)
+        trainer.log(f"in-process restart {restarts}: restored step {step} from {source} in {duration:.2f} s")
+        trainer.heartbeat.phase("train")
+    return session
+
+
+def _train_until_fault(trainer: Trainer, session: Session) -> str | None:
+    """Run the loop; on an Exception return its one-line reason. Returning (not raising) frees the
+    traceback's frames, which hold the model and so the failed process group."""
+    try:
+        trainer.train_loop(session)
+    except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
+        traceback.print_exc(file=sys.stderr)
+        return _one_line(exc)
+    return None
 
 
 def run_under_nvrx(cfg: TrainConfig) -> int:

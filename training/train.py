@@ -124,17 +124,13 @@ class Trainer:
             print(f"[trainer] {message}", flush=True)
 
     def resume(self, session: Session) -> int | None:
-        """Restore the newest committed, verified checkpoint from disk; None means a fresh start."""
+        """Restore the newest committed, verified checkpoint from disk; None means a fresh start.
+        The checkpointer emits the `resume` event (with any fallback); with checkpoints off, we do."""
         self.heartbeat.phase("load")
         t0 = time.time()
         step = session.checkpointer.load(session.ckpt_state)
-        self.events.emit(
-            "resume",
-            step=step,
-            source="disk" if step is not None else "none",
-            duration_s=time.time() - t0,
-            fallback_from=None,
-        )
+        if self.cfg.checkpoint.mode == "off":
+            self.events.emit("resume", step=None, source="none", duration_s=time.time() - t0, fallback_from=None)
         self.log(f"resumed from step {step}" if step is not None else "no checkpoint: starting at step 0")
         self.heartbeat.phase("train")
         return step
@@ -142,7 +138,8 @@ class Trainer:
     def train_loop(self, session: Session, *, heartbeat: HeartbeatClient | None = None) -> None:
         heartbeat = heartbeat or self.heartbeat
         cfg = self.cfg
-        while session.state.step < cfg.training.steps:
+        last = cfg.training.stop_at or cfg.training.steps
+        while session.state.step < last:
             step = session.state.step + 1
             self.faults.maybe_inject(step)
             t_start = time.time()
