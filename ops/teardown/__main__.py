@@ -122,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(report.as_json(scope, steps, executed=False, code=runner.EXIT_OK))
             else:
-                err.print(
+                print(
                     f"dry run: nothing changed. To delete, rerun with --yes --confirm "
-                    f"'{scope.prefix}/{scope.account}'"
+                    f"'{scope.prefix}/{scope.account}'",
+                    file=sys.stderr,
                 )
             return runner.EXIT_OK
         confirmed(args, f"{scope.prefix}/{scope.account}", err)

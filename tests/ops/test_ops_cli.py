@@ -1,0 +1,88 @@
+"""The real CLIs as subprocesses: bad input gives one line on stderr, a non-zero exit and no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from ops_world import PREFIX, World
+
+
+def cli(module: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: ")
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("module", ["ops.teardown", "ops.cost_report"])
+def test_unknown_region(module: str, fake_aws, subprocess_env: dict[str, str]) -> None:
+    p = cli(module, subprocess_env, "--prefix", PREFIX, "--region", "us-nowhere-1")
+    assert_one_line_error(p, 2, "unknown AWS region 'us-nowhere-1'", "us-east-1")
+
+
+@pytest.mark.parametrize("module", ["ops.teardown", "ops.cost_report"])
+def test_no_credentials(module: str, fake_aws, subprocess_env: dict[str, str]) -> None:
+    env = {k: v for k, v in subprocess_env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    p = cli(module, env, "--prefix", PREFIX)
+    assert_one_line_error(p, 2, "no AWS credentials", "AWS_PROFILE")
+
+
+def test_prefix_that_matches_nothing(world: World, subprocess_env: dict[str, str]) -> None:
+    world.stacks()
+    p = cli("ops.teardown", subprocess_env, "--prefix", "Nope")
+    assert_one_line_error(p, 5, "nothing tagged kit:project=Nope", "--prefix")
+
+
+def test_bad_prefix_is_rejected(fake_aws, subprocess_env: dict[str, str]) -> None:
+    p = cli("ops.teardown", subprocess_env, "--prefix", "9 lives")
+    assert_one_line_error(p, 2, "--prefix must be")
+
+
+def test_dry_run_prints_the_plan_and_how_to_confirm(world: World, subprocess_env: dict[str, str]) -> None:
+    world.full()
+    before = world.inventory()
+    p = cli("ops.teardown", subprocess_env, "--prefix", PREFIX)
+    assert p.returncode == 0, p.stderr
+    assert "Teardown plan" in p.stdout and "delete" in p.stdout and "keep" in p.stdout
+    assert f"--confirm '{PREFIX}/123456789012'" in p.stderr
+    assert world.inventory() == before
+
+
+def test_subprocess_run_retries_throttling_with_real_backoff(
+    world: World, fake_aws, subprocess_env: dict[str, str]
+) -> None:
+    world.full()
+    rule = fake_aws.proxy.fail("ecr", "DeleteRepository", "ThrottlingException", times=2)
+    p = cli(
+        "ops.teardown",
+        subprocess_env,
+        "--prefix",
+        PREFIX,
+        "--only",
+        "ecr",
+        "--yes",
+        "--confirm",
+        f"{PREFIX}/123456789012",
+        "--retry-mode",
+        "standard",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert rule.hits == 2
+    assert "deleted 1, kept 0, failed 0" in p.stdout
+    assert "kit1/trainer" not in world.inventory()["ecr"]
