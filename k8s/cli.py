@@ -253,7 +253,11 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, soft_wrap=True)
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(extra)} (see python -m k8s {args.command} --help)"
+            )
         return COMMANDS[args.command](args, console)
     except ManifestError as exc:
         for problem in exc.problems:
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValuesError, OutputsError, LocalRunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
-    except KubectlError as exc:
+    except (KubectlError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
     except ValueError as exc:  # e.g. an unsupported schema version

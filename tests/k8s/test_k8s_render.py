@@ -1,5 +1,4 @@
 """Rendering: every profile and variant is schema-valid on three Kubernetes versions and passes the kit's
-# ruff: noqa: E501  (tables of paths and exact values read best one row per line)
 policy; rank discovery for 1-8 nodes; one test per value, asserted by path; golden files for p5."""
 
 from __future__ import annotations
@@ -37,12 +36,6 @@ def _container(manifests: list[Manifest]) -> dict[str, Any]:
 
 def _env(manifests: list[Manifest]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in _container(manifests)["env"]}
-
-
-def _at(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
-    return obj
 
 
 @pytest.mark.parametrize("launcher", ["kit", "ft_launcher", "torchrun"])
@@ -165,10 +158,6 @@ PER_VALUE = [
     (["PROFILE=g5"], "Job", f"{C0}.resources.limits.nvidia\u2024com/gpu", "1"),
     (["PROFILE=local"], "Job", f"{C0}.resources.limits", {"cpu": "1", "memory": "4Gi"}),
 ]
-
-
-def _path_get(obj: Any, path: str) -> Any:
-    return _at(obj, path.replace("\u2024", "\0")) if "\u2024" not in path else _dotted(obj, path)
 
 
 def _dotted(obj: Any, path: str) -> Any:

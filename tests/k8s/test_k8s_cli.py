@@ -1,0 +1,199 @@
+# ruff: noqa: E501  (exact commands and messages, one per line)
+"""`python -m k8s`: bad input exits non-zero with one line and no traceback; dry runs; apply/status/delete
+against a stand-in kubectl on PATH (the boundary), which records its argv and answers like a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(
+    *args: str, cwd: Path, path: str | None = None, extra_env: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(extra_env or {})}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        [sys.executable, "-m", "k8s", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+BAD_INPUT = [
+    (["render", "NODES=0"], 2, "error: NODES=0: must be at least 1"),
+    (["render", "NODEZ=2"], 2, "error: unknown value NODEZ; did you mean NODES?"),
+    (["render", "--nodes", "x"], 2, "error: NODES='x' is not a whole number"),
+    (
+        ["render", "RUN_ID=t", "--outputs", "absent.json"],
+        2,
+        "error: stack outputs file absent.json not found",
+    ),
+    (
+        ["apply", "RUN_ID=t"],
+        2,
+        "error: stack outputs file cdk-outputs.json not found; run 'make deploy' first",
+    ),
+    (["render", "--bogus"], 2, "error: unrecognized arguments: --bogus (see python -m k8s render --help)"),
+    (["frobnicate"], 2, "error: argument command: invalid choice: 'frobnicate'"),
+    (["status", "NODES=2"], 2, "error: status takes RUN_ID=<id> and NAMESPACE=<ns> only, not NODES"),
+    (["delete"], 2, "error: delete needs RUN_ID=<id> (make train-job-status lists the runs)"),
+    (["local", "PROFILE=p5"], 2, "error: PROFILE=p5: the local runner runs PROFILE=local only; drop PROFILE"),
+    (
+        ["render", "RUN_ID=t", "--kube-version", "1.99"],
+        2,
+        "error: KUBERNETES_VERSION=1.99: no bundled schemas",
+    ),
+    (["render", "RUN_ID=t", "ENV.RANK=3"], 2, "error: ENV.RANK=3: is set by the kit or the launcher"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "message"), BAD_INPUT, ids=[" ".join(a) for a, _, _ in BAD_INPUT])
+def test_k8s_cli_bad_input(args: list[str], code: int, message: str, tmp_path: Path) -> None:
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == code
+    assert proc.stderr.startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_k8s_cli_missing_kubectl(tmp_path: Path, outputs_file: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for cmd in ("status", "delete"):
+        proc = run_cli(cmd, "RUN_ID=t", cwd=tmp_path, path=str(bare))
+        assert proc.returncode == 1
+        assert proc.stderr.startswith("error: kubectl not found on PATH; install it")
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = run_cli("apply", "RUN_ID=t", f"OUTPUTS={outputs_file}", cwd=tmp_path, path=str(bare))
+    assert proc.returncode == 1 and proc.stderr.startswith("error: kubectl not found on PATH")
+
+
+def test_k8s_cli_dry_run_before_deploy(tmp_path: Path) -> None:
+    proc = run_cli("apply", "NODES=4", "MODEL=llama3.1-8b", "DRY_RUN=1", "RUN_ID=first-look", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "build" / "k8s" / "first-look"
+    assert sorted(p.name for p in out.glob("*.yaml"))[-1] == "06-job.yaml"
+    assert f"into {Path('build/k8s/first-look')}/" in proc.stdout
+    assert "PLACEHOLDER" in proc.stdout and "DRY_RUN: nothing applied" in proc.stdout
+    assert '"PLACEHOLDER.invalid/kit-trainer:latest"' in (out / "06-job.yaml").read_text()
+
+
+def test_k8s_cli_dry_run_with_outputs_and_make_variables(tmp_path: Path, outputs_file: Path) -> None:
+    # What `make train-job NODES=2 DRY_RUN=1 OUTPUTS=...` passes through $(MAKEOVERRIDES).
+    proc = run_cli("apply", "NODES=2", "DRY_RUN=1", f"OUTPUTS={outputs_file}", "PYTHON=python3", "RUN_ID=r2",
+                   cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = (tmp_path / "build" / "k8s" / "r2" / "06-job.yaml").read_text()
+    assert "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer:latest" in job
+    assert "PLACEHOLDER" not in proc.stdout + job
+
+
+FAKE_KUBECTL = '''\
+#!{python}
+"""Stand-in for kubectl: records argv, answers `get` with the JSON in $FAKE_STATE."""
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as fh:
+    fh.write(json.dumps(args) + "\\n")
+state = os.environ.get("FAKE_STATE", "Complete")
+if args[0] == "apply":
+    print("job.batch/r3 serverside-applied")
+elif args[:2] == ["get", "job"]:
+    print(json.dumps({{"status": {{"conditions": [{{"type": state, "status": "True", "message": "BackoffLimitExceeded"}}]}}}}))
+elif args[:2] == ["get", "pods"]:
+    pod = {{"metadata": {{"name": "r3-0-abcde", "annotations": {{"batch.kubernetes.io/job-completion-index": "0"}}}},
+            "status": {{"phase": "Succeeded"}}}}
+    print(json.dumps({{"items": [pod]}}))
+elif args[0] == "logs":
+    print("[trainer] step 10/10 loss 1.0")
+    print("[trainer] done at step 10")
+elif args[0] == "get":
+    print("NAME   COMPLETIONS   AGE\\nr3     2/2           1m")
+elif args[0] == "delete":
+    print('job.batch "r3" deleted')
+'''
+
+
+@pytest.fixture
+def fake_kubectl(tmp_path: Path) -> tuple[str, Path]:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    script = bin_dir / "kubectl"
+    script.write_text(FAKE_KUBECTL.format(python=sys.executable))
+    script.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", tmp_path / "kubectl.log"
+
+
+def _calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("state", "code"), [("Complete", 0), ("Failed", 1)])
+def test_k8s_cli_apply_follows_the_job(
+    state: str, code: int, tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    path, log = fake_kubectl
+    proc = run_cli("apply", "RUN_ID=r3", f"OUTPUTS={outputs_file}", cwd=tmp_path, path=path,
+                   extra_env={"FAKE_LOG": str(log), "FAKE_STATE": state})  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    calls = _calls(log)
+    assert calls[0] == ["apply", "--server-side", "--field-manager=kit", "-f", str(Path("build/k8s/r3"))]
+    assert ["get", "pods", "-n", "kit-training", "-l", "kit.io/run-id=r3", "-o", "json"] in calls
+    assert (
+        "4 pods x 8 processes = world size 32" in proc.stdout
+        and "rank 0 at r3-0.r3.kit-training.svc.cluster.local:29500" in proc.stdout
+    )
+    if state == "Complete":
+        assert ["logs", "-f", "r3-0-abcde", "-n", "kit-training", "-c", "trainer"] in calls
+        assert "job r3 completed" in proc.stdout
+    else:
+        assert "job r3 failed: BackoffLimitExceeded" in proc.stdout
+
+
+def test_k8s_cli_status_and_delete(tmp_path: Path, fake_kubectl) -> None:
+    path, log = fake_kubectl
+    env = {"FAKE_LOG": str(log)}
+    assert run_cli("status", "RUN_ID=r3", cwd=tmp_path, path=path, extra_env=env).returncode == 0
+    assert run_cli("status", cwd=tmp_path, path=path, extra_env=env).returncode == 0
+    proc = run_cli("delete", "RUN_ID=r3", "NAMESPACE=ml", cwd=tmp_path, path=path, extra_env=env)
+    assert proc.returncode == 0 and "stay on FSx" in proc.stdout
+    assert _calls(log) == [
+        ["get", "job,pods", "-n", "kit-training", "-l", "kit.io/run-id=r3", "-o", "wide"],
+        ["get", "jobs", "-n", "kit-training", "-l", "app.kubernetes.io/managed-by=kit", "-o", "wide"],
+        [
+            "delete",
+            "job,service,configmap",
+            "-n",
+            "ml",
+            "-l",
+            "kit.io/run-id=r3",
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+    ]
+
+
+def test_k8s_docs_are_current(tmp_path: Path) -> None:
+    proc = run_cli("docs", "--check", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_k8s_values_markdown_lists_every_field() -> None:
+    import dataclasses
+
+    from k8s.docs import values_markdown
+    from k8s.values import JobValues
+
+    table = values_markdown()
+    for f in dataclasses.fields(JobValues):
+        assert f"`{f.name.upper()}`" in table or f.name in ("env", "node_selector", "train")
+    assert "| `ENV.<NAME>` | map |" in table
+    assert textwrap.dedent(table).count("\n") == len(dataclasses.fields(JobValues)) + 2
