@@ -1,14 +1,21 @@
 """Worker-side heartbeat client: tells the launcher that this rank is still making progress.
 
-Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR for each worker (a folder per node and
-attempt). The worker replaces `<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on
-every beat and phase change with {"pid", "rank", "step", "phase", "since", "ts", "n", "recent"}:
-`phase` is what the rank is doing now, `since` when it entered that phase, `ts` the time of this write
-(unix seconds), `n` how many step intervals this process measured in "train" (between two beats with no
-phase change between them) and `recent` the last few of them in seconds, so a launcher that polls
-slower than the steps still sees every interval. The
-launcher applies the load allowance in "start", "load" and "checkpoint", the (learned) step timeout in
-"train", and never treats "done" as a hang.
+Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker replaces
+`<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on every beat and phase change with
+{"pid", "rank", "step", "phase", "since", "ts", "rhythm", "n", "recent"}:
+- `phase`: what the rank does now; `since`: when it entered it; `ts`: this write (unix seconds);
+- `rhythm`: true once the rank has beaten in "train" since it entered it (the first step after a load
+  still gets the load allowance);
+- `n`, `recent`: how many step times this process measured, and the last few (seconds). A step time is
+  beat to beat, or beat to a "checkpoint" announcement (the save is not counted as training); a
+  launcher that polls slower than the steps still learns every step.
+The launcher applies the load allowance in "start", "load", "checkpoint" and before the rhythm, the
+(learned) step timeout in "train", and never treats "done" as a hang.
+
+Trainer usage: `phase("start")` at start, `phase("load")` before reading a checkpoint,
+`phase("train")` after it, `phase("checkpoint")` before any call that may block on a checkpoint
+(`maybe_save` on a save step, or on every step: it is one small write), and `beat(step)` after each
+step (it returns the rank to "train"); `close()` at the end.
 
 Beats come from the training (main) thread on purpose: a background thread would keep beating while
 the training thread is stuck.
@@ -52,7 +59,7 @@ class HeartbeatClient:
         self._phase: str = "start"
         self._since = time.time()
         self._step: int | None = None
-        self._last_beat: float | None = None
+        self._mark: float | None = None  # the last beat, while the rank keeps a training rhythm
         self._intervals = 0
         self._recent: deque[float] = deque(maxlen=RECENT_INTERVALS)
         self._closed = False
@@ -73,27 +80,32 @@ class HeartbeatClient:
     def phase(self, phase: Phase) -> None:
         """Announce a phase with its own allowance (e.g. "load" while a checkpoint is read).
 
-        The phase lasts until the next `beat()`, which returns the rank to "train".
+        A non-train phase lasts until the next `beat()`, which returns the rank to "train".
         """
         if phase not in PHASES:
             raise ValueError(f"heartbeat phase {phase!r} is not one of {', '.join(PHASES)}")
-        if phase != self._phase:
-            self._phase = phase
-            self._since = time.time()
-        self._write()
+        if self._closed:
+            return
+        now = time.time()
+        if self._mark is not None and phase == "checkpoint":
+            self._record(now - self._mark)  # the training part of the step in progress
+        if phase != self._phase or phase == "train":
+            self._since = now
+        self._phase = phase
+        self._mark = None
+        self._write(now)
 
     def beat(self, step: int) -> None:
         """One beat per completed training step."""
         if self._closed:
             return
         now = time.time()
+        if self._mark is not None and self._step is not None and step > self._step:
+            self._record((now - self._mark) / (step - self._step))
         if self._phase != "train":
             self._phase = "train"
             self._since = now
-        elif self._last_beat is not None and self._step is not None and step > self._step:
-            self._intervals += 1
-            self._recent.append(round((now - self._last_beat) / (step - self._step), 6))
-        self._last_beat = now
+        self._mark = now
         self._step = step
         self._write(now)
         if self._nvrx:
@@ -109,6 +121,10 @@ class HeartbeatClient:
             self._nvrx_client.shutdown_workload_monitoring()
             self._nvrx_client = None
 
+    def _record(self, seconds: float) -> None:
+        self._intervals += 1
+        self._recent.append(round(seconds, 6))
+
     def _write(self, now: float | None = None) -> None:
         if self._path is None or self._tmp is None:
             return
@@ -119,6 +135,7 @@ class HeartbeatClient:
             "phase": self._phase,
             "since": self._since,
             "ts": now if now is not None else time.time(),
+            "rhythm": self._mark is not None,
             "n": self._intervals,
             "recent": list(self._recent),
         }

@@ -41,6 +41,7 @@ def main() -> None:
     events.emit(
         "resume", step=start or None, source="disk" if start else "none", duration_s=0.0, fallback_from=None
     )
+    hb.phase("train")
     injector = FaultInjector(
         FaultConfig(spec=os.environ.get("KIT_TEST_FAULTS", "")),
         rank=rank,

@@ -1,16 +1,17 @@
 """Launcher-side heartbeat monitor: reads the ranks' beat files and says which rank is stale.
 
 A rank's allowance depends on its announced phase (training/heartbeat.py):
-- "start" (no file yet: spawn, import, process group, model build), "load" and "checkpoint": the load
-  allowance (`--heartbeat-load-timeout`);
-- "train": the step timeout, explicit (`--heartbeat-timeout SECONDS`) or learned (`auto`);
+- "start" (no file yet: spawn, import, process group, model build), "load" and "checkpoint", and the
+  first step after entering "train": the load allowance (`--heartbeat-load-timeout`);
+- "train" once the rank has beaten there: the step timeout, explicit (`--heartbeat-timeout SECONDS`)
+  or learned (`auto`);
 - "done": never stale.
 
-Learning (`auto`): the interval between two beats of a rank that stayed in "train" (per step, measured
-by the worker and carried in its beat file) is one sample; the first beat after a phase change is not
-(it includes the load or the save). The timeout is max(floor, safety factor x the 95th percentile of
-the last 200 samples). A percentile rather than the maximum keeps a single slow step from doubling
-the detection time; the safety factor covers the slow steps above it. Until 8 samples exist the load allowance
+Learning (`auto`): the step times the workers measure and carry in their beat files (beat to beat, or
+beat to the next checkpoint announcement; never the load or the save) are the samples. The timeout is
+max(floor, safety factor x the 95th percentile of the last 200 samples). A percentile rather than the
+maximum keeps a single slow step from doubling the detection time; the safety factor covers the slow
+steps above it. Until 8 samples exist the load allowance
 applies. What was learned survives worker restarts (the same job keeps its step time).
 """
 
@@ -25,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.heartbeat import heartbeat_path
-
-LONG_PHASES = ("start", "load", "checkpoint")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +100,7 @@ class _Seen:
     step: int | None
     ts: float
     pid: int
+    rhythm: bool
     n: int
     recent: list[float]
 
@@ -141,13 +141,14 @@ class HeartbeatMonitor:
         for rank in self._ranks:
             seen = self._read(rank)
             if seen is None:
-                phase, step, last = "start", None, self._started_at
+                phase, step, last, rhythm = "start", None, self._started_at, False
             else:
                 self._learn(rank, seen)
-                phase, step, last = seen.phase, seen.step, seen.ts
+                phase, step, last, rhythm = seen.phase, seen.step, seen.ts, seen.rhythm
             if phase == "done":
                 continue
-            timeout = self.settings.load_timeout_s if phase in LONG_PHASES else self.step_timeout_s()
+            steady = phase == "train" and rhythm
+            timeout = self.step_timeout_s() if steady else self.settings.load_timeout_s
             stale = now - last
             if stale > timeout and (worst is None or stale - timeout > worst.stale_s - worst.timeout_s):
                 worst = Stale(rank=rank, phase=phase, step=step, stale_s=stale, timeout_s=timeout)
@@ -166,6 +167,7 @@ class HeartbeatMonitor:
                 step=record["step"],
                 ts=record["ts"],
                 pid=record["pid"],
+                rhythm=record["rhythm"],
                 n=record["n"],
                 recent=record["recent"],
             )

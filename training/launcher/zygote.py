@@ -42,7 +42,18 @@ def worker_command(argv: list[str]) -> tuple[str, list[str]]:
 
 def prewarm_modules(argv: list[str]) -> list[str]:
     """Modules worth importing in the zygote: torch's distributed stack and the `-m` module if any."""
-    modules = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.fsdp"]
+    modules = [
+        "torch",
+        "torch.distributed",
+        "torch.distributed.checkpoint",
+        "torch.distributed.fsdp",
+        # imported lazily by torch itself on first use (e.g. use_deterministic_algorithms, optimizers):
+        # 0.7 s on the 2-core test machine if left to every restarted worker
+        "torch._dynamo",
+        "torch._inductor",
+        "torch.optim",
+        "numpy.random",
+    ]
     argv = argv[1:] if argv[:1] == ["-u"] else argv
     if len(argv) >= 2 and argv[0] in ("-m", "--module"):
         modules.append(argv[1])

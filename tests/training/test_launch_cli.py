@@ -1,0 +1,91 @@
+"""The launcher's command line: torchrun's flags, checked once, one-line errors (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import exitcodes
+from training.launch import parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_contract_command_line_parses_with_torchrun_names() -> None:
+    args = parse_args(
+        [
+            "--nnodes=2",
+            "--nproc-per-node=4",
+            "--node-rank=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=10.0.0.1:29400",
+            "--rdzv-id=job-1",
+            "--max-restarts=7",
+            "--monitor-interval=0.5",
+            "--heartbeat-timeout=auto",
+            "--heartbeat-load-timeout=900",
+            "--heartbeat-safety-factor=3",
+            "--run-dir=/tmp/x",
+            "-m",
+            "training.train",
+            "--config",
+            "f.yaml",
+            "--training.steps",
+            "5",
+        ]
+    )
+    assert (args.min_nodes, args.max_nodes, args.nproc_per_node) == (2, 2, 4)
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", "10.0.0.1:29400", "job-1")
+    assert (args.max_restarts, args.monitor_interval) == (7, 0.5)
+    assert args.heartbeat_timeout_s is None and args.heartbeat_load_timeout_s == 900
+    assert args.heartbeat_safety_factor == 3 and args.zygote
+    assert args.entrypoint == sys.executable
+    assert args.argv == ["-u", "-m", "training.train", "--config", "f.yaml", "--training.steps", "5"]
+
+
+def test_underscore_spellings_and_standalone() -> None:
+    args = parse_args(
+        ["--standalone", "--nproc_per_node", "2", "--max_restarts", "1", "--heartbeat-timeout", "4", "x.py"]
+    )
+    assert args.rdzv_backend == "c10d" and args.rdzv_endpoint == "127.0.0.1:0" and args.rdzv_id
+    assert args.nproc_per_node == 2 and args.max_restarts == 1 and args.heartbeat_timeout_s == 4.0
+    assert args.argv == ["-u", "x.py"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nproc-per-node=0", "-m", "t"], "--nproc-per-node must be >= 1"),
+        (["--nproc-per-node=two", "-m", "t"], "--nproc-per-node must be an integer >= 0, got 'two'"),
+        (["--nnodes=2", "-m", "t"], "--rdzv-endpoint HOST:PORT is required for 2 nodes"),
+        (["--nnodes=2", "--rdzv-endpoint=h:1", "-m", "t"], "--rdzv-id is required"),
+        (["--nnodes=3:2", "-m", "t"], "--nnodes needs 1 <= MIN <= MAX, got '3:2'"),
+        (
+            ["--heartbeat-timeout=soon", "-m", "t"],
+            "--heartbeat-timeout (or 'auto') must be a number of seconds",
+        ),
+        (["--heartbeat-timeout=-1", "-m", "t"], "must be a number of seconds > 0, got '-1'"),
+        (["--heartbeat-safety-factor=0.5", "-m", "t"], "--heartbeat-safety-factor must be a number >= 1"),
+        (["--monitor-interval=0", "-m", "t"], "--monitor-interval must be a number of seconds > 0"),
+        (["--standalone", "--nnodes=2", "-m", "t"], "--standalone runs one node"),
+        (["--rdzv-conf=oops", "--standalone", "-m", "t"], "--rdzv-conf item 'oops' is not KEY=VALUE"),
+        (["--rdzv-backend=etcd", "-m", "t"], "invalid choice: 'etcd'"),
+        ([], "the following arguments are required: training_script"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(argv: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.launch", *argv],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == exitcodes.USAGE
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
