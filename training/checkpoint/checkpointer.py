@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from training.checkpoint.comm import CheckpointComm
+from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import CommitRecord, FileEntry, write_commit
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.layout import COMMIT_FILE, checkpoints_dir, fsync_dir, step_dir
@@ -147,7 +147,7 @@ class Checkpointer:
     def _kit_job(self, save: _Save, taken: Any) -> None:
         try:
             tree = self._stager.copy(taken)
-        except Exception as exc:  # e.g. out of host memory: fail this save, keep training
+        except SAVE_ERRORS as exc:  # e.g. out of host memory: fail this save, keep training
             tree, copy_error = None, _one_line(exc)
         else:
             copy_error = None
@@ -180,7 +180,7 @@ class Checkpointer:
                 async_stager=self._dcp_stager,
                 no_dist=not self._comm.distributed,
             )
-        except Exception as exc:
+        except SAVE_ERRORS as exc:
             save.staged.set()
             self._finish(save, False, _one_line(exc), {})
             return
@@ -189,7 +189,7 @@ class Checkpointer:
         def job() -> None:
             try:
                 response.staging_completion.result()
-            except Exception as exc:
+            except SAVE_ERRORS as exc:
                 error = _one_line(exc)
             else:
                 error = None
@@ -197,7 +197,7 @@ class Checkpointer:
                 save.staged.set()
             try:
                 response.upload_completion.result()
-            except Exception as exc:
+            except SAVE_ERRORS as exc:
                 error = error or _one_line(exc)
             t_written = time.time() - save.t_request
             if error is None:
@@ -232,7 +232,7 @@ class Checkpointer:
                 process_group=self._comm.group,
                 no_dist=not self._comm.distributed,
             )
-        except Exception as exc:
+        except SAVE_ERRORS as exc:
             return False, _one_line(exc), {}
         self._emit_write(save.step, time.time() - save.t_request, writer.files)
         return True, None, dict(writer.files)
@@ -253,7 +253,7 @@ class Checkpointer:
         """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes."""
         try:
             gathered = self._comm.gather_to_zero((ok, error, files))
-        except Exception as exc:  # a peer died mid-save: the step stays uncommitted
+        except SAVE_ERRORS as exc:  # a peer died mid-save: the step stays uncommitted
             gathered = None
             ok, error = False, error or _one_line(exc)
         if not ok:

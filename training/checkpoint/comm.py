@@ -12,6 +12,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+SAVE_ERRORS = (Exception, CheckpointException)
+"""What a failed save or load can raise: DCP's CheckpointException derives from BaseException, not
+Exception, so a plain `except Exception` would let it kill the writer thread."""
 
 
 class CheckpointComm:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from training.checkpoint.comm import CheckpointComm
+from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import read_commit, verify_file
 from training.checkpoint.layout import is_committed, list_steps, step_dir
 
@@ -67,7 +68,7 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
             continue
         try:
             dcp.load(state, checkpoint_id=folder, process_group=comm.group, no_dist=not comm.distributed)
-        except Exception as exc:
+        except SAVE_ERRORS as exc:
             raise CheckpointError(
                 f"checkpoint {folder} verifies but does not fit this model/optimizer ({_one_line(exc)}): "
                 "resume with the config that wrote it, or use a new run.id"
@@ -86,5 +87,8 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
 
 
 def _one_line(exc: BaseException) -> str:
+    """A short, single-line cause; DCP's CheckpointException is unwrapped to each rank's own error."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {r}: {_one_line(e[0])}" for r, e in sorted(exc.failures.items()))
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"

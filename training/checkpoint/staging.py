@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
+
+from training.checkpoint.config import test_delay_s
 
 
 @dataclass
@@ -133,6 +136,7 @@ class HostStager:
         """Writer thread: copy every tensor into its buffer; returns the staged tree (DCP-saveable)."""
         self.last, self.last_step = None, None  # torn while copying
         values: list[Any] = []
+        delay_s = test_delay_s()
         cuda = taken.ready_event is not None
         if cuda and self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -141,6 +145,8 @@ class HostStager:
             if cuda:
                 self._stream.wait_event(taken.ready_event)
             for path, src in zip(taken.paths, taken.tensors, strict=True):
+                if delay_s:
+                    time.sleep(delay_s)
                 slot = self._slot(path, src)
                 local = src.to_local() if isinstance(src, DTensor) else src
                 slot.buffer.copy_(local.detach(), non_blocking=local.is_cuda)

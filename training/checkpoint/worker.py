@@ -7,6 +7,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from training.checkpoint.comm import SAVE_ERRORS
+
 log = logging.getLogger("training.checkpoint")
 _STOP = object()
 
@@ -29,7 +31,7 @@ class BackgroundWorker:
                 return
             try:
                 job()  # type: ignore[operator]
-            except Exception:  # a job reports its own failures; this is a bug guard, not a policy
+            except SAVE_ERRORS:  # a job reports its own failures; this is a bug guard, not a policy
                 log.exception("checkpoint background job crashed")
 
     def close(self, timeout_s: float | None = None) -> None:

@@ -11,6 +11,7 @@ the per-record zip CRC off, and computes one zlib CRC32 per file over the same m
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -33,10 +34,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from training.checkpoint.commit import FileEntry
+from training.checkpoint.config import test_delay_s
 
 METADATA_FILE = ".metadata"
-TEST_DELAY_ENV = "KIT_CKPT_TEST_WRITE_DELAY_S"
-"""For tests only: seconds to sleep before each item the writer writes, to hold a save in flight."""
 _MAX_WRITE = 1 << 30
 
 
@@ -48,13 +48,20 @@ class ChecksumFile:
         self._fh = open(path, "wb", buffering=0)  # noqa: SIM115
         self.size = 0
         self.crc32 = 0
+        self.failed: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        if self.failed is not None:
+            return len(view)  # doomed file: let the zip writer finish (its destructor writes too)
         self.crc32 = zlib.crc32(view, self.crc32)
         done = 0
-        while done < len(view):
-            done += self._fh.write(view[done : done + _MAX_WRITE])
+        try:
+            while done < len(view):
+                done += self._fh.write(view[done : done + _MAX_WRITE])
+        except OSError as exc:
+            self.failed = exc
+            raise
         self.size += done
         return done
 
@@ -77,8 +84,18 @@ class ChecksumFile:
 def _write_tensor(out: ChecksumFile, tensor: torch.Tensor) -> None:
     """`torch.save(tensor, out)` without the zip's own CRC pass (our file CRC covers the bytes)."""
     writer = torch._C.PyTorchFileWriter(out, False, torch.serialization._get_storage_alignment())
-    torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-    writer.write_end_of_file()
+    try:
+        torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    except RuntimeError:
+        if out.failed is None:
+            raise
+    finally:
+        # Always finalize here: an unfinished writer finalizes in its C++ destructor, and if that write
+        # fails (disk full) the process aborts. After a failure `out` swallows the remaining bytes.
+        with contextlib.suppress(RuntimeError):
+            writer.write_end_of_file()
+    if out.failed is not None:
+        raise out.failed  # the OS error (ENOSPC, EFBIG, EACCES), not the zip writer's echo of it
 
 
 class KitStorageWriter(FileSystemWriter):
@@ -87,7 +104,7 @@ class KitStorageWriter(FileSystemWriter):
     def __init__(self, path: str | os.PathLike[str], *, sync_files: bool = True) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1)
         self.files: dict[str, FileEntry] = {}
-        self._delay_s = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
+        self._delay_s = test_delay_s()
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)
