@@ -1,0 +1,137 @@
+"""The local runner: the rendered `local` Job's pods run here as processes, with the cluster's env, volumes
+and failure rules; the slow test trains 2 pods x 1 process through a SIGKILL fault to the goodput report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k8s.local import LocalRunError, LocalRunner, PathMap, expand_vars, load_job, run_local
+from k8s.render import Manifest, render
+from k8s.values import build_values
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _local(*overrides: str) -> list[Manifest]:
+    return render(build_values(overrides=["PROFILE=local", "RUN_ID=loc", *overrides]))
+
+
+def _with_command(manifests: list[Manifest], command: list[str]) -> list[Manifest]:
+    out = []
+    for m in manifests:
+        obj = copy.deepcopy(m.obj)
+        if obj["kind"] == "Job":
+            obj["spec"]["template"]["spec"]["containers"][0]["command"] = command
+        out.append(Manifest(m.filename, m.text, obj))
+    return out
+
+
+def test_k8s_path_map_replaces_whole_mount_paths_only(tmp_path: Path) -> None:
+    paths = PathMap({"/fsx": tmp_path / "v", "/etc/kit": tmp_path / "c"})
+    assert paths("--run-dir=/fsx/runs/a") == f"--run-dir={tmp_path}/v/runs/a"
+    assert paths("/fsx") == str(tmp_path / "v")
+    assert paths("/fsxdata/x /data/fsx/y") == "/fsxdata/x /data/fsx/y"
+    assert paths("root: /fsx/runs\n") == f"root: {tmp_path}/v/runs\n"
+
+
+def test_k8s_expand_vars_like_kubelet() -> None:
+    env = {"NODE_RANK": "3"}
+    assert expand_vars("--node-rank=$(NODE_RANK)", env) == "--node-rank=3"
+    assert expand_vars("$$(NODE_RANK) $(UNSET)", env) == "$(NODE_RANK) $(UNSET)"
+
+
+def test_k8s_local_runner_refuses_eks_profiles() -> None:
+    manifests = render(build_values(overrides=["RUN_ID=t"], allow_placeholders=True))
+    with pytest.raises(
+        LocalRunError, match=r"^the local runner runs PROFILE=local manifests; these are for 'p5'"
+    ):
+        load_job(manifests)
+
+
+def test_k8s_local_config_file_points_at_local_folders(tmp_path: Path) -> None:
+    runner = LocalRunner(load_job(_local()), workdir=tmp_path)
+    config = (tmp_path / "configmaps" / "loc-config" / "train.yaml").read_text()
+    assert f"root: {tmp_path}/volumes/kit-local-runs/runs" in config
+    env = runner.pod_env(1, "loc-1-x")
+    assert env["RUN_DIR"] == f"{tmp_path}/volumes/kit-local-runs/runs/loc"
+    assert env["KIT_CONFIG"] == f"{tmp_path}/configmaps/loc-config/train.yaml"
+    argv = runner.pod_argv(env)
+    assert argv[0] == sys.executable and argv[-1] == env["KIT_CONFIG"]
+
+
+# A stand-in container command: exits with the code listed for its node rank in <runs>/codes.json on its
+# first attempt (a replacement pod exits 0), so the Job's failure rules can be checked in a second.
+PROBE = (
+    "import json, os, pathlib, sys; "
+    "d = pathlib.Path(os.environ['RUN_DIR']); d.mkdir(parents=True, exist_ok=True); "
+    "rank = os.environ['NODE_RANK']; mark = d / ('tried-' + rank); "
+    "code = json.loads((d.parent / 'codes.json').read_text()).get(rank, 0); "
+    "first = not mark.exists(); mark.touch(); "
+    "sys.exit(code if (first or code == 78) else 0)"
+)
+
+
+def _probe(tmp_path: Path, codes: dict[int, int], backoff: int):
+    runs = tmp_path / "volumes" / "kit-local-runs" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "codes.json").write_text(json.dumps({str(k): v for k, v in codes.items()}))
+    manifests = _with_command(
+        _local("NODES=2", f"BACKOFF_LIMIT_PER_INDEX={backoff}"), ["python", "-c", PROBE]
+    )
+    return run_local(manifests, workdir=tmp_path, timeout_s=60)
+
+
+def test_k8s_local_job_succeeds_when_every_index_exits_0(tmp_path: Path) -> None:
+    result = _probe(tmp_path, {}, backoff=0)
+    assert result.succeeded and [p.exit_code for p in result.pods] == [0, 0]
+
+
+def test_k8s_local_failed_pod_is_replaced_within_backoff(tmp_path: Path) -> None:
+    result = _probe(tmp_path, {1: 75}, backoff=1)
+    assert result.succeeded
+    assert [(p.name, p.exit_code) for p in result.pods if p.index == 1] == [
+        ("loc-1-local", 75),
+        ("loc-1-local-r1", 0),
+    ]
+
+
+def test_k8s_local_index_out_of_backoff_fails_the_job(tmp_path: Path) -> None:
+    result = _probe(tmp_path, {1: 75}, backoff=0)
+    assert not result.succeeded
+    assert result.reason == "index 1 failed 1 times (backoffLimitPerIndex 0); last exit code 75"
+
+
+def test_k8s_local_exit_78_fails_the_job_at_once(tmp_path: Path) -> None:
+    result = _probe(tmp_path, {0: 78}, backoff=5)
+    assert not result.succeeded and result.reason == "pod loc-0-local exited 78 (FailJob)"
+    assert len([p for p in result.pods if p.index == 0]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path) -> None:
+    """2 pods x 1 process from the rendered manifests; rank 1 is SIGKILLed at step 12; the kit launcher
+    restarts the group, the run resumes from the step-10 checkpoint and completes; the report reads it."""
+    metrics = pytest.importorskip("training.metrics")
+    proc = subprocess.run(
+        [sys.executable, "-m", "k8s", "local", "NODES=2", "STEPS=30", "CHECKPOINT_INTERVAL=5",
+         "FAULT_SPEC=kill:step=12:rank=1", "RUN_ID=kill-e2e", "--workdir", str(tmp_path), "--timeout", "300"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=360,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "local job completed" in proc.stdout and "goodput" in proc.stdout
+    run_dir = tmp_path / "kill-e2e" / "volumes" / "kit-local-runs" / "runs" / "kill-e2e"
+    m = metrics.load_run_metrics(run_dir)
+    assert (m.world_size, m.steps_completed) == (2, 30)
+    assert [(f.kind, f.step, f.rank) for f in m.faults] == [("kill", 12, 1)]
+    assert m.faults[0].recovery_s is not None and m.faults[0].recovery_s > 0
+    assert 0 < m.goodput <= 1
+    assert (run_dir / "timeline.png").is_file()
