@@ -13,11 +13,11 @@ import sys
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
-import aws_cdk as cdk  # noqa: E402
+import aws_cdk as cdk
 
-from infra.config import load_config  # noqa: E402
-from infra.errors import ConfigError  # noqa: E402
-from infra.stacks import build_kit  # noqa: E402
+from infra.config import load_config
+from infra.errors import ConfigError
+from infra.stacks import build_kit
 
 USAGE_EXIT = 2
 

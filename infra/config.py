@@ -90,13 +90,14 @@ class NetworkConfig:
         _need(
             net.num_addresses >= need,
             "network.vpc_cidr",
-            f"{self.vpc_cidr} holds {net.num_addresses} addresses but {len(self.availability_zones)} AZs need "
-            f"{need} (a /18 and a /24 each); use a larger block or fewer AZs",
+            f"{self.vpc_cidr} holds {net.num_addresses} addresses but {len(self.availability_zones)} AZs "
+            f"need {need} (a /18 and a /24 each); use a larger block or fewer AZs",
         )
         _need(
             1 <= self.nat_gateways <= len(self.availability_zones),
             "network.nat_gateways",
-            f"{self.nat_gateways} is not allowed; use 1 .. {len(self.availability_zones)} (one per AZ at most)",
+            f"{self.nat_gateways} is not allowed; use 1 .. {len(self.availability_zones)} "
+            "(one per AZ at most)",
         )
 
 
@@ -152,7 +153,8 @@ class ClusterConfig:
         _need(
             self.system_max_nodes >= self.system_nodes,
             "cluster.system_max_nodes",
-            f"{self.system_max_nodes} is below cluster.system_nodes={self.system_nodes}; use >= {self.system_nodes}",
+            f"{self.system_max_nodes} is below cluster.system_nodes={self.system_nodes}; "
+            f"use >= {self.system_nodes}",
         )
 
     @property
@@ -167,9 +169,11 @@ class GpuConfig:
     """The GPU managed node group: EFA launch template, capacity, size."""
 
     availability_zone: str
-    """AZ of the GPU nodes and the FSx file system (a Capacity Block's AZ); one of network.availability_zones."""
+    """AZ of the GPU nodes and the FSx file system (a Capacity Block's AZ); one of
+    network.availability_zones."""
     instance_type: str = "p5.48xlarge"
-    """EFA GPU instance type: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge."""
+    """EFA GPU instance type: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge,
+    p6-b200.48xlarge."""
     min_nodes: int = 0
     """Minimum GPU nodes (>= 0)."""
     desired_nodes: int = 2
@@ -183,11 +187,13 @@ class GpuConfig:
     placement_group: bool = False
     """Put GPU nodes in a cluster placement group; only for plain on_demand (refused with a reservation)."""
     efa_layout: EfaLayout = "efa-only"
-    """NIC layout: `efa-only` (ENA primary + one EFA-only device per card, 1 IP per node) or `legacy` (EFA on every card)."""
+    """NIC layout: `efa-only` (ENA primary + one EFA-only device per card, 1 IP per node) or `legacy`
+    (EFA on every card, 1 IP per card)."""
     root_volume_gib: int = 512
     """Root EBS volume size in GiB (gp3, encrypted, 16,000 IOPS, 1,000 MB/s); 64 .. 16384."""
     node_repair: bool = True
-    """EKS node auto-repair (replaces unhealthy GPU nodes one at a time; pairs with the node monitoring agent)."""
+    """EKS node auto-repair (replaces unhealthy GPU nodes one at a time; pairs with the node monitoring
+    agent)."""
 
     def __post_init__(self) -> None:
         _need(
@@ -211,7 +217,8 @@ class GpuConfig:
         _need(
             self.min_nodes <= self.desired_nodes <= self.max_nodes,
             "gpu.desired_nodes",
-            f"{self.desired_nodes} is outside gpu.min_nodes .. gpu.max_nodes; use {self.min_nodes} .. {self.max_nodes}",
+            f"{self.desired_nodes} is outside gpu.min_nodes .. gpu.max_nodes; "
+            f"use {self.min_nodes} .. {self.max_nodes}",
         )
         if self.capacity == "on_demand":
             _need(
@@ -224,7 +231,8 @@ class GpuConfig:
             _need(
                 self.reservation_id is not None,
                 "gpu.reservation_id",
-                f"required when gpu.capacity is {self.capacity!r}; give the reservation id 'cr-' + 17 hex digits",
+                f"required when gpu.capacity is {self.capacity!r}; "
+                "give the reservation id 'cr-' + 17 hex digits",
             )
             _need(
                 bool(_RESERVATION_RE.match(str(self.reservation_id))),
@@ -234,8 +242,9 @@ class GpuConfig:
             _need(
                 not self.placement_group,
                 "gpu.placement_group",
-                f"not allowed with gpu.capacity={self.capacity!r}: the reservation already fixes placement, and a "
-                "cluster placement group on reserved capacity fails with InsufficientInstanceCapacity; set it to false",
+                f"not allowed with gpu.capacity={self.capacity!r}: the reservation already fixes placement, "
+                "and a cluster placement group on reserved capacity fails with InsufficientInstanceCapacity; "
+                "set it to false",
             )
         _need(
             64 <= self.root_volume_gib <= 16384,
@@ -253,7 +262,8 @@ class StorageConfig:
     storage_gib: int = 1200
     """Storage capacity in GiB: 1200, or a multiple of 2400."""
     throughput_per_tib: int | None = None
-    """MB/s per TiB: PERSISTENT_2 125/250/500/1000 (unset: 250), PERSISTENT_1 50/100/200 (unset: 200); SCRATCH_2: unset."""
+    """Throughput in MB/s per TiB: PERSISTENT_2 125/250/500/1000 (unset: 250), PERSISTENT_1 50/100/200
+    (unset: 200); SCRATCH_2: leave unset (fixed)."""
     s3_bucket: str | None = None
     """Existing S3 bucket to link at /data (auto import and export); unset for no link."""
 
@@ -317,13 +327,15 @@ class KubernetesConfig:
     """Kubernetes objects CDK can install: NVIDIA and EFA device plugins (Helm) and the FSx PV/PVC."""
 
     deploy_objects: bool = True
-    """Install device plugins and the FSx PV/PVC with CDK (adds the kubectl provider Lambdas, ~57 MB assets); false: apply them with `make train-job`."""
+    """Install the device plugins and the FSx PV/PVC with CDK (adds the kubectl provider: two Lambdas,
+    ~57 MB of assets); false: no Lambdas, `make train-job` applies the PV/PVC."""
     namespace: str = "default"
     """Namespace of the FSx PVC (the training Job's namespace)."""
     nvidia_device_plugin_version: str = "0.20.0"
     """Pinned `nvidia-device-plugin` chart version (https://nvidia.github.io/k8s-device-plugin)."""
     efa_device_plugin_version: str = "v0.5.32"
-    """Pinned `aws-efa-k8s-device-plugin` chart version (https://aws.github.io/eks-charts); 0.5.10 or newer."""
+    """Pinned `aws-efa-k8s-device-plugin` chart version (https://aws.github.io/eks-charts); 0.5.10 or
+    newer."""
 
     def __post_init__(self) -> None:
         _need(
@@ -347,15 +359,21 @@ class KitConfig:
     region: str
     """AWS region, e.g. `us-west-2`; `network.availability_zones` must belong to it."""
     network: NetworkConfig
+    """VPC settings (`network.*`)."""
     gpu: GpuConfig
+    """GPU node group settings (`gpu.*`)."""
     prefix: str = "fsdp-kit"
     """Name prefix of stacks and resources, and the value of the `kit:project` tag (2-20 chars, a-z 0-9 -)."""
     nag: bool = False
     """Run the cdk-nag AwsSolutions checks during synth (findings fail the synth; `make lint` sets it)."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """EKS control plane and system node group settings (`cluster.*`)."""
     storage: StorageConfig = field(default_factory=StorageConfig)
+    """FSx for Lustre settings (`storage.*`)."""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
+    """ECR repository settings (`registry.*`)."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """Kubernetes objects installed by CDK (`kubernetes.*`)."""
 
     def __post_init__(self) -> None:
         _need(

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 EfaLayout = Literal["efa-only", "legacy"]
-"""`efa-only`: ENA primary + EFA-only devices (1 IP per node, current EC2 guidance); `legacy`: EFA on every card."""
+"""`efa-only`: ENA primary + EFA-only devices (1 IP per node, current EC2 guidance); `legacy`: EFA on
+every card."""
 
 InterfaceType = Literal["interface", "efa", "efa-only"]
 
@@ -50,7 +51,8 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
 }
 
 MAX_DEVICE_INDEX = 1
-"""EC2 accepts device index 0 or 1 per network card (eksctl-io/eksctl#7520: 'device index 2 exceeds the maximum')."""
+"""EC2 accepts device index 0 or 1 per network card (eksctl-io/eksctl#7520: 'device index 2 exceeds
+the maximum')."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,7 @@ def check_cross_rules(
     cluster: ClusterConfig,
     kubernetes: KubernetesConfig,
 ) -> None:
-    """AZs belong to the region, and the GPU nodes (and FSx, which follows them) sit in one of the VPC's AZs."""
+    """AZs belong to the region; the GPU nodes (and FSx, which follows them) sit in one of the VPC's AZs."""
     for az in network.availability_zones:
         if not (az.startswith(region) and len(az) == len(region) + 1):
             raise ConfigError(

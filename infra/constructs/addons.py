@@ -39,7 +39,8 @@ def _addon(
     service_account: str | None = None,
     role: iam.IRole | None = None,
 ) -> eks.Addon:
-    """One managed add-on; `after` lists what must exist first, `service_account` + `role` bind Pod Identity."""
+    """One managed add-on; `after` lists what must exist first; `service_account` + `role` bind Pod
+    Identity."""
     addon = eks.Addon(
         scope,
         construct_id,

@@ -103,6 +103,7 @@ class Cluster(Construct):
         system_lt = ec2.CfnLaunchTemplate(
             self,
             "SystemLaunchTemplate",
+            tag_specifications=lt.template_tag_specifications(instance_tags),
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 instance_type=cfg.system_instance_type,
                 metadata_options=lt.metadata_options(),

@@ -1,4 +1,7 @@
-"""Static PersistentVolume and claim for the FSx file system (kubernetes-sigs/aws-fsx-csi-driver static provisioning)."""
+"""Static PersistentVolume and claim for the FSx file system.
+
+As in kubernetes-sigs/aws-fsx-csi-driver `examples/kubernetes/static_provisioning`.
+"""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def gpu_node_labels_json() -> str:
 def network_interfaces(
     cfg: GpuConfig, *, cluster_security_group_id: str, efa_security_group_id: str
 ) -> list[_Lt.NetworkInterfaceProperty]:
-    """One launch-template interface per layout entry; security groups on each interface, none on the template.
+    """One launch-template interface per layout entry; security groups per interface, none on the template.
 
     The primary interface carries the cluster security group (EKS stops adding it once a template names
     groups, and nodes would never join) plus the EFA group; every other interface only the EFA group.
@@ -106,6 +106,7 @@ class GpuNodeGroup(Construct):
         self.launch_template = _Lt(
             self,
             "LaunchTemplate",
+            tag_specifications=lt.template_tag_specifications(instance_tags),
             launch_template_data=_Lt.LaunchTemplateDataProperty(
                 instance_type=cfg.instance_type,
                 network_interfaces=network_interfaces(

@@ -50,6 +50,17 @@ def instance_tag_specifications(tags: Mapping[str, str]) -> list[_Lt.TagSpecific
     ]
 
 
+def template_tag_specifications(
+    tags: Mapping[str, str],
+) -> list[ec2.CfnLaunchTemplate.LaunchTemplateTagSpecificationProperty]:
+    """Tags on the launch template resource itself (the CDK tag aspect does not reach this L1 property)."""
+    return [
+        _Lt.LaunchTemplateTagSpecificationProperty(
+            resource_type="launch-template", tags=[CfnTag(key=k, value=v) for k, v in sorted(tags.items())]
+        )
+    ]
+
+
 def nodeadm_user_data(*, raid0_local_nvme: bool) -> str | None:
     """MIME multipart user data with a nodeadm NodeConfig; EKS merges it with its own bootstrap part.
 

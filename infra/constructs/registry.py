@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
 from constructs import Construct
 
@@ -14,10 +14,11 @@ class Registry(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: RegistryConfig, prefix: str) -> None:
         super().__init__(scope, construct_id)
+        self.repository_name = f"{prefix}/{cfg.repository}"
         self.repository = ecr.Repository(
             self,
             "Repository",
-            repository_name=f"{prefix}/{cfg.repository}",
+            repository_name=self.repository_name,
             image_scan_on_push=True,
             image_tag_mutability=ecr.TagMutability.MUTABLE,
             encryption=ecr.RepositoryEncryption.AES_256,
@@ -38,3 +39,13 @@ class Registry(Construct):
                 ),
             ],
         )
+
+    @property
+    def repository_uri(self) -> str:
+        """`<account>.dkr.ecr.<region>.<suffix>/<name>`, built from literals.
+
+        Other stacks use it without a cross-stack reference (the repository's own URI token splits its ARN,
+        which cfn-lint rejects in another stack's outputs).
+        """
+        stack = Stack.of(self)
+        return f"{stack.account}.dkr.ecr.{stack.region}.{Aws.URL_SUFFIX}/{self.repository_name}"

@@ -1,4 +1,4 @@
-"""Stacks that compose the constructs; `build_kit` wires them in order Network -> Storage, Registry -> Cluster."""
+"""Stacks that compose the constructs; `build_kit` wires them: Network -> Storage, Registry -> Cluster."""
 
 from infra.stacks.kit import Kit, build_kit
 

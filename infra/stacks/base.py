@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from aws_cdk import Environment, Stack, Tags
-from constructs import Construct
+import jsii
+from aws_cdk import Aspects, CfnResource, Environment, IAspect, Stack, TagManager, Tags
+from constructs import Construct, IConstruct
 
 from infra.config import KitConfig
 from infra.tags import PROJECT_TAG, STACK_TAG
@@ -31,3 +32,26 @@ class KitStack(Stack):
         )
         for key, value in self.kit_tags.items():
             Tags.of(self).add(key, value)
+        Aspects.of(self).add(TagRawResources(self.kit_tags))
+
+
+@jsii.implements(IAspect)
+class TagRawResources:
+    """Tag the raw `CfnResource`s that aws-cdk-lib's own custom-resource providers create.
+
+    The tag aspect only reaches L1 classes; the VPC default-security-group provider's role and function are
+    plain `CfnResource`s, so they get the kit's tags as a property override.
+    """
+
+    TAGGABLE = ("AWS::IAM::Role", "AWS::Lambda::Function")
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+
+    def visit(self, node: IConstruct) -> None:
+        if (
+            isinstance(node, CfnResource)
+            and node.cfn_resource_type in self.TAGGABLE
+            and not TagManager.is_taggable(node)
+        ):
+            node.add_property_override("Tags", self.tags)

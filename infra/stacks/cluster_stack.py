@@ -1,9 +1,8 @@
-"""Cluster stack: EKS, node groups, add-ons, optional Kubernetes objects, and the kit's outputs (contract 2)."""
+"""Cluster stack: EKS, node groups, add-ons, optional Kubernetes objects, the kit's outputs (contract 2)."""
 
 from __future__ import annotations
 
 from aws_cdk import CfnOutput
-from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct
 
@@ -34,7 +33,8 @@ OUTPUT_KEYS = (
     "KubernetesObjectsByCdk",
     "UpdateKubeconfigCommand",
 )
-"""Outputs of the cluster stack, always present. With kubernetes.deploy_objects, also FsxPvcName and FsxPvcNamespace."""
+"""Outputs of the cluster stack, always present; with kubernetes.deploy_objects also FsxPvcName and
+FsxPvcNamespace."""
 
 
 class ClusterStack(KitStack):
@@ -48,7 +48,7 @@ class ClusterStack(KitStack):
         cfg: KitConfig,
         network: Network,
         file_system: fsx.LustreFileSystem,
-        repository: ecr.IRepository,
+        repository_uri: str,
     ) -> None:
         super().__init__(
             scope, construct_id, cfg=cfg, suffix="cluster", description="FSDP kit: EKS cluster and GPU nodes"
@@ -113,7 +113,7 @@ class ClusterStack(KitStack):
             "FsxDnsName": (file_system.dns_name, "FSx DNS name (PV volumeAttributes.dnsname)"),
             "FsxMountName": (file_system.mount_name, "FSx mount name (PV volumeAttributes.mountname)"),
             "FsxStorageGiB": (str(cfg.storage.storage_gib), "FSx capacity in GiB (PV/PVC size)"),
-            "EcrRepositoryUri": (repository.repository_uri, "ECR repository URI for the trainer image"),
+            "EcrRepositoryUri": (repository_uri, "ECR repository URI for the trainer image"),
             "GpuNodeLabels": (gpu_node_labels_json(), "GPU node labels, a JSON object"),
             "GpuNodeTaint": (GPU_TAINT, "GPU node taint, key=value:Effect"),
             "GpuInstanceType": (cfg.gpu.instance_type, "GPU instance type"),

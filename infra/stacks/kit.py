@@ -41,7 +41,10 @@ def build_kit(app: App, cfg: KitConfig) -> Kit:
         cfg=cfg,
         network=network.network,
         file_system=storage.storage.file_system,
-        repository=registry.registry.repository,
+        repository_uri=registry.registry.repository_uri,
+    )
+    cluster.add_stack_dependency(
+        registry, "the EcrRepositoryUri output names the registry stack's repository"
     )
     kit = Kit(network=network, storage=storage, registry=registry, cluster=cluster)
     acknowledge_findings(kit)

@@ -1,0 +1,265 @@
+"""KitConfig: parsing of cdk.json and `-c` values, and the exact one-line error for every bad setting."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from infra.config import KitConfig, known_keys, load_config
+from infra.docs import settings_rows, settings_table
+from infra.errors import ConfigError
+from tests.infra.conftest import REPO, cdk_context
+
+BASE = cdk_context()
+
+
+def load(**overrides: object) -> KitConfig:
+    """Config from cdk.json plus overrides given like `-c` (keys with dots passed via a dict)."""
+    return load_config({**BASE, **overrides})
+
+
+def test_committed_cdk_json_is_a_valid_config_with_documented_defaults() -> None:
+    cfg = load()
+    assert (cfg.account, cfg.region, cfg.prefix) == ("111111111111", "us-west-2", "fsdp-kit")
+    assert cfg.network.availability_zones == ("us-west-2a", "us-west-2b")
+    assert cfg.gpu.instance_type == "p5.48xlarge"
+    assert cfg.gpu.efa_layout == "efa-only"
+    assert cfg.gpu.capacity == "on_demand"
+    assert cfg.storage.deployment_type == "PERSISTENT_2"
+    assert cfg.storage.effective_throughput_per_tib == 250
+    assert cfg.kubernetes.deploy_objects is True
+
+
+def test_the_committed_az_context_covers_the_configured_azs() -> None:
+    """Offline synth needs the AZ lookup committed for the account/region placeholders (never dummy AZs)."""
+    cfg = load()
+    committed = BASE[f"availability-zones:account={cfg.account}:region={cfg.region}"]
+    assert set(cfg.network.availability_zones) <= set(committed)
+
+
+def test_cli_strings_are_parsed_by_field_type() -> None:
+    cfg = load_config(
+        {
+            **BASE,
+            "gpu.max_nodes": "8",
+            "gpu.desired_nodes": "4",
+            "gpu.placement_group": "TRUE",
+            "kubernetes.deploy_objects": "false",
+            "network.availability_zones": '["us-west-2a", "us-west-2c"]',
+            "gpu.availability_zone": "us-west-2c",
+            "cluster.public_access_cidrs": "203.0.113.0/24, 198.51.100.0/24",
+            "storage.throughput_per_tib": "500",
+        }
+    )
+    assert (cfg.gpu.max_nodes, cfg.gpu.desired_nodes, cfg.gpu.placement_group) == (8, 4, True)
+    assert cfg.kubernetes.deploy_objects is False
+    assert cfg.network.availability_zones == ("us-west-2a", "us-west-2c")
+    assert cfg.cluster.public_access_cidrs == ("203.0.113.0/24", "198.51.100.0/24")
+    assert cfg.storage.throughput_per_tib == 500
+
+
+def test_null_unsets_an_optional_value() -> None:
+    cfg = load_config({**BASE, "storage.deployment_type": "SCRATCH_2", "storage.throughput_per_tib": "null"})
+    assert cfg.storage.throughput_per_tib is None
+    assert cfg.storage.effective_throughput_per_tib is None
+
+
+def test_cdk_own_context_keys_are_not_mistaken_for_settings() -> None:
+    cfg = load_config({**BASE, "aws:cdk:enable-path-metadata": True, "acknowledged-issue-numbers": [1]})
+    assert cfg.prefix == "fsdp-kit"
+
+
+def test_config_is_frozen_and_keyword_only() -> None:
+    cfg = load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.prefix = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="positional"):
+        KitConfig("111111111111", "us-west-2")  # type: ignore[misc]
+
+
+def test_every_setting_has_a_docstring_and_the_docs_are_current() -> None:
+    """docs/infra.md (and docs/configuration.md) are generated from the field docstrings."""
+    rows = {key: doc for key, _, _, doc in settings_rows()}
+    assert sorted(rows) == sorted(known_keys())
+    assert [key for key, doc in rows.items() if not doc] == []
+    assert settings_table() in (REPO / "docs" / "infra.md").read_text(encoding="utf-8"), (
+        "docs/infra.md is stale: paste the output of `python -m infra.docs` between its settings markers"
+    )
+
+
+INSTANCES = "p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge"
+CB = {"gpu.capacity": "capacity_block", "gpu.reservation_id": "cr-0123456789abcdef0"}
+
+BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
+    (
+        "instance type without EFA",
+        {"gpu.instance_type": "g5.48xlarge"},
+        "gpu.instance_type: 'g5.48xlarge' has no EFA network-card layout in the kit; "
+        f"use one of: {INSTANCES}",
+    ),
+    ("zero GPU nodes", {"gpu.max_nodes": "0"}, "gpu.max_nodes: 0 is not allowed; use 1 or more"),
+    ("negative minimum", {"gpu.min_nodes": "-1"}, "gpu.min_nodes: -1 is not allowed; use 0 or more"),
+    (
+        "desired above max",
+        {"gpu.desired_nodes": "5"},
+        "gpu.desired_nodes: 5 is outside gpu.min_nodes .. gpu.max_nodes; use 0 .. 2",
+    ),
+    (
+        "min above max",
+        {"gpu.min_nodes": "3"},
+        "gpu.min_nodes: 3 is above gpu.max_nodes=2; use 0 .. 2",
+    ),
+    (
+        "FSx size not allowed for the type",
+        {"storage.storage_gib": "2000"},
+        "storage.storage_gib: 2000 is not allowed for PERSISTENT_2; use 1200 or a multiple of 2400",
+    ),
+    (
+        "throughput not allowed for PERSISTENT_2",
+        {"storage.throughput_per_tib": "300"},
+        "storage.throughput_per_tib: 300 is not allowed for PERSISTENT_2; use one of 125, 250, 500, 1000",
+    ),
+    (
+        "throughput not allowed for PERSISTENT_1",
+        {"storage.deployment_type": "PERSISTENT_1", "storage.throughput_per_tib": "250"},
+        "storage.throughput_per_tib: 250 is not allowed for PERSISTENT_1; use one of 50, 100, 200",
+    ),
+    (
+        "throughput on SCRATCH_2",
+        {"storage.deployment_type": "SCRATCH_2", "storage.throughput_per_tib": "125"},
+        "storage.throughput_per_tib: 125 is not allowed for SCRATCH_2 (fixed throughput); unset it",
+    ),
+    (
+        "unknown deployment type",
+        {"storage.deployment_type": "SCRATCH_1"},
+        "storage.deployment_type: 'SCRATCH_1' is not allowed; "
+        "use one of: PERSISTENT_2, PERSISTENT_1, SCRATCH_2",
+    ),
+    (
+        "reservation plus placement group",
+        {**CB, "gpu.placement_group": "true"},
+        "gpu.placement_group: not allowed with gpu.capacity='capacity_block': the reservation already "
+        "fixes placement, and a cluster placement group on reserved capacity fails with "
+        "InsufficientInstanceCapacity; set it to false",
+    ),
+    (
+        "capacity block without reservation",
+        {"gpu.capacity": "capacity_block"},
+        "gpu.reservation_id: required when gpu.capacity is 'capacity_block'; give the reservation id "
+        "'cr-' + 17 hex digits",
+    ),
+    (
+        "reservation with on-demand",
+        {"gpu.reservation_id": "cr-0123456789abcdef0"},
+        "gpu.reservation_id: 'cr-0123456789abcdef0' is set but gpu.capacity is 'on_demand'; "
+        "use gpu.capacity=odcr or capacity_block, or unset it",
+    ),
+    (
+        "malformed reservation id",
+        {"gpu.capacity": "odcr", "gpu.reservation_id": "cr-123"},
+        "gpu.reservation_id: 'cr-123' is not a capacity reservation id ('cr-' + 17 hex digits)",
+    ),
+    (
+        "GPU AZ not in the list",
+        {"gpu.availability_zone": "us-west-2c"},
+        "gpu.availability_zone: 'us-west-2c' is not in network.availability_zones; "
+        "use one of: us-west-2a, us-west-2b",
+    ),
+    (
+        "AZs of another region",
+        {"network.availability_zones": "us-east-1a,us-east-1b", "gpu.availability_zone": "us-east-1a"},
+        "network.availability_zones: 'us-east-1a' is not in region 'us-west-2'; use AZs like 'us-west-2a', "
+        "'us-west-2b'",
+    ),
+    (
+        "one AZ",
+        {"network.availability_zones": "us-west-2a"},
+        "network.availability_zones: list at least 2 AZs (the EKS control plane needs 2)",
+    ),
+    (
+        "VPC too small",
+        {"network.vpc_cidr": "10.0.0.0/20"},
+        "network.vpc_cidr: 10.0.0.0/20 holds 4096 addresses but 2 AZs need 33280 (a /18 and a /24 each); "
+        "use a larger block or fewer AZs",
+    ),
+    (
+        "more NAT gateways than AZs",
+        {"network.nat_gateways": "3"},
+        "network.nat_gateways: 3 is not allowed; use 1 .. 2 (one per AZ at most)",
+    ),
+    (
+        "unknown endpoint access",
+        {"cluster.endpoint_access": "internal"},
+        "cluster.endpoint_access: 'internal' is not allowed; use one of: public, private, public_and_private",
+    ),
+    (
+        "public CIDRs with a private endpoint",
+        {"cluster.endpoint_access": "private", "cluster.public_access_cidrs": "203.0.113.0/24"},
+        "cluster.public_access_cidrs: only applies when cluster.endpoint_access is 'public' or "
+        "'public_and_private'; remove it",
+    ),
+    (
+        "admin principal is not an ARN",
+        {"cluster.admin_principal_arns": "Admin"},
+        "cluster.admin_principal_arns: 'Admin' is not an IAM role or user ARN like "
+        "'arn:aws:iam::123456789012:role/Admin'",
+    ),
+    (
+        "unsupported Kubernetes version",
+        {"cluster.kubernetes_version": "1.29"},
+        "cluster.kubernetes_version: '1.29' is not allowed; use one of: 1.34, 1.35, 1.36",
+    ),
+    (
+        "no system nodes",
+        {"cluster.system_nodes": "0"},
+        "cluster.system_nodes: 0 is not allowed; use 1 or more",
+    ),
+    ("account placeholder broken", {"account": "1234"}, "account: '1234' is not a 12-digit account id"),
+    ("region typo", {"region": "uswest2"}, "region: 'uswest2' is not a region name like 'us-west-2'"),
+    (
+        "prefix with capitals",
+        {"prefix": "My_Kit"},
+        "prefix: 'My_Kit' is not allowed; use 2-20 characters a-z, 0-9, '-', starting with a letter",
+    ),
+    (
+        "misspelt key",
+        {"gpu.instance_typ": "p5.48xlarge"},
+        "gpu.instance_typ: unknown setting; did you mean 'gpu.instance_type'?",
+    ),
+    ("integer that is not", {"gpu.max_nodes": "two"}, "gpu.max_nodes: 'two' is not an integer"),
+    (
+        "boolean that is not",
+        {"gpu.placement_group": "yes"},
+        "gpu.placement_group: 'yes' is not a boolean; use true or false",
+    ),
+    (
+        "bad bucket name",
+        {"storage.s3_bucket": "My_Bucket"},
+        "storage.s3_bucket: 'My_Bucket' is not an S3 bucket name (3-63 lowercase letters, digits, '.', '-')",
+    ),
+    (
+        "bad namespace",
+        {"kubernetes.namespace": "Training"},
+        "kubernetes.namespace: 'Training' is not a DNS-1123 label",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
+def test_bad_config_gives_one_line_naming_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(**overrides)
+    assert str(caught.value) == message
+    assert "\n" not in str(caught.value)
+    assert caught.value.key == message.split(":", 1)[0]
+
+
+def test_missing_required_key_says_where_to_set_it() -> None:
+    context = {k: v for k, v in BASE.items() if k != "account"}
+    with pytest.raises(
+        ConfigError, match=r"^account: required; set it in cdk.json context or with -c account=\.\.\.$"
+    ):
+        load_config(context)

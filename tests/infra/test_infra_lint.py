@@ -1,0 +1,118 @@
+"""cfn-lint on every template, cdk-nag AwsSolutions in the session synth, tags and context hygiene."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from infra.tags import PROJECT_TAG, STACK_TAG
+from tests.infra.conftest import REPO, Synth
+
+CFN_LINT = Path(sys.executable).with_name("cfn-lint")
+
+# CloudFormation types in the templates that take no tags (checked against the resource specs by cfn-lint's
+# schemas: none of them has a Tags property).
+UNTAGGABLE = {
+    "AWS::EC2::Route",
+    "AWS::EC2::SubnetRouteTableAssociation",
+    "AWS::EC2::VPCGatewayAttachment",
+    "AWS::EC2::SecurityGroupIngress",
+    "AWS::EC2::SecurityGroupEgress",
+    "AWS::EC2::VPCEndpoint",
+    "AWS::IAM::Policy",
+    "AWS::Lambda::LayerVersion",
+}
+
+
+def test_cfn_lint_passes_every_template(synth: Synth) -> None:
+    """One cfn-lint process over all templates (all variants), with the kit's config file."""
+    files = sorted(str(p) for p in synth.outdir.glob("*.template.json"))
+    assert len(files) == len(synth.templates) == 16
+    result = subprocess.run(
+        [str(CFN_LINT), "--config-file", str(REPO / "infra" / "cfnlint.yaml"), "--", *files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == ""
+
+
+def nag_report(synth: Synth) -> dict[str, Any]:
+    (report,) = [p for p in synth.validation_report["pluginReports"] if p["pluginName"] == "AwsSolutions"]
+    return report
+
+
+def test_cdk_nag_has_no_open_findings(synth: Synth) -> None:
+    report = nag_report(synth)
+    open_findings = [
+        (v["ruleName"], [c["constructPath"] for c in v["violatingConstructs"]]) for v in report["violations"]
+    ]
+    assert open_findings == []
+    assert report["conclusion"] == "success"
+
+
+def test_every_acknowledged_finding_has_a_reason(synth: Synth) -> None:
+    acknowledged = nag_report(synth)["suppressedViolations"]
+    assert acknowledged, "the kit uses AWS-managed policies, so there must be acknowledged IAM4 findings"
+    for finding in acknowledged:
+        assert len(finding["reason"]) >= 40, finding["ruleName"]
+    rules = {f["ruleName"].split("[")[0] for f in acknowledged}
+    assert rules <= {"AwsSolutions-IAM4", "AwsSolutions-IAM5", "AwsSolutions-L1"}
+
+
+def test_no_missing_context_and_no_dummy_azs(synth: Synth) -> None:
+    assert "missing" not in synth.manifest
+    for name, template in synth.templates.items():
+        assert "dummy" not in json.dumps(template), f"{name} was synthesized with dummy AZs"
+
+
+def _tags(props: dict[str, Any]) -> dict[str, str]:
+    tags = props.get("Tags")
+    if isinstance(tags, dict):
+        return tags
+    if isinstance(tags, list):
+        return {t["Key"]: t["Value"] for t in tags}
+    specs = props.get("TagSpecifications", [])
+    return {t["Key"]: t["Value"] for s in specs for t in s["Tags"]}
+
+
+def test_every_taggable_resource_carries_the_kit_tags(synth: Synth) -> None:
+    untagged = []
+    for stack_name, template in synth.templates.items():
+        prefix = stack_name.rsplit("-", 1)[0]
+        for logical_id, resource in template["Resources"].items():
+            kind = resource["Type"]
+            if kind in UNTAGGABLE or kind.startswith("Custom::") or kind == "AWS::SSM::Parameter":
+                continue
+            tags = _tags(resource.get("Properties", {}))
+            if tags.get(PROJECT_TAG) != prefix or tags.get(STACK_TAG) != stack_name:
+                untagged.append(f"{stack_name}/{logical_id} ({kind})")
+    assert untagged == []
+
+
+def test_instances_launched_by_node_groups_are_tagged(synth: Synth) -> None:
+    """Managed node groups do not pass their tags on; the launch templates tag instances, volumes and ENIs."""
+    template = synth.template("default", "cluster")
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::EC2::LaunchTemplate":
+            continue
+        specs = resource["Properties"]["LaunchTemplateData"]["TagSpecifications"]
+        assert {s["ResourceType"] for s in specs} == {"instance", "volume", "network-interface"}
+        for spec in specs:
+            assert {t["Key"]: t["Value"] for t in spec["Tags"]} == {
+                PROJECT_TAG: "fsdp-kit",
+                STACK_TAG: "fsdp-kit-cluster",
+            }
+
+
+def test_stacks_carry_the_kit_tags_for_cloudformation_to_propagate(synth: Synth) -> None:
+    for artifact_id, artifact in synth.manifest["artifacts"].items():
+        if artifact["type"] != "aws:cloudformation:stack":
+            continue
+        tags = artifact["properties"]["tags"]
+        assert tags[STACK_TAG] == artifact["properties"].get("stackName", artifact_id)
+        assert tags[PROJECT_TAG] == artifact_id.rsplit("-", 1)[0]
