@@ -6,6 +6,7 @@ The two kit keys duplicate `infra/tags.py` (the source of truth): `ops/` may imp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 PROJECT_TAG = "kit:project"
@@ -46,3 +47,14 @@ def cluster_owner(tags: Mapping[str, str], clusters: tuple[str, ...]) -> str | N
             if tags.get(key) == expected:
                 return f"{key}={expected}"
     return None
+
+
+PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,62}")
+"""A kit prefix: it starts CloudFormation stack names (`<Prefix>-Network`), so the same rule applies."""
+
+
+def prefix_error(prefix: str) -> str | None:
+    """Why a prefix is invalid, or None."""
+    if PREFIX_RE.fullmatch(prefix):
+        return None
+    return f"--prefix must be a letter then letters, digits or '-' (max 63), got {prefix!r}"

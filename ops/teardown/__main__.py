@@ -9,7 +9,6 @@ prefix, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 import botocore.exceptions
@@ -17,13 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
-from ops.tags import PROJECT_TAG
+from ops.tags import PROJECT_TAG, prefix_error
 from ops.teardown import report, runner
 from ops.teardown.model import Options
 from ops.teardown.registry import KIND_NAMES
 from ops.teardown.scope import discover
-
-PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,62}")
 
 
 def positive(text: str) -> float:
@@ -94,10 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
     err = Console(stderr=True)
     try:
-        if not PREFIX_RE.fullmatch(args.prefix):
-            raise OpsError(
-                f"--prefix must be a letter then letters, digits or '-' (max 63), got {args.prefix!r}"
-            )
+        if (why := prefix_error(args.prefix)) is not None:
+            raise OpsError(why)
         options = Options(
             delete_data=args.delete_data,
             fsx_backup=args.fsx_backup,

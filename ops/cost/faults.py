@@ -1,0 +1,96 @@
+"""What faults and checkpoint stalls cost, from a run folder's events through `training.metrics`.
+
+GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). Buckets, from RunMetrics:
+  stall     checkpoint stalls (stall_s) plus the final drain (drain_s)
+  recovery  fault -> end of the first step after the resume (recovery_s, summed over faults)
+  rework    steps computed again, beyond the first one after each resume (that one is inside recovery)
+  useful    steps_completed x median fault-free step time
+Cost per 1,000 steps = all GPU-hours x price / steps_completed x 1000; cost of one fault = its recovery plus
+its rework, and their mean over the run's faults.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.aws import OpsError
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultCostItem:
+    kind: str
+    step: int | None
+    gpu_hours: float
+    usd: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultCost:
+    gpus: int
+    usd_per_gpu_hour: float
+    price_source: str
+    wall_h: float
+    steps_completed: int
+    gpu_hours: dict[str, float]
+    """total, useful, stall, recovery, rework (GPU-hours)."""
+    usd: dict[str, float]
+    usd_per_1000_steps: float | None
+    per_fault: list[FaultCostItem] = field(default_factory=list)
+
+    @property
+    def usd_per_fault(self) -> float | None:
+        return sum(f.usd for f in self.per_fault) / len(self.per_fault) if self.per_fault else None
+
+
+def load_metrics(run_dir: Path) -> Any:
+    """RunMetrics via training.metrics, imported lazily (ops depends on boto3 only otherwise)."""
+    if not run_dir.is_dir():
+        raise OpsError(f"--run-dir {str(run_dir)!r} is not a folder; pass <run.root>/<run.id>")
+    if not (run_dir / "events").is_dir():
+        raise OpsError(f"--run-dir {str(run_dir)!r} has no events/ folder; pass a run folder (contract 3)")
+    try:
+        metrics = importlib.import_module("training.metrics")
+    except ImportError as exc:
+        raise OpsError(f"cannot import training.metrics ({exc}); run from the repository root") from None
+    try:
+        return metrics.load_run_metrics(run_dir)
+    except ValueError as exc:  # MetricsError is a ValueError
+        raise OpsError(f"cannot compute metrics from {run_dir}: {exc}") from None
+
+
+def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
+    gpus = int(m.world_size)
+    h = 3600.0
+    per_fault = []
+    rework_s_total = 0.0
+    for f in m.faults:
+        lost = f.lost_steps if f.lost_steps is not None else 0
+        rework_s = max(lost - 1, 0) * m.median_step_s if f.recovery_s is not None else lost * m.median_step_s
+        rework_s_total += rework_s
+        gh = gpus * ((f.recovery_s or 0.0) + rework_s) / h
+        per_fault.append(FaultCostItem(kind=f.kind, step=f.step, gpu_hours=gh, usd=gh * usd_per_gpu_hour))
+    if not m.faults and m.lost_steps:
+        rework_s_total = m.lost_steps * m.median_step_s
+    gpu_hours = {
+        "total": gpus * m.wall_s / h,
+        "useful": gpus * m.steps_completed * m.median_step_s / h,
+        "stall": gpus * (m.stall_s + m.drain_s) / h,
+        "recovery": gpus * m.recovery_s_total / h,
+        "rework": gpus * rework_s_total / h,
+    }
+    usd = {k: v * usd_per_gpu_hour for k, v in gpu_hours.items()}
+    per_1000 = usd["total"] / m.steps_completed * 1000 if m.steps_completed else None
+    return FaultCost(
+        gpus=gpus,
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        price_source=price_source,
+        wall_h=m.wall_s / h,
+        steps_completed=m.steps_completed,
+        gpu_hours=gpu_hours,
+        usd=usd,
+        usd_per_1000_steps=per_1000,
+        per_fault=per_fault,
+    )
