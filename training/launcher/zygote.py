@@ -27,6 +27,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -92,15 +93,30 @@ class Zygote:
         """Environment that sends the shim to this zygote."""
         return {ZYGOTE_SOCKET_ENV: self.socket_path}
 
-    def close(self) -> None:
-        """End the zygote; it SIGKILLs any worker still running."""
-        if self._alive_w >= 0:
-            os.close(self._alive_w)
-            self._alive_w = -1
+    def close(self, grace_s: float = 1.0) -> None:
+        """End the zygote; it SIGKILLs any worker still running.
+
+        A zygote still pre-importing has no worker and does not read its pipe yet: it is SIGKILLed
+        after `grace_s` instead of holding the launcher's exit for the rest of its imports.
+        """
+        if self._alive_w < 0:
+            return
+        os.close(self._alive_w)
+        self._alive_w = -1
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                    time.sleep(0.01)
+                    continue
+            break
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
 
 
 class _Server:

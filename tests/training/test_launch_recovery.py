@@ -1,0 +1,149 @@
+"""The launcher against real faults in real gloo workers (tests/training/launch_worker.py), one or two
+"nodes" on this machine: deaths, hangs (both variants), the restart budget, the never-retry exit code."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import exitcodes
+from training.events import read_events
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = str(Path(__file__).with_name("launch_worker.py"))
+pytestmark = pytest.mark.slow
+
+
+def expected_value(steps: int, world: int) -> float:
+    """The worker's deterministic result, as a fault-free run computes it."""
+    value = 0.0
+    for step in range(1, steps + 1):
+        value = value * 0.5 + float(sum(range(1, world + 1))) + step
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_cmd(run: Path, flags: list[str], steps: int, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "training.launch", "--log-dir", str(run / "logs"), "--run-dir", str(run),
+        *flags, WORKER, str(run), str(steps), "0.05", *extra,
+    ]  # fmt: skip
+
+
+def env_for(tmp: Path, faults: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), KIT_TEST_FAULTS=faults)
+    env.pop("KIT_HEARTBEAT_DIR", None)
+    return env
+
+
+def launch(tmp: Path, flags: list[str], *, steps: int, faults: str = "", extra: tuple[str, ...] = ()):
+    run = tmp / "run"
+    proc = subprocess.run(
+        launch_cmd(run, ["--standalone", "--nproc-per-node", "2", *flags], steps, *extra),
+        cwd=REPO,
+        env=env_for(tmp, faults),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return proc, run
+
+
+def final_value(run: Path) -> float:
+    import json
+
+    return json.loads((run / "final.json").read_text())["value"]
+
+
+def launcher_events(run: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(run) if e["role"] == "launcher" and e["kind"] == kind]
+
+
+@pytest.mark.parametrize("start", ["zygote", "exec"])
+def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, start: str) -> None:
+    proc, run = launch(tmp_path, ["--worker-start", start], steps=14, faults="kill:step=7:rank=1")
+    assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
+    assert final_value(run) == expected_value(14, 2)
+    failed = launcher_events(run, "worker_failed")
+    assert any(e["global_rank"] == 1 and e["exitcode"] == -9 for e in failed)
+    (restart,) = launcher_events(run, "restart")
+    assert restart["attempt"] == 1 and restart["remaining"] == 2
+    assert launcher_events(run, "exit")[0]["code"] == 0
+    assert "kit-launch: worker failed: rank" in proc.stderr and "kit-launch: restart 1:" in proc.stderr
+    assert "after detection" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["hang", "sigstop"])
+def test_hung_rank_is_detected_by_heartbeat_and_recovered(tmp_path: Path, kind: str) -> None:
+    proc, run = launch(
+        tmp_path,
+        ["--heartbeat-load-timeout", "60", "--heartbeat-min-timeout", "0.3"],
+        steps=24,
+        faults=f"{kind}:step=16:rank=1",
+    )
+    assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
+    assert final_value(run) == expected_value(24, 2)
+    (hang,) = launcher_events(run, "hang_detected")
+    assert hang["stale_s"] > hang["timeout_s"]
+    assert hang["timeout_s"] < 60  # the learned step timeout, not the load allowance
+    assert hang["phase"] == "train" and hang["step"] == 15
+    assert "kit-launch: hang detected: rank" in proc.stderr and "heartbeat stale for" in proc.stderr
+    assert launcher_events(run, "restart")[0]["reason"].startswith("hang of rank")
+
+
+def test_restart_budget_exhausted_exits_75_with_its_message(tmp_path: Path) -> None:
+    proc, run = launch(tmp_path, ["--max-restarts", "1"], steps=5, extra=("3",))
+    assert proc.returncode == exitcodes.BUDGET_EXHAUSTED
+    assert "restart budget exhausted (--max-restarts=1); last failure: rank" in proc.stderr
+    assert "exit code 3" in proc.stderr
+    assert len(launcher_events(run, "restart")) == 1
+    (exit_event,) = launcher_events(run, "exit")
+    assert exit_event["code"] == exitcodes.BUDGET_EXHAUSTED
+
+
+def test_fatal_config_exit_is_never_retried(tmp_path: Path) -> None:
+    proc, run = launch(tmp_path, ["--max-restarts", "3"], steps=5, extra=(str(exitcodes.FATAL_CONFIG),))
+    assert proc.returncode == exitcodes.FATAL_CONFIG
+    assert "exited 78 (fatal config): not retrying" in proc.stderr
+    assert launcher_events(run, "restart") == []
+    assert launcher_events(run, "exit")[0]["code"] == exitcodes.FATAL_CONFIG
+
+
+def test_two_nodes_a_fault_on_one_restarts_both(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        flags = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+            "--rdzv-conf", f"is_host={1 - node}",
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                launch_cmd(run, flags, 14),
+                cwd=REPO,
+                env=env_for(tmp_path, "kill:step=7:rank=1"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == exitcodes.OK, err[-3000:]
+    assert final_value(run) == expected_value(14, 2)
+    restarts = launcher_events(run, "restart")
+    assert len({e["pid"] for e in restarts}) == 2  # both launchers restarted their worker group
+    for _, err in outputs:
+        assert "kit-launch: restart 1:" in err
