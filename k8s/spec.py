@@ -247,7 +247,7 @@ def _tolerations(v: JobValues) -> list[dict[str, str]]:
             if sep
             else {"key": key, "operator": "Exists", "effect": effect}
         )
-        if own["key"] != "nvidia.com/gpu" or own["operator"] != "Exists":
+        if own["key"] != "nvidia.com/gpu":  # the Exists toleration above already covers any value of it
             tolerations.append(own)
     return tolerations
 
