@@ -1,0 +1,422 @@
+"""Checkpoint benchmark: the training-time cost of each way to save, side by side in one run.
+
+`python -m bench.checkpoint [--quick]` starts 2 ranks (gloo, FSDP2, 1 thread each), which train the same
+model on the same data once per competitor:
+  none          no checkpoint (the baseline wall time)
+  sync          torch `dcp.save` (stock FileSystemWriter)
+  dcp_thread    torch `dcp.async_save`, thread mode, default stager (blocking copy per save)
+  dcp_staging   torch `dcp.async_save` with a reused DefaultStager and async staging (wait on staging before
+                the next optimizer step)
+  kit           the kit's Checkpointer, mode async, backend kit
+  nvrx          NVRx TorchAsyncCheckpoint, where it can run (needs CUDA); otherwise "not available: why"
+The interval is calibrated so that sync's efficiency is about 60 % (interval x step time = 1.5 x sync save).
+Each save gets a full interval to overlap; the final drain is timed separately.
+
+Per competitor: stall per save (loop blocked), slow-down of the steps that overlap a background write, peak
+host memory growth per rank / checkpoint size per rank, efficiency as the study defines it
+(1 - stalls / wall, drain excluded) and the honest cost (extra wall over `none`, drain included, as a
+fraction of sync's). Last line:
+`RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=...`
+(kit vs sync, kit's efficiency, kit vs sync cost, kit vs the better dcp.async_save, kit memory).
+glibc's dynamic mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers return to the OS and
+each competitor's peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+COMPETITORS = ("none", "sync", "dcp_thread", "dcp_staging", "kit", "nvrx")
+
+
+@dataclass(frozen=True)
+class Size:
+    width: int
+    layers: int
+    batch: int
+    saves: int
+
+
+QUICK = Size(width=1536, layers=6, batch=16, saves=3)
+FULL = Size(width=2048, layers=8, batch=16, saves=5)
+
+
+# ------------------------------------------------------------------------------------------- worker
+@dataclass
+class Measured:
+    name: str
+    available: bool = True
+    reason: str = ""
+    wall_s: float = 0.0
+    """Training loop, first step to last step, final drain excluded."""
+    drain_s: float = 0.0
+    stalls_s: list[float] = field(default_factory=list)
+    """Per save: time the loop was blocked by it."""
+    step_s: list[float] = field(default_factory=list)
+    overlapped: list[bool] = field(default_factory=list)
+    """Per step: a background write of this rank was in flight when the step began."""
+    peak_rss_growth: int = 0
+    staging_bytes: int = 0
+
+
+class RssSampler:
+    """Peak resident memory of this process above a baseline, sampled every 20 ms on a thread."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self.base = self._proc.memory_info().rss
+        self.peak = self.base
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(0, self.peak - self.base)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from training.checkpoint import CheckpointConfig, Checkpointer
+    from training.checkpoint.config import nvrx_unavailable_reason
+    from training.events import EventLog, read_events
+
+    size = QUICK if args.quick else FULL
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    ckpt_pg = dist.new_group(backend="gloo")
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(size.width, size.width) for _ in range(size.layers)]
+    model = torch.nn.Sequential(*layers)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    work = Path(args.dir)
+
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(1_000_003 * i + rank)
+        x = torch.randn(size.batch, size.width, generator=g)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0
+
+    def state() -> dict[str, Any]:
+        msd, osd = get_state_dict(model, opt)
+        return {"model": msd, "optim": osd}
+
+    for i in range(1, 3):
+        step(i)  # AdamW state exists from here on
+    ckpt_bytes = 0
+    for v in list(state()["model"].values()) + [
+        t for s in state()["optim"]["state"].values() for t in s.values()
+    ]:
+        if isinstance(v, torch.Tensor):
+            ckpt_bytes += (v.to_local() if isinstance(v, DTensor) else v).nbytes
+
+    # Warm-up (the first DCP call of a process costs seconds extra), then calibrate the interval.
+    dcp.save(state(), checkpoint_id=work / f"warm-{rank}-0", process_group=ckpt_pg)
+    t0 = time.perf_counter()
+    dcp.save(state(), checkpoint_id=work / "calib", process_group=ckpt_pg)
+    sync_s = time.perf_counter() - t0
+    step_s = statistics.median(step(i) for i in range(3, 7))
+    want = torch.tensor([max(1, round(1.5 * sync_s / step_s))])
+    dist.all_reduce(want, op=dist.ReduceOp.MAX)
+    interval = int(want.item())
+    total_steps = (size.saves + 1) * interval
+
+    def run(name: str) -> Measured:
+        m = Measured(name=name)
+        folder = work / name
+        pending: dict[str, Any] = {"fut": None, "staging": None}
+        ckpt = None
+        stager = None
+        if name == "kit":
+            events = EventLog(folder, role="trainer", rank=rank)
+            cfg = CheckpointConfig(mode="async", backend="kit", interval=interval, keep=2)
+            ckpt = Checkpointer(cfg, run_dir=folder, rank=rank, world_size=world, events=events)
+        if name == "dcp_staging":
+            stager = DefaultStager(StagingOptions(False, False, True, False))
+
+        def in_flight() -> bool:
+            if ckpt is not None:
+                save = ckpt._inflight
+                return save is not None and not save.done.is_set()
+            fut = pending["fut"]
+            return fut is not None and not fut.done()
+
+        def wait_previous() -> None:
+            if pending["fut"] is not None:
+                pending["fut"].result()
+                pending["fut"] = None
+
+        dist.barrier()
+        gc.collect()
+        sampler = RssSampler()
+        t_start = time.perf_counter()
+        for i in range(1, total_steps + 1):
+            m.overlapped.append(in_flight())
+            if pending["staging"] is not None:  # dcp_staging: the copy must finish before opt.step
+                t0 = time.perf_counter()
+                pending["staging"].result()
+                pending["staging"] = None
+                m.stalls_s[-1] += time.perf_counter() - t0
+            m.step_s.append(step(100 + i))
+            if i % interval or i == total_steps or name == "none":
+                continue
+            t0 = time.perf_counter()
+            path = folder / f"step_{i:08d}"
+            if name == "kit":
+                ckpt.maybe_save(i, {"app_model": model_state(model, opt)})
+            elif name == "sync":
+                dcp.save(state(), checkpoint_id=path, process_group=ckpt_pg)
+            elif name == "dcp_thread":
+                wait_previous()
+                pending["fut"] = dcp.async_save(state(), checkpoint_id=path, process_group=ckpt_pg)
+            elif name == "dcp_staging":
+                wait_previous()
+                resp = dcp.async_save(state(), checkpoint_id=path, process_group=ckpt_pg, async_stager=stager)
+                pending["fut"], pending["staging"] = resp.upload_completion, resp.staging_completion
+            m.stalls_s.append(time.perf_counter() - t0)
+        m.wall_s = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        if ckpt is not None:
+            ckpt.wait()
+        wait_previous()
+        m.drain_s = time.perf_counter() - t0
+        m.peak_rss_growth = sampler.stop()
+        if ckpt is not None:
+            m.staging_bytes = ckpt._stager.nbytes if ckpt._stager else 0
+            ckpt.close()
+            # The kit's stalls are its own events (maybe_save plus any optimizer-hook wait for the copy).
+            mine = [e for e in read_events(folder) if e["kind"] == "ckpt" and e["phase"] == "stall"]
+            per_step: dict[int, float] = {}
+            for e in mine:
+                if e["rank"] == rank:
+                    per_step[e["step"]] = per_step.get(e["step"], 0.0) + e["duration_s"]
+            m.stalls_s = [per_step[s] for s in sorted(per_step)]
+        if stager is not None:
+            stager.close()
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        return m
+
+    results = []
+    for name in COMPETITORS:
+        if name == "nvrx":
+            reason = nvrx_unavailable_reason() or "needs a GPU run (bench/gpu/checkpoint_gpu.py)"
+            results.append(Measured(name=name, available=False, reason=reason))
+            continue
+        results.append(run(name))
+    out = {
+        "rank": rank,
+        "interval": interval,
+        "steps": total_steps,
+        "ckpt_bytes": ckpt_bytes,
+        "calib_sync_s": sync_s,
+        "calib_step_s": step_s,
+        "results": [asdict(r) for r in results],
+    }
+    (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def model_state(model: Any, opt: Any) -> Any:
+    """The model and optimizer as one Stateful (what a trainer's TrainState would hand over)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class _State(Stateful):
+        def state_dict(self) -> dict[str, Any]:
+            msd, osd = get_state_dict(model, opt)
+            return {"model": msd, "optim": osd}
+
+        def load_state_dict(self, sd: dict[str, Any]) -> None:
+            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+    return _State()
+
+
+# ------------------------------------------------------------------------------------------- parent
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _summarize(ranks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Per competitor: worst rank for stalls and memory, mean for walls."""
+    ckpt_bytes = max(r["ckpt_bytes"] for r in ranks)
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in ranks:
+        for m in r["results"]:
+            by_name.setdefault(m["name"], []).append(m)
+    none = by_name["none"]
+    base_wall = statistics.mean(m["wall_s"] + m["drain_s"] for m in none)
+    base_step = statistics.median(s for m in none for s in m["step_s"][1:])
+    base_mem = max(m["peak_rss_growth"] for m in none)  # training's own transient buffers
+    rows = []
+    for name in COMPETITORS:
+        ms = by_name[name]
+        if not ms[0]["available"]:
+            rows.append({"name": name, "available": False, "reason": ms[0]["reason"]})
+            continue
+        stalls = (
+            [max(vals) for vals in zip(*(m["stalls_s"] for m in ms), strict=True)]
+            if ms[0]["stalls_s"]
+            else []
+        )
+        wall = statistics.mean(m["wall_s"] for m in ms)
+        drain = statistics.mean(m["drain_s"] for m in ms)
+        over = [s for m in ms for s, o in zip(m["step_s"], m["overlapped"], strict=True) if o]
+        rows.append(
+            {
+                "name": name,
+                "available": True,
+                "saves": len(stalls),
+                "stall_per_save_s": statistics.mean(stalls) if stalls else 0.0,
+                "overlap_slowdown": (statistics.mean(over) / base_step - 1) if over else 0.0,
+                "mem_ratio": max(m["peak_rss_growth"] - base_mem for m in ms) / ckpt_bytes,
+                "efficiency": 1 - sum(stalls) / wall,
+                "wall_s": wall,
+                "drain_s": drain,
+                "extra_wall_s": wall + drain - base_wall,
+                "staging_ratio": max(m["staging_bytes"] for m in ms) / ckpt_bytes,
+            }
+        )
+    get = {r["name"]: r for r in rows}
+    sync_extra = get["sync"]["extra_wall_s"]
+    for r in rows:
+        if r["available"]:
+            r["cost_ratio"] = r["extra_wall_s"] / sync_extra if sync_extra > 0 else float("nan")
+    kit = get["kit"]
+    best_dcp = min(get["dcp_thread"]["extra_wall_s"], get["dcp_staging"]["extra_wall_s"])
+    result = {
+        "stall_ratio": kit["stall_per_save_s"] / get["sync"]["stall_per_save_s"],
+        "efficiency": kit["efficiency"],
+        "cost_ratio": kit["cost_ratio"],
+        "vs_dcp_async": kit["extra_wall_s"] / best_dcp if best_dcp > 0 else float("inf"),
+        "mem_ratio": kit["mem_ratio"],
+    }
+    return rows, result
+
+
+def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"2 ranks, checkpoint {meta['ckpt_mb']:.0f} MB per rank, step {meta['step_s']:.3f} s, "
+        f"sync save {meta['sync_s']:.2f} s, interval {meta['interval']} steps, "
+        f"{meta['steps']} steps per competitor",
+        "",
+        "| competitor | stall/save s | overlapped-step slow-down | mem / ckpt (above none) | efficiency | "
+        "extra wall s | cost vs sync | drain s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r["available"]:
+            lines.append(f"| {r['name']} | not available: {r['reason']} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['stall_per_save_s']:.3f} | {r['overlap_slowdown']:+.0%} | "
+            f"{r['mem_ratio']:.2f} | "
+            f"{r['efficiency']:.4f} | {r['extra_wall_s']:.2f} | {r['cost_ratio']:.2f} | {r['drain_s']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller model, 3 saves (under 2 minutes on 2 cores)")
+    p.add_argument("--dir", default=None, help="folder for the checkpoints (default: a temporary folder)")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args)
+        return 0
+    if args.dir is not None and not Path(args.dir).parent.is_dir():
+        print(
+            f"error: --dir {args.dir}: parent folder does not exist; create it or pick another",
+            file=sys.stderr,
+        )
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
+    out = work / "results"
+    out.mkdir()
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "MALLOC_MMAP_THRESHOLD_": "131072",
+            "PYTHONPATH": str(REPO),
+        }
+        cmd = [sys.executable, "-m", "bench.checkpoint", "--worker", "--dir", str(work), "--out", str(out)]
+        cmd += ["--quick"] if args.quick else []
+        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO))
+    codes = [proc.wait() for proc in procs]
+    try:
+        if any(codes):
+            print(f"error: benchmark ranks exited with {codes}", file=sys.stderr)
+            return 1
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows, result = _summarize(ranks)
+    meta = {
+        "ckpt_mb": ranks[0]["ckpt_bytes"] / 1e6,
+        "step_s": ranks[0]["calib_step_s"],
+        "sync_s": ranks[0]["calib_sync_s"],
+        "interval": ranks[0]["interval"],
+        "steps": ranks[0]["steps"],
+    }
+    print(_table(rows, meta))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "result": result}, indent=1))
+    print("RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
