@@ -325,7 +325,8 @@ def _summarize(ranks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
         if r["available"]:
             r["cost_ratio"] = r["extra_wall_s"] / sync_extra if sync_extra > 0 else float("nan")
     kit = get["kit"]
-    best_dcp = min(get["dcp_thread"]["extra_wall_s"], get["dcp_staging"]["extra_wall_s"])
+    dcp_rows = [get[n] for n in ("dcp_thread", "dcp_staging") if get[n]["available"]]
+    best_dcp = min((r["extra_wall_s"] for r in dcp_rows), default=float("inf"))
     result = {
         "stall_ratio": kit["stall_per_save_s"] / get["sync"]["stall_per_save_s"],
         "efficiency": kit["efficiency"],
