@@ -255,6 +255,8 @@ class JobValues:
     fsx_pvc: str = ""
     """An existing PVC for FSx (stack output FsxPvcName, when CDK creates it). Empty: the kit renders a PV and
     a PVC named kit-fsx in the namespace."""
+    fsx_pvc_namespace: str = ""
+    """Namespace of the FSX_PVC claim (stack output FsxPvcNamespace); the Job must run there."""
     fsx_storage_gib: int = 1200
     """Capacity written on the kit's FSx PV/PVC, GiB (informational for static provisioning)."""
     kubernetes_version: str = "1.35"
@@ -278,6 +280,10 @@ OUTPUT_FIELDS: Mapping[str, str] = types.MappingProxyType(
         "GpuInstanceType": "gpu_instance_type",
         "GpuNodeCount": "gpu_node_count",
         "FsxPvcName": "fsx_pvc",
+        "FsxPvcNamespace": "fsx_pvc_namespace",
+        "FsxStorageGiB": "fsx_storage_gib",
+        "GpusPerNode": "gpus_per_node",
+        "EfaDevicesPerNode": "efa_per_node",
         "KubernetesVersion": "kubernetes_version",
     }
 )
@@ -439,7 +445,7 @@ TYPED_TRAINER_FIELDS: Mapping[tuple[str, str], str] = types.MappingProxyType(
 )
 
 
-def values_from_outputs(outputs: Mapping[str, Any], *, image_tag: str = "latest") -> dict[str, Any]:
+def values_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
     """Field values taken from merged stack outputs (see `k8s.outputs`); unknown keys are ignored."""
     found: dict[str, Any] = {}
     for key, name in OUTPUT_FIELDS.items():
@@ -448,13 +454,11 @@ def values_from_outputs(outputs: Mapping[str, Any], *, image_tag: str = "latest"
         raw = outputs[key]
         if name == "node_selector":
             found[name] = _parse_labels(raw)
-        elif name == "gpu_node_count":
+        elif name in ("gpu_node_count", "fsx_storage_gib", "gpus_per_node", "efa_per_node"):
             try:
                 found[name] = int(raw)
             except (TypeError, ValueError):
-                raise ValuesError(
-                    f"stack output GpuNodeCount={raw!r} is not a whole number; redeploy"
-                ) from None
+                raise ValuesError(f"stack output {key}={raw!r} is not a whole number; redeploy") from None
         else:
             found[name] = str(raw)
     if "GpuInstanceType" in outputs:
@@ -464,6 +468,8 @@ def values_from_outputs(outputs: Mapping[str, Any], *, image_tag: str = "latest"
             raise ValuesError(f"{exc}; set PROFILE= explicitly to override") from None
     if found.get("gpu_node_count"):
         found["nodes"] = found["gpu_node_count"]
+    if found.get("fsx_pvc_namespace"):
+        found["namespace"] = found["fsx_pvc_namespace"]  # a claim is namespaced: run where CDK made it
     if outputs.get("EcrRepositoryUri"):
         found["_ecr_repository"] = str(outputs["EcrRepositoryUri"])
     return found
@@ -692,6 +698,13 @@ def parse_faults(spec: str) -> list[dict[str, Any]]:
 def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
     """Rules across fields, the hardware and the stack outputs (the study's timeout invariants included)."""
     profile = get_profile(v.profile)
+    if v.gpu_instance_type and profile.requires_image and v.gpu_instance_type not in profile.instance_family:
+        _fail(
+            "PROFILE",
+            v.profile,
+            f"expects {profile.instance_type} but the GPU node group runs "
+            f"{v.gpu_instance_type}; set PROFILE to match it",
+        )
     if v.gpus_per_node is not None and v.gpus_per_node != profile.gpus:
         _fail(
             "GPUS_PER_NODE",
@@ -711,13 +724,6 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             "PROCS_PER_NODE",
             v.procs_per_node,
             f"must equal the {profile.gpus} GPUs of {profile.instance_type} (one rank per GPU)",
-        )
-    if v.gpu_instance_type and profile.requires_image and v.gpu_instance_type not in profile.instance_family:
-        _fail(
-            "PROFILE",
-            v.profile,
-            f"expects {profile.instance_type} but the GPU node group runs "
-            f"{v.gpu_instance_type}; set PROFILE to match it",
         )
     if v.gpu_node_count and profile.requires_image and v.nodes > v.gpu_node_count:
         _fail(
@@ -748,6 +754,13 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
                     "the FSx volume needs the stack outputs "
                     "FsxFileSystemId, FsxDnsName and FsxMountName (or FSX_PVC=<existing claim>)",
                 )
+    if v.fsx_pvc and v.fsx_pvc_namespace and v.namespace != v.fsx_pvc_namespace:
+        _fail(
+            "NAMESPACE",
+            v.namespace,
+            f"the FSx claim {v.fsx_pvc} lives in namespace {v.fsx_pvc_namespace}; "
+            f"use NAMESPACE={v.fsx_pvc_namespace} (a pod can mount only claims of its own namespace)",
+        )
     ws = world_size(v)
     for fault in parse_faults(v.fault_spec):
         if fault["rank"] >= ws:

@@ -15,6 +15,8 @@ STACK_OUTPUTS = {
         "GpuNodeTaint": "nvidia.com/gpu=true:NoSchedule",
         "GpuInstanceType": "p5.48xlarge",
         "GpuNodeCount": "4",
+        "GpusPerNode": "8",
+        "EfaDevicesPerNode": "32",
         "EcrRepositoryUri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer",
         "ClusterSecurityGroupId": "sg-0123",  # unknown keys are tolerated
     },
@@ -22,6 +24,7 @@ STACK_OUTPUTS = {
         "FsxFileSystemId": "fs-0123456789abcdef0",
         "FsxDnsName": "fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
         "FsxMountName": "abcdefgh",
+        "FsxStorageGiB": "2400",
     },
 }
 

@@ -327,3 +327,22 @@ def test_k8s_train_section_overrides_reach_the_config() -> None:
         overrides=[*LOCAL, "TRAIN.optim.lr=3e-4", "TRAIN.optim.warmup_steps=5", "TRAIN.data.x=on"]
     )
     assert v.train == {"optim": {"lr": 3e-4, "warmup_steps": 5}, "data": {"x": "on"}}
+
+
+def test_k8s_cdk_made_claim_sets_the_namespace(stack_outputs: dict) -> None:
+    stack_outputs["Kit-Cluster"].update(FsxPvcName="fsx-pvc", FsxPvcNamespace="training")
+    outputs = merge_stack_outputs(stack_outputs)
+    v = build_values(outputs=outputs, overrides=["RUN_ID=t"])
+    assert (v.namespace, v.fsx_pvc, v.fsx_storage_gib) == ("training", "fsx-pvc", 2400)
+    with pytest.raises(ValuesError) as err:
+        build_values(outputs=outputs, overrides=["RUN_ID=t", "NAMESPACE=other"])
+    assert str(err.value) == (
+        "NAMESPACE=other: the FSx claim fsx-pvc lives in namespace training; use NAMESPACE=training (a pod can "
+        "mount only claims of its own namespace)"
+    )
+
+
+def test_k8s_outputs_device_counts_must_match_the_profile(stack_outputs: dict) -> None:
+    stack_outputs["Kit-Cluster"]["EfaDevicesPerNode"] = "16"
+    with pytest.raises(ValuesError, match=r"^EFA_PER_NODE=16: p5.48xlarge has 32 EFA devices"):
+        build_values(outputs=merge_stack_outputs(stack_outputs), overrides=["RUN_ID=t"])
