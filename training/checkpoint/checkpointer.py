@@ -141,7 +141,7 @@ class Checkpointer:
         if self._prepare_folder(save.step):
             ok, error, files = self._write(save, state)
         else:
-            error = "could not clear the step folder"
+            error = "rank 0 could not create or clear the step folder (see its log)"
         self._finish(save, ok, error, files)
 
     def _kit_job(self, save: _Save, taken: Any) -> None:
@@ -165,7 +165,7 @@ class Checkpointer:
 
         if not self._prepare_folder(save.step):
             save.staged.set()
-            self._finish(save, False, "could not clear the step folder", {})
+            self._finish(save, False, "rank 0 could not create or clear the step folder (see its log)", {})
             return
         if self._dcp_stager is None:
             cuda = torch.cuda.is_available()
@@ -218,7 +218,7 @@ class Checkpointer:
                 folder.mkdir(parents=True)
             except OSError as exc:
                 ok = False
-                self._prepare_error = _one_line(exc)
+                log.error("cannot prepare checkpoint folder %s: %s", folder, _one_line(exc))
         return self._comm.all_true(ok)
 
     def _write(self, save: _Save, tree: dict[str, Any]) -> tuple[bool, str | None, dict[str, FileEntry]]:
