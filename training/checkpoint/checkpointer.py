@@ -329,11 +329,15 @@ class Checkpointer:
         save.done.wait()
         self.events.emit("ckpt", step=save.step, phase="drain", duration_s=time.perf_counter() - t0p, ts=t0)
 
-    def close(self) -> None:
-        """Drain, stop the writer thread, release the hook, the staging memory and the process group."""
-        self.wait()
+    def close(self, *, drain: bool = True) -> None:
+        """Drain, stop the writer thread, release the hook, the staging memory and the process group.
+
+        drain=False (in-process restart, after the process groups were aborted): do not wait for an
+        in-flight save; its daemon thread is abandoned and the step stays uncommitted."""
+        if drain:
+            self.wait()
         if self._worker is not None:
-            self._worker.close()
+            self._worker.close(timeout_s=None if drain else 0)
             self._worker = None
         if self._hook is not None:
             self._hook.remove()
