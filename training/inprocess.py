@@ -134,9 +134,15 @@ def run_with_restarts(trainer: Trainer) -> Session:
     while (reason := _train_until_fault(trainer, session)) is not None:
         t_fail = time.time()
         if restarts >= cfg.max_restarts:
-            raise RestartFailed(f"rank {ctx.rank}: in-process restart budget ({cfg.max_restarts}) spent; last: {reason}")
+            raise RestartFailed(
+                f"rank {ctx.rank}: in-process restart budget ({cfg.max_restarts}) spent; last: {reason}"
+            )
         restarts += 1
-        print(f"[inprocess] rank {ctx.rank}: {reason}; restart {restarts}/{cfg.max_restarts}", file=sys.stderr, flush=True)
+        print(
+            f"[inprocess] rank {ctx.rank}: {reason}; restart {restarts}/{cfg.max_restarts}",
+            file=sys.stderr,
+            flush=True,
+        )
         # Drop every reference to the failed group (model, optimizer, FSDP state) and abort it: its sockets
         # close, so a peer blocked in a collective with this rank fails now rather than at the timeout.
         previous = session.checkpointer
@@ -151,7 +157,9 @@ def run_with_restarts(trainer: Trainer) -> Session:
         _close_quietly(previous)
         previous = None
         duration = time.time() - t_fail
-        events.emit("inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration)
+        events.emit(
+            "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration
+        )
         if source == "none" and trainer.cfg.checkpoint.mode == "off":  # else the checkpointer emitted it
             events.emit("resume", step=None, source="none", duration_s=duration, fallback_from=None)
         trainer.log(f"in-process restart {restarts}: restored step {step} from {source} in {duration:.2f} s")
@@ -170,6 +178,98 @@ def _train_until_fault(trainer: Trainer, session: Session) -> str | None:
     return None
 
 
+class _PingingHeartbeat:
+    """The kit heartbeat plus NVRx's progress ping, so the Wrapper's soft timeout sees every step."""
+
+    def __init__(self, heartbeat: object, call_wrapper: object) -> None:
+        self._heartbeat, self._call_wrapper = heartbeat, call_wrapper
+
+    def beat(self, step: int) -> None:
+        self._heartbeat.beat(step)  # type: ignore[attr-defined]
+        self._call_wrapper.ping()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._heartbeat, name)
+
+
+def nvrx_timeouts(cfg: InprocessConfig, collective_timeout_s: float) -> dict[str, timedelta]:
+    """Wrapper timeouts derived from ours, respecting its rules (soft < hard < barrier, heartbeat < barrier)."""
+    barrier = cfg.barrier_timeout_s
+    soft = min(collective_timeout_s, 0.5 * barrier)
+    return {
+        "soft_timeout": timedelta(seconds=soft),
+        "hard_timeout": timedelta(seconds=max(soft + 1, 0.75 * barrier)),
+        "heartbeat_timeout": timedelta(seconds=0.5 * barrier),
+        "barrier_timeout": timedelta(seconds=barrier),
+        "completion_timeout": timedelta(seconds=barrier),
+    }
+
+
 def run_under_nvrx(cfg: TrainConfig) -> int:
-    """Run the trainer inside NVRx's inprocess.Wrapper (the store and group are built per iteration)."""
-    raise NotImplementedError
+    """Run the trainer inside NVRx's `inprocess.Wrapper` (reference: torch-on-cpu.md §5.3).
+
+    The Wrapper owns its store on MASTER_PORT+2; each iteration builds a multi-tenant TCPStore on
+    MASTER_PORT+1 and a process group on a per-iteration prefix, rebuilds the model and restores from
+    the previous iteration's host copy (all ranks agreeing) or from disk. Its abort only destroys gloo
+    groups, so a peer's recovery is bounded by the collective timeout (training.collective_timeout_s).
+    """
+    from nvidia_resiliency_ext import inprocess
+
+    from training.distributed import init_distributed
+    from training.train import Trainer, build_session
+
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    kept: dict[str, object] = {}
+
+    def train(call_wrapper: inprocess.CallWrapper = None) -> int:  # type: ignore[assignment]
+        t0 = time.time()
+        iteration = call_wrapper.iteration
+        store = dist.TCPStore(
+            host, port + 1, world_size=world, is_master=rank == 0, multi_tenant=True, wait_for_workers=False,
+            timeout=timedelta(seconds=cfg.inprocess.barrier_timeout_s),
+        )  # fmt: skip
+        ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration)
+        trainer = kept.get("trainer")
+        if trainer is None:
+            trainer = kept["trainer"] = Trainer(cfg, ctx)
+            trainer.events.emit(
+                "start", world_size=world, model=cfg.model.name, ckpt_mode=cfg.checkpoint.mode
+            )
+        trainer.ctx = ctx  # type: ignore[attr-defined]
+        session = build_session(cfg, ctx, trainer.events)  # type: ignore[attr-defined]
+        previous = kept.pop("checkpointer", None)
+        kept["checkpointer"] = session.checkpointer
+        if iteration == 0:
+            trainer.resume(session)  # type: ignore[attr-defined]
+        else:
+            step, source = restore(trainer, session, previous)  # type: ignore[arg-type]
+            if previous is not None:
+                _close_quietly(previous)
+            trainer.events.emit(  # type: ignore[attr-defined]
+                "inprocess_restart", reason="nvrx wrapper restart", restored_step=step, source=source,
+                duration_s=time.time() - t0, iteration=iteration,
+            )  # fmt: skip
+        trainer.train_loop(session, heartbeat=_PingingHeartbeat(trainer.heartbeat, call_wrapper))  # type: ignore[attr-defined]
+        trainer.finish(session)  # type: ignore[attr-defined]
+        session.checkpointer.close()
+        dist.destroy_process_group()
+        return 0
+
+    # The Wrapper injects CallWrapper by annotation; this module's annotations are strings (PEP 563).
+    train.__annotations__["call_wrapper"] = inprocess.CallWrapper
+    wrapped = inprocess.Wrapper(
+        store_kwargs={"host_name": host, "port": port + 2},
+        initialize=inprocess.initialize.RetryController(max_iterations=cfg.inprocess.max_restarts + 1),
+        health_check=None,
+        **nvrx_timeouts(cfg.inprocess, cfg.training.collective_timeout_s),
+    )(train)
+    try:
+        return int(wrapped())
+    finally:
+        trainer = kept.get("trainer")
+        if trainer is not None:
+            trainer.faults.close()  # type: ignore[attr-defined]
+            trainer.heartbeat.close()  # type: ignore[attr-defined]
+            trainer.events.close()  # type: ignore[attr-defined]

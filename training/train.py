@@ -130,7 +130,9 @@ class Trainer:
         t0 = time.time()
         step = session.checkpointer.load(session.ckpt_state)
         if self.cfg.checkpoint.mode == "off":
-            self.events.emit("resume", step=None, source="none", duration_s=time.time() - t0, fallback_from=None)
+            self.events.emit(
+                "resume", step=None, source="none", duration_s=time.time() - t0, fallback_from=None
+            )
         self.log(f"resumed from step {step}" if step is not None else "no checkpoint: starting at step 0")
         self.heartbeat.phase("train")
         return step
