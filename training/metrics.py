@@ -196,9 +196,17 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
     detected_by: str | None = None
     if detection is not None:
         detect_s, detected_by = _ts(detection) - t0, str(detection["kind"])
-    elif first_resume is not None and first_resume["kind"] == "inprocess_restart":
-        began = _ts(first_resume) - float(first_resume.get("duration_s") or 0.0)
-        detect_s, detected_by = max(0.0, began - t0), "inprocess"
+    else:
+        # In-process: the restart began (ts - duration_s of its `inprocess_restart` event, which may come
+        # after the `resume` it contains) within this fault's recovery.
+        window_end = recovery_end if recovery_end is not None else horizon
+        began = [
+            _ts(e) - float(e.get("duration_s") or 0.0)
+            for e in resumes
+            if e["kind"] == "inprocess_restart" and _ts(e) <= window_end
+        ]
+        if began:
+            detect_s, detected_by = max(0.0, min(began) - t0), "inprocess"
 
     resume_step: int | None = None
     if first_resume is not None:

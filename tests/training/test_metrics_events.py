@@ -262,3 +262,28 @@ def test_one_drain_logged_by_two_layers_counts_once(tmp_path: Path) -> None:
     run.end(4, t + 0.7)
     run.close()
     assert load_run_metrics(tmp_path).drain_s == pytest.approx(0.7)
+
+
+def test_inprocess_restart_logged_after_its_resume_is_still_the_detector(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 9, T0 + 1.0, 0.5)
+    run.fault("exception", 10, 1, t)
+    for rank, began in ((0, t + 0.4), (1, t + 0.1)):  # rank 1 raised; rank 0 saw the broken collective later
+        run.logs[rank].emit("resume", ts=t + 1.0, step=8, source="memory", duration_s=0.2, fallback_from=None)
+        run.logs[rank].emit(
+            "inprocess_restart",
+            ts=t + 1.3,
+            reason="x",
+            restored_step=8,
+            source="memory",
+            duration_s=t + 1.3 - began,
+        )
+    end = run.steps(9, 12, t + 1.3, 0.5)
+    run.end(12, end)
+    run.close()
+
+    [f] = load_run_metrics(tmp_path).faults
+    assert (f.detected_by, f.resume_source, f.resume_step) == ("inprocess", "memory", 8)
+    assert f.detect_s == pytest.approx(0.1)  # the earliest rank to start restarting
+    assert f.recovery_s == pytest.approx(1.8)

@@ -1,0 +1,1 @@
+"""`make demo`: the newcomer's first run, offline, on CPU, in a few minutes (see demo/run.py)."""

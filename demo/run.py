@@ -1,0 +1,381 @@
+"""`python -m demo [--quick]`: what the kit is for, on a laptop with no AWS account and no GPU.
+
+1. Synthesizes the CloudFormation stacks offline (`cdk synth -q`), and says how long it took.
+2. Renders the `local` Kubernetes Job (the same templates as EKS) and validates it against the schemas.
+3. Runs it on CPU through the local runner: two "pods", the kit's heartbeat launcher, async checkpoints,
+   in-process restart, and a short fault schedule (a kill, an exception, a hang).
+4. Prints the goodput report and writes the PNG timeline.
+5. Runs the same job with synchronous checkpoints, then as the study's baseline (plain `torchrun`, restarts
+   left to the Job, synchronous checkpoints), and prints the three side by side, with a check that the
+   final model is bitwise the same whatever the faults and the checkpoint mode.
+
+`--quick` (the test suite's form) skips the synth, trains fewer steps, and compares the kit's faulted run with
+a fault-free run instead of the two slower variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from training.events import read_events
+from training.metrics import MetricsError, RunMetrics, load_run_metrics
+from training.report import comparison_table, faults_table, metrics_table, write_timeline
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = ".kit-demo"
+"""A file the demo puts in its work folder; only a folder holding it is ever wiped by a later demo."""
+STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
+NOTABLE = re.compile(r"fault|restart|resum|hang|detect|fail|error|exit", re.IGNORECASE)
+
+
+class DemoError(RuntimeError):
+    """A step of the demo that cannot go on; one line that says what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """The job every variant runs: same model, data, seed, steps and faults."""
+
+    steps: int
+    """Training steps of every run."""
+    interval: int
+    """Checkpoint interval in steps."""
+    faults: str
+    """Fault spec (contract 5); the hang comes last so the baseline's other recoveries are visible."""
+    nodes: int = 2
+    """Pods (one per "node"); each runs its own launcher, and a restart on one brings both back."""
+    procs_per_node: int = 1
+    """Trainer ranks per pod."""
+    seq_len: int = 64
+    batch_size: int = 4
+    heartbeat_timeout: str = "auto"
+    """The kit launcher learns its hang timeout from the observed step times."""
+    run_timeout_s: float = 240.0
+    """Wall-clock cap of one kit run, seconds (a guard, never reached when the kit works)."""
+    baseline_timeout_s: float = 150.0
+    """Cap of the torchrun baseline: torchrun cannot see a hang; it waits for the collective timeout."""
+
+
+FULL = Scenario(
+    steps=48, interval=8, faults="kill:step=14:rank=1,exception:step=26:rank=1,hang:step=38:rank=1"
+)
+QUICK = Scenario(
+    steps=24, interval=4, faults="kill:step=7:rank=1,exception:step=12:rank=1,hang:step=17:rank=1"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    key: str
+    """Folder and run-id suffix."""
+    title: str
+    """Column title in the side-by-side table."""
+    launcher: Literal["kit", "torchrun"]
+    checkpoint_mode: Literal["async", "sync"]
+    inprocess: bool
+    faults: bool = True
+    baseline: bool = False
+
+
+KIT = Variant(
+    key="kit", title="kit (async + heartbeat)", launcher="kit", checkpoint_mode="async", inprocess=True
+)
+SYNC = Variant(key="sync", title="sync checkpoints", launcher="kit", checkpoint_mode="sync", inprocess=True)
+TORCHRUN = Variant(
+    key="torchrun",
+    title="torchrun baseline",
+    launcher="torchrun",
+    checkpoint_mode="sync",
+    inprocess=False,
+    baseline=True,
+)
+FAULT_FREE = Variant(
+    key="reference", title="fault-free", launcher="kit", checkpoint_mode="async", inprocess=True, faults=False
+)
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    variant: Variant
+    succeeded: bool
+    reason: str
+    wall_s: float
+    run_dir: Path
+    metrics: RunMetrics | None = None
+    timeline: Path | None = None
+    same_final_as: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+
+def _prepare_workdir(workdir: Path) -> None:
+    """A fresh demo folder; an existing one is replaced only if an earlier demo made it."""
+    if workdir.exists():
+        if not (workdir / MARKER).exists():
+            raise DemoError(f"{workdir} exists and was not made by the demo: pass --workdir NEW_FOLDER")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / MARKER).write_text(
+        "made by `python -m demo`; removed by the next demo run\n", encoding="utf-8"
+    )
+
+
+def synth(workdir: Path, console: Console) -> float:
+    """`cdk synth -q` offline into the demo folder; returns the seconds it took."""
+    cdk = REPO / "node_modules" / ".bin" / "cdk"
+    if not cdk.exists():
+        raise DemoError("the CDK CLI is missing (node_modules/.bin/cdk): run `make setup` first")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+    }
+    out = workdir / "cdk.out"
+    t0 = time.monotonic()
+    with console.status("synthesizing the stacks offline (cdk synth -q)"):
+        proc = subprocess.run(
+            [str(cdk), "synth", "-q", "--output", str(out)], cwd=REPO, env=env, capture_output=True, text=True
+        )
+    seconds = time.monotonic() - t0
+    if proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise DemoError(f"cdk synth failed (exit {proc.returncode}): {last[0]}")
+    templates = sorted(p.name for p in out.glob("*.template.json"))
+    console.print(
+        f"[green]✓[/] synthesized {len(templates)} stacks in {seconds:.1f} s: {', '.join(templates)}"
+    )
+    return seconds
+
+
+def build_manifests(variant: Variant, scenario: Scenario) -> list[Any]:
+    """Values -> validated manifests of the `local` profile (the same templates as on EKS)."""
+    from k8s.render import render
+    from k8s.validate import validate
+    from k8s.values import build_values
+
+    overrides = [
+        "PROFILE=local",
+        f"RUN_ID=demo-{variant.key}",
+        f"NODES={scenario.nodes}",
+        f"PROCS_PER_NODE={scenario.procs_per_node}",
+        "MODEL=tiny",
+        f"STEPS={scenario.steps}",
+        "LOG_EVERY=1",
+        f"SEQ_LEN={scenario.seq_len}",
+        f"BATCH_SIZE={scenario.batch_size}",
+        f"CHECKPOINT_MODE={variant.checkpoint_mode}",
+        f"CHECKPOINT_INTERVAL={scenario.interval}",
+        f"FAULT_SPEC={scenario.faults if variant.faults else ''}",
+        f"INPROCESS={'true' if variant.inprocess else 'false'}",
+        f"LAUNCHER={variant.launcher}",
+    ]
+    if variant.launcher == "kit":
+        overrides.append(f"HEARTBEAT_TIMEOUT={scenario.heartbeat_timeout}")
+    values = build_values(overrides=overrides)
+    manifests = render(values)
+    validate(manifests, versions=[values.kubernetes_version])
+    return manifests
+
+
+def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Console) -> Outcome:
+    """Run one variant through the local runner with a progress bar; metrics from its events."""
+    from k8s.local import run_local
+
+    manifests = build_manifests(variant, scenario)
+    timeout = scenario.baseline_timeout_s if variant.baseline else scenario.run_timeout_s
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    task = progress.add_task(variant.title, total=scenario.steps)
+
+    def on_line(line: str) -> None:
+        # Runs on the runner's log-pump thread: it must never raise, or the pod's output pipe stops draining.
+        try:
+            if m := STEP_LINE.search(line):
+                progress.update(task, completed=int(m.group(1)))
+            elif NOTABLE.search(line):
+                progress.console.print(
+                    f"  [dim]{variant.key} pod 0 │ {escape(line.strip()[:150])}[/]", highlight=False
+                )
+        except Exception:  # a display problem must not stall the job (the pod log file keeps the line)
+            pass
+
+    t0 = time.monotonic()
+    with progress:
+        result = run_local(manifests, workdir=workdir / variant.key, timeout_s=timeout, on_line=on_line)
+    outcome = Outcome(
+        variant=variant,
+        succeeded=result.succeeded,
+        reason=result.reason,
+        wall_s=time.monotonic() - t0,
+        run_dir=Path(result.run_dir),
+    )
+    try:
+        outcome.metrics = load_run_metrics(outcome.run_dir)
+        outcome.timeline = write_timeline(
+            read_events(outcome.run_dir),
+            outcome.metrics,
+            outcome.run_dir / "timeline.png",
+            title=variant.title,
+        )
+    except MetricsError as exc:
+        outcome.reason += f"; no metrics: {exc}"
+    mark = "[green]✓[/]" if outcome.succeeded else "[red]✗[/]"
+    console.print(f"{mark} {variant.title}: {outcome.reason} ({outcome.wall_s:.0f} s)")
+    return outcome
+
+
+def final_checkpoint(run_dir: Path, steps: int) -> Path | None:
+    folder = run_dir / "checkpoints" / f"step_{steps:08d}"
+    return folder if (folder / "commit.json").exists() else None
+
+
+def same_final_state(a: Path, b: Path, scratch: Path) -> bool:
+    """Bitwise comparison of two committed checkpoints (every tensor and every other value)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    loaded = []
+    for i, folder in enumerate((a, b)):
+        out = scratch / f"compare-{i}.pt"
+        dcp_to_torch_save(folder, out)
+        loaded.append(torch.load(out, weights_only=False))
+        out.unlink()
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(d, dict):
+            return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): d}
+
+    x, y = (flat(s) for s in loaded)
+    if x.keys() != y.keys():
+        return False
+    for key, u in x.items():
+        v = y[key]
+        if isinstance(u, torch.Tensor):
+            if not (isinstance(v, torch.Tensor) and u.dtype == v.dtype and torch.equal(u, v)):
+                return False
+        elif callable(u):
+            continue  # e.g. the LR schedule's lambda: code, not state
+        elif u != v:
+            return False
+    return True
+
+
+def outcome_table(outcomes: Sequence[Outcome], reference: str) -> Table:
+    table = Table(title="Job outcome")
+    table.add_column("run")
+    table.add_column("job")
+    table.add_column("wall", justify="right")
+    table.add_column(f"final model = {reference}")
+    for o in outcomes:
+        same = o.same_final_as.get(reference)
+        table.add_row(
+            o.variant.title,
+            ("[green]" if o.succeeded else "[red]") + o.reason + "[/]",
+            f"{o.wall_s:.0f} s",
+            "-" if same is None else ("[green]bitwise equal[/]" if same else "[red]DIFFERENT[/]"),
+        )
+    return table
+
+
+def summary(outcomes: Sequence[Outcome], synth_s: float | None) -> dict[str, Any]:
+    return {
+        "synth_s": synth_s,
+        "runs": {
+            o.variant.key: {
+                "title": o.variant.title,
+                "succeeded": o.succeeded,
+                "reason": o.reason,
+                "wall_s": o.wall_s,
+                "run_dir": str(o.run_dir),
+                "timeline_png": None if o.timeline is None else str(o.timeline),
+                "same_final_as": o.same_final_as,
+                "metrics": None if o.metrics is None else dataclasses.asdict(o.metrics),
+            }
+            for o in outcomes
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="reduced form for the tests (no synth, fewer steps)"
+    )
+    parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "demo", help="default runs/demo")
+    parser.add_argument("--no-synth", action="store_true", help="skip `cdk synth`")
+    parser.add_argument("--summary-json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--nodes", type=int, choices=(1, 2), help="pods: 2 (default, 1 rank each) or 1 (2 ranks)"
+    )
+    args = parser.parse_args(argv)
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    scenario = QUICK if args.quick else FULL
+    if args.nodes == 1:
+        scenario = dataclasses.replace(scenario, nodes=1, procs_per_node=2)
+    variants = (KIT, FAULT_FREE) if args.quick else (KIT, SYNC, TORCHRUN)
+    reference = KIT.key if not args.quick else FAULT_FREE.key
+    t_start = time.monotonic()
+    try:
+        workdir = args.workdir.resolve()
+        _prepare_workdir(workdir)
+        synth_s = None if (args.quick or args.no_synth) else synth(workdir, console)
+        console.print(
+            f"job: {scenario.nodes} pod(s) x {scenario.procs_per_node} rank(s), model tiny, "
+            f"{scenario.steps} steps, checkpoint every {scenario.interval}, faults {scenario.faults}"
+        )
+        outcomes = []
+        for variant in variants:
+            outcomes.append(run_variant(variant, scenario, workdir, console))
+            if variant is KIT and outcomes[0].metrics is not None:
+                console.print(metrics_table(outcomes[0].metrics, title=f"Goodput report: {variant.title}"))
+                if outcomes[0].metrics.faults:
+                    console.print(faults_table(outcomes[0].metrics))
+                console.print(f"timeline: {outcomes[0].timeline}")
+        ref = next(o for o in outcomes if o.variant.key == reference)
+        ref_ckpt = final_checkpoint(ref.run_dir, scenario.steps)
+        for o in outcomes:
+            mine = final_checkpoint(o.run_dir, scenario.steps)
+            if o is not ref and ref_ckpt is not None and mine is not None:
+                o.same_final_as[reference] = same_final_state(ref_ckpt, mine, workdir)
+    except DemoError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 1
+    except ValueError as exc:  # values, manifests and local-runner errors are one-line ValueErrors
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 1
+
+    named = {o.variant.title: o.metrics for o in outcomes if o.metrics is not None}
+    console.print(comparison_table(named, title="Side by side (same job, same faults)"))
+    ref_title = ref.variant.title if args.quick else f"{ref.variant.title} run"
+    console.print(outcome_table(outcomes, reference))
+    console.print(f"(final model compared with the {ref_title}'s final checkpoint, tensor by tensor)")
+    console.print(f"demo finished in {time.monotonic() - t_start:.0f} s; run folders under {workdir}")
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary(outcomes, synth_s), indent=2), encoding="utf-8")
+    kit = outcomes[0]
+    return 0 if kit.succeeded else 1
