@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 import os
 import re
 import textwrap
@@ -91,7 +92,8 @@ class DataConfig:
             raise ConfigError("data.path is required for data.kind=shards: pass --data.path SHARD_FOLDER")
         if self.kind == "synthetic" and self.path:
             raise ConfigError(
-                f"data.path={self.path!r} is only used with data.kind=shards: drop it or set --data.kind shards"
+                f"data.path={self.path!r} is only used with data.kind=shards: drop it or set "
+                "--data.kind shards"
             )
 
 
@@ -149,7 +151,8 @@ class TrainingConfig:
         _positive("training.log_every", self.log_every)
         if not 0 <= self.stop_at <= self.steps:
             raise ConfigError(
-                f"training.stop_at must be in [0, training.steps={self.steps}] (0 = no early stop), got {self.stop_at}"
+                f"training.stop_at must be in [0, training.steps={self.steps}] (0 = no early stop), "
+                f"got {self.stop_at}"
             )
         _positive("training.collective_timeout_s", self.collective_timeout_s)
 
@@ -211,7 +214,7 @@ def field_docs(cls: type) -> dict[str, str]:
         return {}
     docs: dict[str, str] = {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for node, nxt in zip(body, body[1:], strict=False):
+    for node, nxt in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -398,7 +401,8 @@ def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
     margs = MODEL_CONFIGS[cfg.model.name]
     if cfg.data.seq_len > margs.max_seq_len:
         raise ConfigError(
-            f"data.seq_len={cfg.data.seq_len} exceeds model {cfg.model.name}'s max_seq_len={margs.max_seq_len}: "
+            f"data.seq_len={cfg.data.seq_len} exceeds model {cfg.model.name}'s "
+            f"max_seq_len={margs.max_seq_len}: "
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":

@@ -95,12 +95,14 @@ def check_shards(folder: str | Path, *, seq_len: int, vocab_size: int) -> None:
     vocab = max(h.vocab_size for h in headers)
     if vocab > vocab_size:
         raise ValueError(
-            f"shards in {str(folder)!r} use vocab size {vocab} > the model's {vocab_size}: pick a larger model"
+            f"shards in {str(folder)!r} use vocab size {vocab} > the model's {vocab_size}: "
+            f"pick a larger model"
         )
     total = sum(h.num_tokens for h in headers)
     if total < seq_len + 1:
         raise ValueError(
-            f"shards in {str(folder)!r} hold {total} tokens, fewer than one sample (seq_len + 1 = {seq_len + 1}): "
+            f"shards in {str(folder)!r} hold {total} tokens, fewer than one sample "
+            f"(seq_len + 1 = {seq_len + 1}): "
             f"add text or lower data.seq_len"
         )
 

@@ -36,7 +36,6 @@ from training.distributed import abort_groups, new_group
 if TYPE_CHECKING:
     from training.config import InprocessConfig, TrainConfig
     from training.distributed import DistContext
-    from training.events import EventLog
     from training.train import Session, Trainer
 
 
@@ -83,9 +82,10 @@ class RestartStore:
         try:
             self.store.wait([f"{prefix}/go"], self.timeout)
         except (RuntimeError, dist.DistError) as exc:
+            arrived = self.store.add(f"{prefix}/arrived", 0)
             raise RestartFailed(
-                f"rank {self.ctx.rank}: only {self.store.add(f'{prefix}/arrived', 0)}/{self.ctx.world_size} ranks "
-                f"reached in-process restart barrier {generation} within {self.timeout.total_seconds():.0f} s "
+                f"rank {self.ctx.rank}: only {arrived}/{self.ctx.world_size} ranks reached in-process "
+                f"restart barrier {generation} within {self.timeout.total_seconds():.0f} s "
                 f"(a peer died or hangs); exiting so the launcher restarts the group"
             ) from exc
 
@@ -193,7 +193,7 @@ class _PingingHeartbeat:
 
 
 def nvrx_timeouts(cfg: InprocessConfig, collective_timeout_s: float) -> dict[str, timedelta]:
-    """Wrapper timeouts derived from ours, respecting its rules (soft < hard < barrier, heartbeat < barrier)."""
+    """Wrapper timeouts derived from ours, within its rules: soft < hard < barrier, heartbeat < barrier."""
     barrier = cfg.barrier_timeout_s
     soft = min(collective_timeout_s, 0.5 * barrier)
     return {

@@ -22,7 +22,7 @@ from training.data import TokenLoader
 def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        # Python and numpy states as tensors too: a copy at staging time, never shared with the live generator.
+        # Python and numpy states as byte tensors: copied at staging time, never shared with the generator.
         "python": torch.tensor(np.frombuffer(repr(random.getstate()).encode(), dtype=np.uint8).copy()),
         "numpy": torch.tensor(
             np.frombuffer(repr(np.random.get_state(legacy=True)[1].tolist()).encode(), dtype=np.uint8).copy()

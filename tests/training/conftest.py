@@ -129,7 +129,8 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp,
         [
             "--run.id", "reference", "--run.root", str(tmp / "runs"), *TINY,
-            "--training.steps", str(REF_STEPS), "--checkpoint.mode", "off", "--training.dump_final", str(dump),
+            "--training.steps", str(REF_STEPS), "--checkpoint.mode", "off",
+            "--training.dump_final", str(dump),
         ],
     ).check()  # fmt: skip
     return dump

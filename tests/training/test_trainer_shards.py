@@ -79,7 +79,8 @@ def test_truncated_shard_is_a_one_line_config_error(tmp_path: Path) -> None:
 
 def test_tool_rejects_missing_input(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "training.make_shards", str(tmp_path / "absent.txt"), "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "training.make_shards", str(tmp_path / "absent.txt"),
+         "--out", str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 78 and proc.stderr.startswith("error: input file(s) not found")
