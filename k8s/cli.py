@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import subprocess
 import sys
 import typing
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("status", "show the run's Job and pods"), ("delete", "delete the run's Job")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="RUN_ID=<id> [NAMESPACE=<ns>]")
+    ref_p = sub.add_parser(
+        "image-ref", help="print <EcrRepositoryUri>:<IMAGE_TAG> from the outputs (make image)"
+    )
+    ref_p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="IMAGE_TAG=<tag> [OUTPUTS=<file>]")
+    ref_p.add_argument("--region", action="store_true", help="print the Region output instead")
     docs_p = sub.add_parser("docs", help="rewrite the values table in docs/k8s.md")
     docs_p.add_argument("--check", action="store_true", help="fail if docs/k8s.md is stale")
     return parser
@@ -228,6 +234,20 @@ def cmd_delete(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_image_ref(args: argparse.Namespace, console: Console) -> int:
+    pairs, own = _split_pairs(args.pairs)
+    merged = apply_overrides({}, pairs)
+    extra = sorted(set(merged) - {"image_tag"})
+    if extra:
+        raise UsageError(f"image-ref takes IMAGE_TAG=<tag> and OUTPUTS=<file> only, not {extra[0].upper()}")
+    tag = merged.get("image_tag", "latest")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
+        raise UsageError(f"IMAGE_TAG={tag}: a Docker tag is letters, digits, '_', '.', '-' (at most 128)")
+    outputs = load_stack_outputs(own.get("OUTPUTS") or DEFAULT_OUTPUTS)
+    print(outputs["Region"] if args.region else f"{outputs['EcrRepositoryUri']}:{tag}")
+    return 0
+
+
 def cmd_docs(args: argparse.Namespace, console: Console) -> int:
     text = docs.DOC_PATH.read_text(encoding="utf-8")
     fresh = docs.render_doc(text)
@@ -247,6 +267,7 @@ COMMANDS = {
     "status": cmd_status,
     "delete": cmd_delete,
     "docs": cmd_docs,
+    "image-ref": cmd_image_ref,
 }
 
 

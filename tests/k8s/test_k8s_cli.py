@@ -197,3 +197,15 @@ def test_k8s_values_markdown_lists_every_field() -> None:
         assert f"`{f.name.upper()}`" in table or f.name in ("env", "node_selector", "train")
     assert "| `ENV.<NAME>` | map |" in table
     assert textwrap.dedent(table).count("\n") == len(dataclasses.fields(JobValues)) + 2
+
+
+def test_k8s_cli_image_ref_for_make_image(tmp_path: Path, outputs_file: Path) -> None:
+    proc = run_cli("image-ref", "IMAGE_TAG=v3", f"OUTPUTS={outputs_file}", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (
+        0,
+        "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer:v3\n",
+    )
+    proc = run_cli("image-ref", "--region", f"OUTPUTS={outputs_file}", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "us-east-2\n")
+    proc = run_cli("image-ref", "IMAGE_TAG=a/b", f"OUTPUTS={outputs_file}", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: IMAGE_TAG=a/b: a Docker tag is")

@@ -121,7 +121,7 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     restarts the group, the run resumes from the step-10 checkpoint and completes; the report reads it."""
     metrics = pytest.importorskip("training.metrics")
     proc = subprocess.run(
-        [sys.executable, "-m", "k8s", "local", "NODES=2", "STEPS=30", "CHECKPOINT_INTERVAL=5",
+        [sys.executable, "-m", "k8s", "local", "NODES=2", "STEPS=20", "CHECKPOINT_INTERVAL=5",
          "FAULT_SPEC=kill:step=12:rank=1", "RUN_ID=kill-e2e", "--workdir", str(tmp_path), "--timeout", "300"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=360,
@@ -130,7 +130,7 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     assert "local job completed" in proc.stdout and "goodput" in proc.stdout
     run_dir = tmp_path / "kill-e2e" / "volumes" / "kit-local-runs" / "runs" / "kill-e2e"
     m = metrics.load_run_metrics(run_dir)
-    assert (m.world_size, m.steps_completed) == (2, 30)
+    assert (m.world_size, m.steps_completed) == (2, 20)
     assert [(f.kind, f.step, f.rank) for f in m.faults] == [("kill", 12, 1)]
     assert m.faults[0].recovery_s is not None and m.faults[0].recovery_s > 0
     assert 0 < m.goodput <= 1
