@@ -54,3 +54,23 @@ deploy: $(STAMP) ## deploy every stack and write the outputs that train-job read
 
 clean: ## remove build outputs (keeps .venv, node_modules and runs/)
 	rm -rf cdk.out build .pytest_cache
+
+# --- the training job on EKS and here (k8s/) ---------------------------------------------------------------
+# Command-line variables (NODES=4 MODEL=llama3.1-8b RUN_ID=... DRY_RUN=1 ...) reach the CLI as they are.
+train-job: $(STAMP) ## render, validate, apply and follow the training Job (NODES=, MODEL=, RUN_ID=, DRY_RUN=1, OUTPUTS=)
+	$(PY) -m k8s apply $(MAKEOVERRIDES)
+
+train-job-status: $(STAMP) ## the run's Job and pods (RUN_ID=; all kit jobs without it)
+	$(PY) -m k8s status $(MAKEOVERRIDES)
+
+train-job-delete: $(STAMP) ## delete the run's Job, pods, Service, ConfigMap (RUN_ID= required; the run folder stays)
+	$(PY) -m k8s delete $(MAKEOVERRIDES)
+
+train-local: $(STAMP) ## run the rendered local-profile Job here as processes, then print the goodput report
+	$(PY) -m k8s local $(MAKEOVERRIDES)
+
+image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_TAG=; needs Docker + AWS credentials)
+	@command -v docker >/dev/null || { echo "error: docker not found; install Docker to build the trainer image" >&2; exit 1; }
+	@set -euo pipefail; ref=$$($(PY) -m k8s image-ref $(MAKEOVERRIDES)); region=$$($(PY) -m k8s image-ref --region $(MAKEOVERRIDES)); \
+	  aws ecr get-login-password --region "$$region" | docker login --username AWS --password-stdin "$${ref%%/*}"; \
+	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"
