@@ -45,7 +45,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="really delete (still needs the typed confirmation)")
     p.add_argument("--confirm", metavar="PREFIX/ACCOUNT", help="the confirmation, typed: prefix/account id")
     p.add_argument("--delete-data", action="store_true", help="also empty and delete kit-tagged S3 buckets")
-    p.add_argument("--fsx-backup", action="store_true", help="take a final FSx backup before deleting")
+    p.add_argument(
+        "--fsx-backup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="final backup of persistent FSx file systems before deleting them (default: on; "
+        "the backups are kept)",
+    )
     p.add_argument(
         "--only",
         action="append",

@@ -90,5 +90,7 @@ def plan(
         if keep:
             decisions.append(Decision(resource=r, action="keep", reason=keep))
         else:
-            decisions.append(Decision(resource=r, action="delete", reason=str(ownership(r, scope))))
+            note = r.detail.get("note")
+            reason = str(ownership(r, scope)) + (f"; {note}" if note else "")
+            decisions.append(Decision(resource=r, action="delete", reason=reason))
     return decisions

@@ -37,8 +37,8 @@ class Options:
 
     delete_data: bool = False
     """Also empty and delete kit-tagged S3 buckets (data is kept by default)."""
-    fsx_backup: bool = False
-    """Take a final FSx backup before deleting a file system (billed as backup storage)."""
+    fsx_backup: bool = True
+    """Take a final backup of persistent FSx file systems before deleting them (kept, billed as backup)."""
     timeout_s: float = 1800.0
     """Seconds one step may take (dependency retries plus waiting for deletions)."""
     poll_s: float = 10.0

@@ -50,12 +50,12 @@ def fake_aws(local_aws: LocalAws, monkeypatch: pytest.MonkeyPatch) -> LocalAws:
 
 @pytest.fixture
 def world(fake_aws: LocalAws) -> World:
-    """Clients straight to moto (not through the proxy) to seed and inspect state."""
+    """Clients to moto that bypass the fault rules, to seed and inspect state."""
     clients: dict[str, object] = {}
 
     def client(svc: str) -> object:
         if svc not in clients:
-            clients[svc] = boto3.client(svc, endpoint_url=fake_aws.moto_url, region_name=REGION)
+            clients[svc] = boto3.client(svc, endpoint_url=fake_aws.direct.url, region_name=REGION)
         return clients[svc]
 
     return World(client, region=REGION)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -100,6 +101,11 @@ class FaultProxy:
 
             def log_message(self, *args: object) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                # headers and body go out in two writes: without this, Nagle + delayed ACK add 40 ms a call
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -209,6 +215,8 @@ class LocalAws:
     moto: ThreadedMotoServer
     proxy: FaultProxy
     moto_url: str
+    direct: FaultProxy
+    """A rule-free pass-through for seeding and inspecting (werkzeug answers keep-alive clients slowly)."""
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -216,9 +224,10 @@ class LocalAws:
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         moto.start()
         host, port = moto.get_host_and_port()
-        proxy = FaultProxy((host, port))
+        proxy, direct = FaultProxy((host, port)), FaultProxy((host, port))
         proxy.start()
-        return cls(moto=moto, proxy=proxy, moto_url=f"http://{host}:{port}")
+        direct.start()
+        return cls(moto=moto, proxy=proxy, moto_url=f"http://{host}:{port}", direct=direct)
 
     def reset(self) -> None:
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=30)
@@ -236,4 +245,5 @@ class LocalAws:
 
     def stop(self) -> None:
         self.proxy.stop()
+        self.direct.stop()
         self.moto.stop()

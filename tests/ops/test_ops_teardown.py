@@ -163,17 +163,18 @@ def test_protection_tag_and_deletion_protection_are_respected(
     assert "kit1/trainer" in now["ecr"] and world.ids["lb"] in now["load-balancer"]
 
 
-def test_fsx_final_backup_only_for_persistent_and_only_when_asked(
-    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("flag", ["--fsx-backup", "--no-fsx-backup"])
+def test_fsx_final_backup_for_persistent_by_default_and_never_for_scratch(
+    flag: str, world: World, fake_aws, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world.full()
-    code, _ = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "fsx", "--fsx-backup")
+    args = ["--yes", "--confirm", CONFIRM, "--only", "fsx"]
+    code, _ = run(capsys, *args, *([flag] if flag == "--no-fsx-backup" else []))
     assert code == 0
     sent = {r.params["FileSystemId"]: r.params for r in fake_aws.proxy.log if r.action == "DeleteFileSystem"}
-    assert sent[world.ids["fsx"]]["LustreConfiguration"]["SkipFinalBackup"] is False
-    assert sent[world.ids["fsx"]]["LustreConfiguration"]["FinalBackupTags"][0] == {
-        "Key": "kit:project",
-        "Value": PREFIX,
-    }
+    persistent = sent[world.ids["fsx"]]["LustreConfiguration"]
+    assert persistent["SkipFinalBackup"] is (flag == "--no-fsx-backup")
+    if flag == "--fsx-backup":
+        assert {"Key": "kit:project", "Value": PREFIX} in persistent["FinalBackupTags"]
     assert sent[world.ids["fsx_csi"]]["LustreConfiguration"]["SkipFinalBackup"] is True  # SCRATCH: none
     assert world.ids["decoy_fsx"] not in sent

@@ -1,7 +1,9 @@
 """FSx for Lustre: the kit's file system and those the FSx CSI driver provisioned dynamically (pitfall 8).
 
-An optional final backup (`--fsx-backup`, persistent deployment types only). FSx has no DELETED state and
-botocore has no FSx waiter: poll until the file system is no longer described. Its ENIs block the subnets.
+A final backup is taken by default for persistent deployment types (they hold the checkpoints; the backup is
+tagged kit:project and kept, so nothing is lost); `--no-fsx-backup` skips it. SCRATCH types cannot back up.
+FSx has no DELETED state and botocore has no FSx waiter: poll until the file system is no longer described.
+Its ENIs block the subnets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ def list_file_systems(aws: Aws, scope: Scope) -> list[Resource]:
     for page in fsx.get_paginator("describe_file_systems").paginate():
         for fs in page["FileSystems"]:
             t = tag_dict(fs.get("Tags"))
+            deployment = fs.get("LustreConfiguration", {}).get("DeploymentType", "")
+            backup = scope.options.fsx_backup and deployment.startswith("PERSISTENT")
             r = Resource(
                 kind="fsx",
                 id=fs["FileSystemId"],
@@ -27,7 +31,8 @@ def list_file_systems(aws: Aws, scope: Scope) -> list[Resource]:
                     "vpc_id": fs.get("VpcId"),
                     "subnet_ids": tuple(fs.get("SubnetIds", ())),
                     "type": fs.get("FileSystemType"),
-                    "deployment": fs.get("LustreConfiguration", {}).get("DeploymentType", ""),
+                    "deployment": deployment,
+                    "note": "final backup first (kept)" if backup else "no final backup",
                     "storage_gib": fs.get("StorageCapacity"),
                 },
             )
