@@ -77,6 +77,11 @@ class Checkpointer:
         world_size: int,
         events: EventLog | None = None,
     ) -> None:
+        if cfg.mode == "async" and cfg.backend == "nvrx":
+            raise ValueError(
+                "checkpoint.backend nvrx is not wired into the Checkpointer yet (NVRx is measured in "
+                "bench/gpu/checkpoint_gpu.py only): use --checkpoint.backend kit or dcp"
+            )
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
