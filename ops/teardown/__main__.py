@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             raise NothingFound(
                 f"nothing tagged {PROJECT_TAG}={args.prefix} in {scope.region} of account {scope.account} "
                 "(already torn down, or a typo in --prefix / --region)"
+                + (f" among kinds {', '.join(options.kinds)}" if options.kinds else "")
             )
         if not args.json:
             report.print_plan(out, scope, steps)
