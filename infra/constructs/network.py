@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Tags
+from aws_cdk import RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -23,10 +25,19 @@ class Network(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: NetworkConfig) -> None:
         super().__init__(scope, construct_id)
+        log_key = kms.Key(
+            self,
+            "FlowLogKey",
+            enable_key_rotation=True,
+            description="VPC flow log encryption",
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        log_key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Stack.of(self).region}.amazonaws.com"))
         flow_log_group = logs.LogGroup(
             self,
             "FlowLogs",
             retention=logs.RetentionDays.ONE_MONTH,
+            encryption_key=log_key,
             removal_policy=RemovalPolicy.DESTROY,
         )
         self.vpc = ec2.Vpc(

@@ -20,8 +20,9 @@ class Registry(Construct):
             "Repository",
             repository_name=self.repository_name,
             image_scan_on_push=True,
+            # Mutable so `make image` can move a tag; jobs should pin the image digest for reproducibility.
             image_tag_mutability=ecr.TagMutability.MUTABLE,
-            encryption=ecr.RepositoryEncryption.AES_256,
+            encryption=ecr.RepositoryEncryption.KMS,  # the AWS-managed `aws/ecr` key
             # Images are build artifacts; `make teardown` deletes the tagged repository when asked to.
             removal_policy=RemovalPolicy.RETAIN,
             lifecycle_rules=[

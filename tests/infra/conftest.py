@@ -54,9 +54,11 @@ VARIANTS: dict[str, dict[str, str]] = {
         "cluster.public_access_cidrs": "203.0.113.0/24",
         "kubernetes.deploy_objects": "false",
     },
-    # Plain on-demand p5en in a cluster placement group, SCRATCH_2, PVC in its own namespace.
+    # Plain on-demand p5en in a cluster placement group, SCRATCH_2, PVC in its own namespace, private
+    # endpoint with Kubernetes objects (the kubectl Lambdas must then run in the VPC).
     "placed": {
         "prefix": "kit-placed",
+        "cluster.endpoint_access": "private",
         "gpu.instance_type": "p5en.48xlarge",
         "gpu.placement_group": "true",
         "storage.deployment_type": "SCRATCH_2",

@@ -116,3 +116,12 @@ def test_stacks_carry_the_kit_tags_for_cloudformation_to_propagate(synth: Synth)
         tags = artifact["properties"]["tags"]
         assert tags[STACK_TAG] == artifact["properties"].get("stackName", artifact_id)
         assert tags[PROJECT_TAG] == artifact_id.rsplit("-", 1)[0]
+
+
+def test_summary_counts_resources_per_stack(synth: Synth) -> None:
+    from infra.summary import summarize
+
+    rows = {stack: (count, outputs) for stack, count, outputs, _ in summarize(synth.outdir)}
+    assert rows == {
+        name: (len(t["Resources"]), len(t.get("Outputs", {}))) for name, t in synth.templates.items()
+    }

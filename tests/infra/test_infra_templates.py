@@ -278,11 +278,11 @@ def test_encryption_at_rest_everywhere(synth: Synth, variant: str) -> None:
         key_ref = fs["Properties"]["KmsKeyId"]["Ref"]
         assert storage["Resources"][key_ref]["Properties"]["EnableKeyRotation"] is True
     repo = only(synth.template(variant, "registry"), "AWS::ECR::Repository")
-    # ECR always encrypts at rest; an absent setting means AES256 (ECR's default), KMS would be named.
-    assert repo.get("EncryptionConfiguration", {"EncryptionType": "AES256"})["EncryptionType"] in (
-        "AES256",
-        "KMS",
-    )
+    assert repo["EncryptionConfiguration"] == {"EncryptionType": "KMS"}
+    network = synth.template(variant, "network")
+    (flow_logs,) = resources(network, "AWS::Logs::LogGroup").values()
+    key_id = flow_logs["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]
+    assert network["Resources"][key_id]["Properties"]["EnableKeyRotation"] is True
     assert repo["ImageTagMutability"] == "MUTABLE"
     assert repo["ImageScanningConfiguration"] == {"ScanOnPush": True}
 
@@ -293,6 +293,7 @@ def test_encryption_at_rest_everywhere(synth: Synth, variant: str) -> None:
         ("default", True, True, None),
         ("block", False, True, None),
         ("odcr", True, True, ["203.0.113.0/24"]),
+        ("placed", False, True, None),
     ],
 )
 def test_endpoint_access(
@@ -389,6 +390,17 @@ def test_fsx_pv_and_pvc_follow_the_file_system(synth: Synth) -> None:
     assert "fsx.csi.aws.com" in text
     assert '\\"namespace\\":\\"training\\"' in text
     assert "2400Gi" in text
+
+
+def test_kubectl_lambdas_run_in_the_vpc_with_a_private_endpoint(synth: Synth) -> None:
+    template = synth.template("placed", "cluster")
+    cluster_id = next(iter(resources(template, "AWS::EKS::Cluster")))
+    functions = resources(template, "AWS::Lambda::Function").values()
+    assert len(functions) == 2
+    for function in functions:
+        vpc_config = function["Properties"]["VpcConfig"]
+        assert vpc_config["SecurityGroupIds"] == [{"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}]
+        assert len(vpc_config["SubnetIds"]) == 2
 
 
 @pytest.mark.parametrize("variant", ["block", "odcr"])
