@@ -12,9 +12,10 @@ Kinds and their own fields:
     resume        step (int | null), source ("disk" | "memory" | "none"), duration_s, fallback_from (int | null)
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
-                  bytes (optional), error (optional)
+                  bytes (optional), error (optional), waited (optional: "staging" when an optimizer step
+                  waited for the host copy), reason (on "skipped")
     fault         fault (kind), step, target_rank: written by the injector just before it acts
-    inprocess_restart  reason, restored_step, source, duration_s
+    inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason

@@ -113,7 +113,7 @@ def restore(trainer: Trainer, session: Session, previous: object | None) -> tupl
 
 def _close_quietly(checkpointer: object) -> None:
     try:
-        checkpointer.close()  # type: ignore[attr-defined]
+        checkpointer.close(drain=False)  # type: ignore[attr-defined]
     except Exception as exc:  # its groups are aborted; a failed in-flight save is expected here
         print(f"[inprocess] closing the previous checkpointer: {_one_line(exc)}", file=sys.stderr, flush=True)
 

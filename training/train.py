@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import exitcodes
-from training.checkpoint import Checkpointer
+from training.checkpoint import CheckpointError, Checkpointer
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
@@ -158,9 +158,7 @@ class Trainer:
     def finish(self, session: Session) -> None:
         """Drain the in-flight save (timed on its own), save the final step, optionally dump the model."""
         step = session.state.step
-        t0 = time.time()
-        session.checkpointer.wait()
-        self.events.emit("ckpt", step=step, phase="drain", duration_s=time.time() - t0)
+        session.checkpointer.wait()  # emits the `drain` event when a save was in flight
         session.checkpointer.maybe_save(step, session.ckpt_state, force=True)
         session.checkpointer.wait()
         if self.cfg.training.dump_final:
@@ -218,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s)
     try:
         return Trainer(cfg, ctx).run()
+    except CheckpointError as exc:  # checkpoints exist but none verifies: never restart from step 0
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
     finally:
         shutdown()
 
