@@ -9,7 +9,8 @@ Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "
 Kinds and their own fields:
   trainer:
     start         world_size, model, ckpt_mode
-    resume        step (int | null), source ("disk" | "memory" | "none"), duration_s, fallback_from (int | null)
+    resume        step (int | null), source ("disk" | "memory" | "none"), duration_s,
+                  fallback_from (int | null)
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
                   bytes (optional), error (optional), waited (optional: "staging" when an optimizer step

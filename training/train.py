@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import exitcodes
-from training.checkpoint import CheckpointError, Checkpointer
+from training.checkpoint import Checkpointer, CheckpointError
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
