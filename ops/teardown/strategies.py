@@ -169,6 +169,8 @@ def _wait_gone(
                     state, detail = "gone", ""
                 else:
                     state, detail = "deleting", describe_error(exc)
+            except botocore.exceptions.BotoCoreError as exc:  # a dropped connection: poll again
+                state, detail = "deleting", describe_error(exc)
             if state == "gone":
                 done(r, "deleted", "deleted")
             elif state == "failed":
