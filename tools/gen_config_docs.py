@@ -36,6 +36,8 @@ class Model:
     name: str
     how: str
     """One paragraph: where the keys are set and which source wins."""
+    upper_keys: bool = False
+    """Show keys as users type them on the command line, upper-case (NODES=4), instead of field names."""
 
 
 MODELS: tuple[Model, ...] = (
@@ -60,7 +62,10 @@ MODELS: tuple[Model, ...] = (
         module="k8s.values",
         name="JobValues",
         how="Defaults, then the stack outputs file, then overrides from the command line "
-        "(`NODES=4 MODEL=...`). Validated before anything is rendered.",
+        "(`make train-job NODES=4 MODEL=llama3.1-8b`). Validated before anything is rendered. Mapping keys "
+        "take one entry per override: `ENV.<NAME>=...`, `NODE_SELECTOR.<label>=...`, "
+        "`TRAIN.<section>.<field>=...`.",
+        upper_keys=True,
     ),
 )
 
@@ -124,7 +129,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ") if "\\|" not in text else text
 
 
-def document(cls: type, prefix: str = "", level: int = 3) -> list[str]:
+def document(cls: type, prefix: str = "", level: int = 3, *, upper: bool = False) -> list[str]:
     """Markdown for one dataclass: a table of its plain fields, then one section per nested dataclass."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -139,10 +144,11 @@ def document(cls: type, prefix: str = "", level: int = 3) -> list[str]:
             summary = (tp.__doc__ or "").strip().split("\n\n")[0]
             if summary and not summary.startswith(f"{tp.__name__}("):
                 nested += [" ".join(summary.split()), ""]
-            nested += document(tp, f"{key}.", level + 1)
+            nested += document(tp, f"{key}.", level + 1, upper=upper)
             continue
         doc = docs.get(f.name, "")
-        rows.append(f"| `{key}` | {type_name(tp)} | {_cell(default_text(f))} | {_cell(doc) or '-'} |")
+        shown = key.upper() if upper else key
+        rows.append(f"| `{shown}` | {type_name(tp)} | {_cell(default_text(f))} | {_cell(doc) or '-'} |")
     out: list[str] = []
     if rows:
         out += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
@@ -167,7 +173,7 @@ def generate() -> str:
         except (ImportError, AttributeError) as exc:
             lines += [f"> Not available in this checkout ({type(exc).__name__}: {exc}).", ""]
             continue
-        lines += document(cls)
+        lines += document(cls, upper=model.upper_keys)
     return "\n".join(lines).rstrip() + "\n"
 
 
