@@ -122,11 +122,12 @@ def seed_burn(world: World) -> None:
 
 
 def test_burn_rate_uses_the_pricing_api_with_pinned_filters(
-    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+    world: World, fake_aws, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seed_burn(world)
     rule = pricing_rule(fake_aws)
-    code, doc = run_json(capsys, "--skip", "spend")
+    png = tmp_path / "burn.png"
+    code, doc = run_json(capsys, "--skip", "spend", "--png", str(png))
     assert code == 0, doc
     items = {i["kind"]: i for i in doc["burn"]["items"]}
     assert items["instance"]["count"] == 2
@@ -141,6 +142,7 @@ def test_burn_rate_uses_the_pricing_api_with_pinned_filters(
     }
     assert filters["capacitystatus"] == "Used" and filters["marketoption"] == "OnDemand"
     assert filters["instanceType"] == "p5.48xlarge" and filters["regionCode"] == "us-east-1"
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_burn_rate_falls_back_to_the_dated_table_with_a_label(
