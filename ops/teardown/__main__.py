@@ -1,9 +1,9 @@
 """`python -m ops.teardown --prefix P`: print what the kit owns and, only when confirmed, delete it in order.
 
 Dry run by default. Deleting needs `--yes` and the typed confirmation `P/ACCOUNT` (flag or prompt).
-Exit codes: 0 ok (dry run, or all deleted), 1 aborted by an AWS error, 2 bad input or wrong confirmation
-(nothing deleted), 3 finished but kept some resources, 4 some deletions failed, 5 nothing tagged with the
-prefix, 130 interrupted.
+Exit codes: 0 ok (dry run, or all deleted), 1 aborted by an AWS error before deleting, 2 bad input or wrong
+confirmation (nothing deleted), 3 finished but kept some resources, 4 some deletions failed, 5 nothing tagged
+with the prefix, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ops.teardown",
         description="Delete everything tagged kit:project=PREFIX, in dependency order. Dry run by default.",
-        epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error, 2 bad input or wrong confirmation, "
-        "3 done but some resources kept, 4 some deletions failed, 5 nothing tagged with the prefix",
+        epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error before deleting, 2 bad input or wrong "
+        "confirmation, 3 done but some resources kept, 4 some deletions failed, 5 nothing tagged with "
+        "the prefix",
     )
     p.add_argument("--prefix", required=True, help="the kit's name prefix (value of the kit:project tag)")
     p.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")

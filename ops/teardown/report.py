@@ -50,6 +50,9 @@ def print_results(console: Console, scope: Scope, steps: list[Step]) -> None:
             )
             counts["deleted" if r.status == "gone" else r.status] += 1
     console.print(table)
+    for step in steps:
+        for action in step.actions:
+            console.print(f"{step.kind.name}: {action}", markup=False, highlight=False)
     console.print(f"deleted {counts['deleted']}, kept {counts['kept']}, failed {counts['failed']}")
 
 
@@ -59,6 +62,7 @@ def as_json(scope: Scope, steps: list[Step], *, executed: bool, code: int) -> st
             "kind": s.kind.name,
             "note": s.note,
             "error": s.error,
+            "actions": s.actions,
             "plan": [
                 {"id": d.resource.id, "name": d.resource.name, "action": d.action, "reason": d.reason}
                 for d in s.decisions

@@ -16,7 +16,7 @@ from ops.teardown.registry import KINDS
 EXIT_OK = 0
 """Dry run printed; or everything planned was deleted and nothing was kept."""
 EXIT_ERROR = 1
-"""Aborted by an unexpected AWS error before or between steps (message on stderr)."""
+"""Aborted by an unexpected AWS error while finding the kit's resources, before any deletion."""
 EXIT_USAGE = 2
 """Bad input (flags, region, credentials) or a wrong confirmation: nothing was deleted."""
 EXIT_KEPT = 3
@@ -36,6 +36,8 @@ class Step:
     error: bool = False
     """True when listing failed with an AWS error (counts as a failure)."""
     results: list[Result] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    """Side actions taken (e.g. security-group rules revoked), for the report."""
 
 
 def selected_kinds(scope: Scope) -> tuple[Kind, ...]:
@@ -73,7 +75,12 @@ def execute(aws: Aws, scope: Scope, on_step: Callable[[Step], strategies.Tick]) 
         step = plan_step(kind, aws, scope)
         tick = on_step(step)
         if step.decisions:
-            step.results = strategies.run_step(kind, step.decisions, aws, scope, tick)
+            try:
+                step.results = strategies.run_step(kind, step.decisions, aws, scope, tick, step.actions)
+            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                # e.g. AccessDenied on a call the kind needs: report the step, go on with the others
+                step.note = f"step aborted: {describe_error(exc)}"
+                step.error = True
         done.append(step)
     return done
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import botocore.exceptions
 
 from ops.aws import Aws, describe_error, error_code
-from ops.teardown.model import Decision, DeleteFailed, Kind, Resource, Result, Scope
+from ops.teardown.model import Decision, DeleteFailed, Kind, Resource, Result, Scope, Status
 
 Tick = Callable[[int, int, str], None]
 """Progress callback: (items finished, items in the step, what we are waiting for)."""
@@ -56,8 +56,18 @@ def _now() -> float:
     return time.monotonic()
 
 
-def run_step(kind: Kind, decisions: list[Decision], aws: Aws, scope: Scope, tick: Tick) -> list[Result]:
-    """Delete the planned resources of one kind; keep decisions become `kept` results as they are."""
+def run_step(
+    kind: Kind,
+    decisions: list[Decision],
+    aws: Aws,
+    scope: Scope,
+    tick: Tick,
+    actions: list[str] | None = None,
+) -> list[Result]:
+    """Delete the planned resources of one kind; keep decisions become `kept` results as they are.
+
+    Side actions (e.g. revoked security-group rules) are appended to `actions` for the report.
+    """
     opts = scope.options
     results: dict[str, Result] = {}
     for d in decisions:
@@ -68,13 +78,15 @@ def run_step(kind: Kind, decisions: list[Decision], aws: Aws, scope: Scope, tick
     start = _now()
     deadline = start + opts.timeout_s
 
-    def done(r: Resource, status: str, reason: str) -> None:
-        results[r.id] = Result(resource=r, status=status, reason=reason, seconds=_now() - start)  # type: ignore[arg-type]
+    def done(r: Resource, status: Status, reason: str) -> None:
+        results[r.id] = Result(resource=r, status=status, reason=reason, seconds=_now() - start)
         tick(len(results), total, "")
 
     if doomed and kind.prepare is not None:
         for note in kind.prepare(aws, doomed, scope):
             tick(len(results), total, note)
+            if actions is not None:
+                actions.append(note)
     waves = kind.waves(aws, doomed) if (kind.waves and doomed) else [doomed]
     for index, wave in enumerate(waves):
         failed = [x.id for x in doomed if x.id in results and results[x.id].status == "failed"]
@@ -100,7 +112,7 @@ def _start_deletes(
     aws: Aws,
     scope: Scope,
     deadline: float,
-    done: Callable[[Resource, str, str], None],
+    done: Callable[[Resource, Status, str], None],
     note: Callable[[str], None],
 ) -> list[Resource]:
     """Call delete on every item; round-robin retry the ones blocked by a dependency, with backoff."""
@@ -151,7 +163,7 @@ def _wait_gone(
     aws: Aws,
     scope: Scope,
     deadline: float,
-    done: Callable[[Resource, str, str], None],
+    done: Callable[[Resource, Status, str], None],
     note: Callable[[str], None],
 ) -> None:
     """Poll until every started deletion is gone, failed, or the step deadline passes."""

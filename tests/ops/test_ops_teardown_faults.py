@@ -81,6 +81,8 @@ def test_order_means_a_realistic_security_group_never_answers_in_use(
     assert world.ids["ctl_sg"] not in world.inventory()["security-group"]
     # the LB went before the SG, and the node SG's rule was revoked first: AWS would not have refused
     assert rule.hits == 0
+    sg_step = next(s for s in doc["steps"] if s["kind"] == "security-group")
+    assert sg_step["actions"] == [f"revoked rule in {world.ids['node_sg']} referencing {world.ids['ctl_sg']}"]
 
 
 def test_dependency_violation_is_retried_with_backoff_then_succeeds(
