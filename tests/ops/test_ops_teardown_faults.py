@@ -285,3 +285,22 @@ def test_error_bodies_parse_like_aws() -> None:
     for service in ("ec2", "cloudformation", "s3", "logs"):
         resp = error_response(service, "SomeCode", "some message", 400)
         assert b"SomeCode" in resp.body and b"some message" in resp.body
+
+
+def test_a_kind_that_cannot_be_listed_is_reported_and_the_others_still_go(
+    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.full()
+    fake_aws.proxy.fail(
+        "fsx",
+        "DescribeFileSystems",
+        "AccessDeniedException",
+        times=None,
+        message="not authorized to perform fsx:DescribeFileSystems",
+    )
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "fsx", "--only", "ecr")
+    assert code == 4
+    fsx = next(s for s in doc["steps"] if s["kind"] == "fsx")
+    assert fsx["error"] and "AccessDeniedException" in fsx["note"]
+    assert "kit1/trainer" not in world.inventory()["ecr"]
+    assert world.ids["fsx"] in world.inventory()["fsx"]
