@@ -109,7 +109,12 @@ class CostReport:
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.4f}" if abs(v) < 1 else f"{v:,.2f}"
+    """Dollars and hours of very different sizes: 2 decimals from 1 up, 3 significant digits below."""
+    if v is None:
+        return "n/a"
+    if v == 0 or abs(v) >= 1:
+        return f"{v:,.2f}"
+    return f"{v:.3g}"
 
 
 def to_table(report: CostReport, console: Console) -> None:
