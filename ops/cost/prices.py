@@ -32,7 +32,7 @@ def table() -> dict[str, Any]:
 
 
 def static_source() -> str:
-    return f"static table {table()['as_of']} (possibly stale)"
+    return f"static table compiled {table()['as_of']}, unverified (possibly stale)"
 
 
 def on_demand_filters(instance_type: str, region: str) -> list[dict[str, str]]:

@@ -131,7 +131,7 @@ def to_table(report: CostReport, console: Console) -> None:
 
 
 def to_markdown(report: CostReport) -> str:
-    lines = [f"# Cost report: {report.prefix} (account {report.account}, {report.region})", ""]
+    lines = [f"# Cost report: {report.prefix} (account {report.account}, {report.region})"]
     section = None
     for r in report.rows():
         if r.section != section:
