@@ -130,15 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--heartbeat-safety-factor",
         type=_safety_factor,
-        default=2.5,
-        help="auto timeout = factor x p95 step interval (default 2.5)",
+        default=1.5,
+        help="auto timeout = factor x the slowest recent step time (default 1.5)",
     )
     _add(
         p,
         "--heartbeat-min-timeout",
         type=_positive_float("--heartbeat-min-timeout"),
-        default=1.0,
-        help="floor of the auto timeout, seconds (default 1)",
+        default=0.5,
+        help="floor of the auto timeout, seconds (default 0.5)",
     )
     _add(
         p,

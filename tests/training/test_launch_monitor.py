@@ -15,7 +15,7 @@ from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings, Timeo
 
 
 def _settings(**kw: float | None) -> HeartbeatSettings:
-    base: dict = {"timeout_s": None, "load_timeout_s": 60.0, "safety_factor": 2.5, "min_timeout_s": 0.5}
+    base: dict = {"timeout_s": None, "load_timeout_s": 60.0, "safety_factor": 1.5, "min_timeout_s": 0.5}
     base.update(kw)
     return HeartbeatSettings(**base)
 
@@ -26,21 +26,23 @@ def _set_ts(path: Path, ts: float, **fields: object) -> None:
     path.write_text(json.dumps(record))
 
 
-def test_learner_uses_a_high_percentile_times_the_factor_with_a_floor() -> None:
-    learner = TimeoutLearner(safety_factor=2.5, min_timeout_s=0.5)
-    for _ in range(TimeoutLearner.MIN_SAMPLES - 1):
-        learner.observe(0.4)
-    assert learner.timeout_s is None  # too few samples: the load allowance applies
-    learner.observe(0.4)
-    assert learner.timeout_s == pytest.approx(1.0)
-    learner.observe(5.0)  # one outlier among many does not double the timeout ...
-    for _ in range(40):
-        learner.observe(0.4)
-    assert learner.timeout_s == pytest.approx(1.0)
-    fast = TimeoutLearner(safety_factor=2.5, min_timeout_s=0.5)
-    for _ in range(10):
-        fast.observe(0.01)
-    assert fast.timeout_s == 0.5  # ... and the floor guards tiny steps
+def test_learner_takes_the_slowest_recent_step_times_the_factor_with_a_floor() -> None:
+    learner = TimeoutLearner(safety_factor=1.5, min_timeout_s=0.5)
+    for rank in (0, 1):
+        for _ in range(TimeoutLearner.MIN_STEPS - 1):
+            learner.observe(0.4, rank=rank)
+    assert learner.timeout_s is None  # too few steps on any rank: the load allowance applies
+    learner.observe(0.4, rank=0)
+    assert learner.timeout_s == pytest.approx(0.6)
+    learner.observe(0.8, rank=1)  # a step that overlapped a background save: never a false restart
+    assert learner.timeout_s == pytest.approx(1.2)
+    for _ in range(TimeoutLearner.WINDOW):
+        learner.observe(0.4, rank=0)
+    assert learner.timeout_s == pytest.approx(0.6)  # ... and it ages out of the window
+    fast = TimeoutLearner(safety_factor=1.5, min_timeout_s=0.5)
+    for _ in range(TimeoutLearner.MIN_STEPS):
+        fast.observe(0.01, rank=0)
+    assert fast.timeout_s == 0.5  # the floor guards tiny steps
 
 
 def test_client_is_a_no_op_without_a_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -72,17 +74,19 @@ def test_phases_learning_and_staleness(monkeypatch: pytest.MonkeyPatch, tmp_path
         clients[rank].phase("train")  # after the load: the first step still has the allowance
     now = time.time()
     assert monitor.check(now=now + 30) is None
-    for step in range(1, 12):
+    for step in range(1, 22):
         for client in clients.values():
             client.beat(step)
+        if step == 11:
+            monitor.check()
     monitor.check()
-    assert monitor.learner.samples == 2 * 10  # every step time, though polled once
+    assert monitor.learner.samples == 2 * 20  # every step time, though polled twice (up to 16 steps apart)
     learned = monitor.step_timeout_s()
     assert 0.5 <= learned < 60
     last = time.time()
     assert monitor.check(now=last + learned * 0.9) is None
     stale = monitor.check(now=last + learned + 0.5)
-    assert stale is not None and stale.phase == "train" and stale.step == 11 and stale.timeout_s == learned
+    assert stale is not None and stale.phase == "train" and stale.step == 21 and stale.timeout_s == learned
 
     clients[1].phase("checkpoint")  # a save: allowance again, and the save is not a step sample
     clients[0].close()  # finished: never stale

@@ -88,15 +88,15 @@ def test_hung_rank_is_detected_by_heartbeat_and_recovered(tmp_path: Path, kind: 
     proc, run = launch(
         tmp_path,
         ["--heartbeat-load-timeout", "60", "--heartbeat-min-timeout", "0.3"],
-        steps=24,
-        faults=f"{kind}:step=16:rank=1",
+        steps=30,
+        faults=f"{kind}:step=24:rank=1",  # after the launcher has learned 20 steps
     )
     assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
-    assert final_value(run) == expected_value(24, 2)
+    assert final_value(run) == expected_value(30, 2)
     (hang,) = launcher_events(run, "hang_detected")
     assert hang["stale_s"] > hang["timeout_s"]
     assert hang["timeout_s"] < 60  # the learned step timeout, not the load allowance
-    assert hang["phase"] == "train" and hang["step"] == 15
+    assert hang["phase"] == "train" and hang["step"] == 23
     assert "kit-launch: hang detected: rank" in proc.stderr and "heartbeat stale for" in proc.stderr
     assert launcher_events(run, "restart")[0]["reason"].startswith("hang of rank")
 
