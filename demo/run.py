@@ -288,6 +288,42 @@ def same_final_state(a: Path, b: Path, scratch: Path) -> bool:
     return True
 
 
+def takeaways(outcomes: Sequence[Outcome]) -> list[str]:
+    """One line per comparison the demo is about, computed from the runs' metrics."""
+    by_key = {o.variant.key: o for o in outcomes if o.metrics is not None}
+    lines = []
+    kit = by_key.get(KIT.key)
+    if kit is None or kit.metrics is None:
+        return lines
+    k = kit.metrics
+    if (sync := by_key.get(SYNC.key)) is not None and sync.metrics is not None:
+        s = sync.metrics
+        lines.append(
+            f"checkpoint stall: kit {k.stall_s:.2f} s vs sync {s.stall_s:.2f} s "
+            f"(efficiency {100 * k.efficiency:.1f} % vs {100 * s.efficiency:.1f} %)"
+        )
+    if (base := by_key.get(TORCHRUN.key)) is not None and base.metrics is not None:
+        b = base.metrics
+        mean = {name: _mean([f.recovery_s for f in m.faults]) for name, m in (("kit", k), ("torchrun", b))}
+        shown = {name: "-" if v is None else f"{v:.1f} s" for name, v in mean.items()}
+        lines.append(
+            f"faults recovered: kit {k.faults_recovered}/{len(k.faults)} vs torchrun baseline "
+            f"{b.faults_recovered}/{len(b.faults)}; mean recovery {shown['kit']} vs {shown['torchrun']}"
+        )
+        unseen = [f for f in b.faults if f.recovery_s is None]
+        if unseen and not base.succeeded:
+            lines.append(
+                f"torchrun baseline: the {unseen[0].kind} at step {unseen[0].step} was never recovered "
+                "(torchrun has no heartbeat; only the collective timeout could end it); the demo stopped it"
+            )
+    return lines
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    done = [v for v in values if v is not None]
+    return sum(done) / len(done) if done else None
+
+
 def outcome_table(outcomes: Sequence[Outcome], reference: str) -> Table:
     table = Table(title="Job outcome")
     table.add_column("run")
@@ -378,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ref_title = ref.variant.title if args.quick else f"{ref.variant.title} run"
     console.print(outcome_table(outcomes, reference))
     console.print(f"(final model compared with the {ref_title}'s final checkpoint, tensor by tensor)")
+    for line in takeaways(outcomes):
+        console.print(f"[bold]•[/] {line}", highlight=False)
     console.print(f"demo finished in {time.monotonic() - t_start:.0f} s; run folders under {workdir}")
     if args.summary_json:
         args.summary_json.write_text(json.dumps(summary(outcomes, synth_s), indent=2), encoding="utf-8")
