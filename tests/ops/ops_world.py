@@ -57,7 +57,7 @@ class World:
     """Named handles: 'vpc', 'subnet', 'lb', 'decoy_lb', ..."""
 
     # -- the kit -------------------------------------------------------------------------------------------
-    def stacks(self) -> None:
+    def stacks(self, *, protect_storage: bool = False) -> None:
         cfn = self.client("cloudformation")
         stack_tags = lambda name: tags_list({**KIT, "kit:stack": name})  # noqa: E731
         cfn.create_stack(
@@ -66,6 +66,7 @@ class World:
             Tags=stack_tags(f"{PREFIX}-Network"),
         )
         cfn.create_stack(
+            EnableTerminationProtection=protect_storage,
             StackName=f"{PREFIX}-Storage",
             TemplateBody=json.dumps(STORAGE_TEMPLATE),
             Tags=stack_tags(f"{PREFIX}-Storage"),

@@ -304,3 +304,18 @@ def test_a_kind_that_cannot_be_listed_is_reported_and_the_others_still_go(
     assert fsx["error"] and "AccessDeniedException" in fsx["note"]
     assert "kit1/trainer" not in world.inventory()["ecr"]
     assert world.ids["fsx"] in world.inventory()["fsx"]
+
+
+def test_an_export_still_imported_by_a_kept_stack_blocks_its_exporter(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AWS refuses to delete a stack whose export is imported; moto deletes it, so teardown checks itself."""
+    world.stacks(protect_storage=True)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "stack")
+    assert code == 4
+    res = results_by_id(doc)
+    assert res[f"{PREFIX}-Storage"]["status"] == "kept"
+    assert "termination protection" in res[f"{PREFIX}-Storage"]["reason"]
+    net = res[f"{PREFIX}-Network"]
+    assert net["status"] == "failed" and f"still imported by {PREFIX}-Storage" in net["reason"]
+    assert {f"{PREFIX}-Storage", f"{PREFIX}-Network"} <= world.inventory()["stack"]

@@ -12,9 +12,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ops.aws import Aws
+import botocore.exceptions
+
+from ops.aws import Aws, error_message
 from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.model import Kind, Resource, Scope, State
+from ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
 
 GONE_STATUSES = ("DELETE_COMPLETE",)
 
@@ -41,7 +43,24 @@ def list_stacks(aws: Aws, scope: Scope) -> list[Resource]:
             found.append(
                 Resource(kind="stack", id=s["StackName"], name=s["StackName"], tags=tags, detail=detail)
             )
-    return found
+    # Who imports whose exports, among the kit's stacks (kept ones included): an exporter may go only
+    # after its importers (AWS refuses otherwise; moto does not, so this is checked here).
+    imports = {r.id: imported_exports(aws, r) for r in found}
+    return [
+        Resource(
+            kind=r.kind,
+            id=r.id,
+            name=r.name,
+            tags=r.tags,
+            detail={
+                **r.detail,
+                "imported_by": tuple(
+                    sorted(o for o, used in imports.items() if o != r.id and used & set(r.detail["exports"]))
+                ),
+            },
+        )
+        for r in found
+    ]
 
 
 def _imports(node: Any) -> Iterator[str]:
@@ -72,10 +91,8 @@ def imported_exports(aws: Aws, stack: Resource) -> set[str]:
 
 def waves(aws: Aws, stacks: list[Resource]) -> list[list[Resource]]:
     """Importers before exporters: wave 0 holds the stacks nobody (still present) imports from."""
-    exporter = {e: s.id for s in stacks for e in s.detail["exports"]}
-    needs = {s.id: {exporter[i] for i in imported_exports(aws, s) if i in exporter} - {s.id} for s in stacks}
-    # used_by[x] = stacks that import from x; x may go once they are all gone.
-    used_by = {s.id: {o for o, deps in needs.items() if s.id in deps} for s in stacks}
+    ids = {s.id for s in stacks}
+    used_by = {s.id: set(s.detail.get("imported_by", ())) & ids for s in stacks}
     by_id = {s.id: s for s in stacks}
     order: list[list[Resource]] = []
     left = set(by_id)
@@ -88,7 +105,23 @@ def waves(aws: Aws, stacks: list[Resource]) -> list[list[Resource]]:
     return order
 
 
+def stack_exists(aws: Aws, name: str) -> bool:
+    try:
+        stacks = aws.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+    except botocore.exceptions.ClientError as exc:
+        if "does not exist" in error_message(exc):
+            return False
+        raise
+    return bool(stacks) and stacks[0]["StackStatus"] not in GONE_STATUSES
+
+
 def delete_stack(aws: Aws, r: Resource, scope: Scope) -> None:
+    live = [name for name in r.detail.get("imported_by", ()) if stack_exists(aws, name)]
+    if live:
+        raise DeleteFailed(
+            f"not attempted: its exports are still imported by {', '.join(live)} (AWS refuses); "
+            "delete that stack first or remove its protection"
+        )
     aws.client("cloudformation").delete_stack(StackName=r.detail["stack_id"])
 
 
