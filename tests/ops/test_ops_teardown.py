@@ -121,6 +121,11 @@ def test_delete_data_empties_versioned_bucket_and_exits_ok(
     assert code == 0, doc
     assert "kit1-data" not in world.inventory()["s3"]
     assert_decoys_survive(world)
+    # everything is gone: a rerun changes nothing and says so (exit 5, one line)
+    now = world.inventory()
+    assert main(["--prefix", PREFIX, *FAST, "--yes", "--confirm", CONFIRM, "--delete-data"]) == 5
+    assert "already torn down" in capsys.readouterr().err
+    assert world.inventory() == now
 
 
 def test_untagged_things_in_the_kit_vpc_are_kept_with_a_reason(
