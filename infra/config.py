@@ -110,7 +110,8 @@ class ClusterConfig:
     endpoint_access: EndpointAccess = "public_and_private"
     """Who can reach the Kubernetes API: `public`, `private` (VPC only) or `public_and_private`."""
     public_access_cidrs: tuple[str, ...] = ()
-    """CIDRs allowed to reach the public endpoint; empty means any address. Only with public access."""
+    """CIDRs allowed to reach the public endpoint; empty means any address. Only with public_and_private
+    (nodes then reach the API privately)."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM role/user ARNs given cluster-admin access entries (AmazonEKSClusterAdminPolicy, cluster scope)."""
     control_plane_logs: tuple[ControlPlaneLog, ...] = ("api", "audit", "authenticator")
@@ -129,9 +130,10 @@ class ClusterConfig:
             except ValueError:
                 raise ConfigError("cluster.public_access_cidrs", f"{cidr!r} is not an IPv4 CIDR") from None
         _need(
-            not (self.public_access_cidrs and self.endpoint_access == "private"),
+            not self.public_access_cidrs or self.endpoint_access == "public_and_private",
             "cluster.public_access_cidrs",
-            "only applies when cluster.endpoint_access is 'public' or 'public_and_private'; remove it",
+            f"not allowed with cluster.endpoint_access={self.endpoint_access!r} (nodes would lose the API); "
+            "use public_and_private, or remove the CIDRs",
         )
         for arn in self.admin_principal_arns:
             _need(
@@ -498,4 +500,11 @@ def load_config(context: Mapping[str, Any]) -> KitConfig:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "see docs/infra.md for the keys"
             raise ConfigError(key, f"unknown setting; {hint}")
-    return _build(KitConfig, "", context)
+    cfg: KitConfig = _build(KitConfig, "", context)
+    validation.check_known_azs(
+        account=cfg.account,
+        region=cfg.region,
+        network=cfg.network,
+        known=context.get(validation.az_context_key(cfg.account, cfg.region)),
+    )
+    return cfg

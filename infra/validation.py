@@ -32,3 +32,25 @@ def check_cross_rules(
             + ", ".join(network.availability_zones),
         )
     del cluster, kubernetes  # no cross rules today; passed so new ones have one home
+
+
+def az_context_key(account: str, region: str) -> str:
+    """The context key where the CDK caches (and cdk.json commits) a region's AZ lookup."""
+    return f"availability-zones:account={account}:region={region}"
+
+
+def check_known_azs(*, account: str, region: str, network: NetworkConfig, known: object) -> None:
+    """The VPC's AZs must be among the region's AZs recorded in context (when the lookup is recorded).
+
+    Without this, ec2.Vpc fails later with a stack trace; with no record, the CLI looks the AZs up
+    (credentials needed) and this rule has nothing to check.
+    """
+    if not isinstance(known, list):
+        return
+    for az in network.availability_zones:
+        if az not in known:
+            raise ConfigError(
+                "network.availability_zones",
+                f"{az!r} is not an AZ of account {account} in {region} (context "
+                f"'{az_context_key(account, region)}'); use AZs from: {', '.join(map(str, known))}",
+            )

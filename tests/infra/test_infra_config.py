@@ -84,7 +84,7 @@ def test_every_setting_has_a_docstring_and_the_docs_are_current() -> None:
     assert sorted(rows) == sorted(known_keys())
     assert [key for key, doc in rows.items() if not doc] == []
     assert settings_table() in (REPO / "docs" / "infra.md").read_text(encoding="utf-8"), (
-        "docs/infra.md is stale: paste the output of `python -m infra.docs` between its settings markers"
+        "docs/infra.md is stale: run `python -m infra.docs --write`"
     )
 
 
@@ -173,6 +173,13 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "'us-west-2b'",
     ),
     (
+        "AZ missing from the recorded AZ lookup",
+        {"network.availability_zones": "us-west-2a,us-west-2e"},
+        "network.availability_zones: 'us-west-2e' is not an AZ of account 111111111111 in us-west-2 (context "
+        "'availability-zones:account=111111111111:region=us-west-2'); use AZs from: us-west-2a, us-west-2b, "
+        "us-west-2c, us-west-2d",
+    ),
+    (
         "one AZ",
         {"network.availability_zones": "us-west-2a"},
         "network.availability_zones: list at least 2 AZs (the EKS control plane needs 2)",
@@ -196,8 +203,14 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
     (
         "public CIDRs with a private endpoint",
         {"cluster.endpoint_access": "private", "cluster.public_access_cidrs": "203.0.113.0/24"},
-        "cluster.public_access_cidrs: only applies when cluster.endpoint_access is 'public' or "
-        "'public_and_private'; remove it",
+        "cluster.public_access_cidrs: not allowed with cluster.endpoint_access='private' "
+        "(nodes would lose the API); use public_and_private, or remove the CIDRs",
+    ),
+    (
+        "public CIDRs with a public-only endpoint",
+        {"cluster.endpoint_access": "public", "cluster.public_access_cidrs": "203.0.113.0/24"},
+        "cluster.public_access_cidrs: not allowed with cluster.endpoint_access='public' "
+        "(nodes would lose the API); use public_and_private, or remove the CIDRs",
     ),
     (
         "admin principal is not an ARN",

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
+from infra.lint import cfn_lint_command
 from infra.tags import PROJECT_TAG, STACK_TAG
-from tests.infra.conftest import REPO, Synth
-
-CFN_LINT = Path(sys.executable).with_name("cfn-lint")
+from tests.infra.conftest import Synth
 
 # CloudFormation types in the templates that take no tags (checked against the resource specs by cfn-lint's
 # schemas: none of them has a Tags property).
@@ -29,14 +26,10 @@ UNTAGGABLE = {
 
 def test_cfn_lint_passes_every_template(synth: Synth) -> None:
     """One cfn-lint process over all templates (all variants), with the kit's config file."""
-    files = sorted(str(p) for p in synth.outdir.glob("*.template.json"))
-    assert len(files) == len(synth.templates) == 16
-    result = subprocess.run(
-        [str(CFN_LINT), "--config-file", str(REPO / "infra" / "cfnlint.yaml"), "--", *files],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    command = cfn_lint_command(synth.outdir)
+    assert command[command.index("--regions") + 1] == "us-west-2"
+    assert len(command[command.index("--") + 1 :]) == len(synth.templates) == 16
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == ""
 
