@@ -48,6 +48,7 @@ def prewarm_modules(argv: list[str]) -> list[str]:
         "torch.distributed",
         "torch.distributed.checkpoint",
         "torch.distributed.fsdp",
+        "torch.distributed.checkpoint._fsspec_filesystem",
         # imported lazily by torch itself on first use (e.g. use_deterministic_algorithms, optimizers):
         # 0.7 s on the 2-core test machine if left to every restarted worker
         "torch._dynamo",
