@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from infra.lint import cfn_lint_command
 from infra.tags import PROJECT_TAG, STACK_TAG
@@ -118,3 +121,17 @@ def test_summary_counts_resources_per_stack(synth: Synth) -> None:
     assert rows == {
         name: (len(t["Resources"]), len(t.get("Outputs", {}))) for name, t in synth.templates.items()
     }
+
+
+def test_lint_and_summary_refuse_a_missing_assembly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra import lint, summary
+
+    assert lint.main([str(tmp_path)]) == 2
+    assert summary.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"error: no cloud assembly in {tmp_path}; run `make synth` first",
+        f"error: no *.template.json in {tmp_path}; run `make synth` first",
+    ]
