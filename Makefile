@@ -12,6 +12,7 @@ OUTPUTS ?= cdk-outputs.json
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
         train-job-delete image teardown cost-report bench bench-quick bench-setup report docs-config clean
@@ -40,7 +41,7 @@ lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(CDK) synth -q -c nag=true
-	$(PY) -m cfnlint cdk.out/*.template.json
+	$(PY) -m infra.lint cdk.out
 
 synth: $(STAMP) ## synthesize the CloudFormation stacks offline into cdk.out/
 	$(CDK) synth -q $(CDK_ARGS)
