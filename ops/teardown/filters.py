@@ -21,7 +21,8 @@ CSI_FSX_TAG = "CSIVolumeName"
 def ownership(resource: Resource, scope: Scope) -> str | None:
     """The evidence that the kit owns this resource, or None. Never "everything in the account".
 
-    1. the kit tag `kit:project=<prefix>` (everything CloudFormation created);
+    1. the kit tag `kit:project=<prefix>` (everything CloudFormation created), or being a resource of a kit
+       stack (its physical id, should a tag be missing);
     2. the owner tag a kit cluster's controller wrote (LB controller, EBS CSI, VPC CNI, EKS);
     3. VPC CNI ENIs (their node tag) and FSx CSI file systems (`CSIVolumeName`) inside a kit VPC;
     4. Kubernetes objects inside a kit cluster (the cluster is about to be deleted);
@@ -30,6 +31,8 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
     tags = resource.tags
     if tags.get(PROJECT_TAG) == scope.prefix:
         return f"{PROJECT_TAG}={scope.prefix}"
+    if resource.id in scope.stack_resources:
+        return "a resource of a kit stack"
     owner = cluster_owner(tags, scope.clusters)
     if owner:
         return owner

@@ -68,6 +68,8 @@ class Scope:
     """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
     subnets: tuple[str, ...] = ()
     """Subnet ids of those VPCs (FSx reports subnets, not VPCs)."""
+    stack_resources: frozenset[str] = frozenset()
+    """Physical ids of the resources in the kit's stacks (owned even if a tag is missing)."""
     options: Options = field(default_factory=Options)
 
 

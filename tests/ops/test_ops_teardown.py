@@ -183,3 +183,22 @@ def test_fsx_final_backup_for_persistent_by_default_and_never_for_scratch(
         assert {"Key": "kit:project", "Value": PREFIX} in persistent["FinalBackupTags"]
     assert sent[world.ids["fsx_csi"]]["LustreConfiguration"]["SkipFinalBackup"] is True  # SCRATCH: none
     assert world.ids["decoy_fsx"] not in sent
+
+
+def test_a_kit_stack_resource_counts_even_without_its_tag(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ownership also comes from the stacks' resources: a VPC whose tag was lost is still the kit's."""
+    world.full(untagged_in_kit_vpc=True)
+    ec2 = world.client("ec2")
+    ec2.delete_tags(Resources=[world.ids["vpc"]], Tags=[{"Key": "kit:project"}])
+    vpc_tags = ec2.describe_vpcs(VpcIds=[world.ids["vpc"]])["Vpcs"][0].get("Tags", [])
+    assert "kit:project" not in {t["Key"] for t in vpc_tags}
+    code, doc = run(capsys)
+    assert code == 0
+    assert doc["vpcs"] == [world.ids["vpc"]]
+    eni = next(s for s in doc["steps"] if s["kind"] == "eni")
+    assert {p["id"]: p["action"] for p in eni["plan"]} == {
+        world.ids["eni"]: "delete",
+        world.ids["stray_eni"]: "keep",
+    }

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ops.aws import Aws
 from ops.tags import PROJECT_TAG, tag_dict
 from ops.teardown.filters import ownership
-from ops.teardown.kinds import CFN_STACK_TAG
+from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope, State
 
 PVC_TAG = "kubernetes.io/created-for/pvc/name"
@@ -25,7 +25,7 @@ def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
         ):
             for v in page["Volumes"]:
                 t = tag_dict(v.get("Tags"))
-                if CFN_STACK_TAG in t or v["VolumeId"] in seen:
+                if managed_by_stack(v["VolumeId"], t, scope.stack_resources) or v["VolumeId"] in seen:
                     continue
                 r = Resource(
                     kind="ebs-volume",

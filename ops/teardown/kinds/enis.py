@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ops.aws import Aws
 from ops.tags import tag_dict
+from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope
 
 
@@ -24,6 +25,8 @@ def list_enis(aws: Aws, scope: Scope) -> list[Resource]:
             if eni.get("RequesterManaged"):
                 continue  # AWS services own these (ELB, FSx, Lambda); they go with their owner
             t = tag_dict(eni.get("TagSet"))
+            if managed_by_stack(eni["NetworkInterfaceId"], t, scope.stack_resources):
+                continue
             found.append(
                 Resource(
                     kind="eni",

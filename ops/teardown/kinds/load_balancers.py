@@ -9,7 +9,7 @@ from __future__ import annotations
 from ops.aws import Aws
 from ops.tags import tag_dict
 from ops.teardown.filters import ownership
-from ops.teardown.kinds import CFN_STACK_TAG
+from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope, State
 
 TAG_BATCH = 20
@@ -37,7 +37,7 @@ def list_load_balancers(aws: Aws, scope: Scope) -> list[Resource]:
     for lb in lbs:
         arn = lb["LoadBalancerArn"]
         t = tags.get(arn, {})
-        if CFN_STACK_TAG in t:
+        if managed_by_stack(arn, t, scope.stack_resources):
             continue
         r = Resource(
             kind="load-balancer",

@@ -12,7 +12,7 @@ import botocore.exceptions
 from ops.aws import Aws, describe_error
 from ops.tags import tag_dict
 from ops.teardown.filters import ownership
-from ops.teardown.kinds import CFN_STACK_TAG
+from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope
 
 
@@ -30,7 +30,7 @@ def list_security_groups(aws: Aws, scope: Scope) -> list[Resource]:
     found = []
     for g in _groups(aws, scope):
         t = tag_dict(g.get("Tags"))
-        if g["GroupName"] == "default" or CFN_STACK_TAG in t:
+        if g["GroupName"] == "default" or managed_by_stack(g["GroupId"], t, scope.stack_resources):
             continue
         found.append(
             Resource(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ops.aws import Aws
 from ops.teardown.filters import ownership
-from ops.teardown.kinds import CFN_STACK_TAG
+from ops.teardown.kinds import managed_by_stack
 from ops.teardown.kinds.load_balancers import elb_tags
 from ops.teardown.model import Kind, Resource, Scope
 
@@ -18,7 +18,7 @@ def list_target_groups(aws: Aws, scope: Scope) -> list[Resource]:
     found = []
     for tg in tgs:
         t = tags.get(tg["TargetGroupArn"], {})
-        if CFN_STACK_TAG in t:
+        if managed_by_stack(tg["TargetGroupArn"], t, scope.stack_resources):
             continue
         r = Resource(
             kind="target-group",
