@@ -1,9 +1,9 @@
-"""Leftover network interfaces in the kit's VPCs (VPC CNI leaks, pitfall 3): they block SG/subnet/VPC
+"""Leftover network interfaces in the kit's VPCs (VPC CNI leaks, pitfall 3): they block SG, subnet and VPC
 deletion.
 
 Only `available` (detached) ENIs are candidates, so nothing in use is touched; ownership needs a kit tag, a
-kit cluster's owner tag, or the VPC CNI's node tag. Untagged ones are kept
-and reported (they may block the VPC).
+kit cluster's owner tag, or the VPC CNI's node tag. Untagged ones are kept and reported (they may block the
+VPC).
 """
 
 from __future__ import annotations
