@@ -75,3 +75,11 @@ image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_
 	@set -euo pipefail; ref=$$($(PY) -m k8s image-ref $(MAKEOVERRIDES)); region=$$($(PY) -m k8s image-ref --region $(MAKEOVERRIDES)); \
 	  aws ecr get-login-password --region "$$region" | docker login --username AWS --password-stdin "$${ref%%/*}"; \
 	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"
+
+# --- operations (ops/) ------------------------------------------------------------------------------------
+PREFIX ?= fsdp-kit
+teardown: $(STAMP) ## plan the removal of what PREFIX tagged (dry run); delete with ARGS="--yes --confirm PREFIX/ACCOUNT"
+	$(PY) -m ops.teardown --prefix $(PREFIX) $(ARGS)
+
+cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--period 30d --run-dir DIR --png cost.png")
+	$(PY) -m ops.cost_report --prefix $(PREFIX) $(ARGS)
