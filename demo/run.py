@@ -237,6 +237,8 @@ def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Co
         wall_s=time.monotonic() - t0,
         run_dir=Path(result.run_dir),
     )
+    if variant.baseline and not result.succeeded and result.reason.startswith("timed out"):
+        outcome.reason = f"stopped by the demo after {timeout:g} s (the baseline's cap)"
     try:
         outcome.metrics = load_run_metrics(outcome.run_dir)
         outcome.timeline = write_timeline(
