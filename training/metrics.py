@@ -120,6 +120,8 @@ class RunMetrics:
     """Faults followed by a resume and a completed step."""
     checkpoint_write_s: float = 0.0
     """Seconds of background writing (async) on the reference rank; overlaps training, not a stall."""
+    events_skipped: int = 0
+    """Events left out because a field the metrics need was missing or not a number."""
 
 
 def _int(value: Any) -> int | None:
@@ -148,7 +150,7 @@ def _fault_free_durations(events: Sequence[Event], rank: int) -> list[float]:
             warm = False
         elif e["kind"] == "step":
             if warm:
-                durations.append(float(e.get("duration_s", 0.0)))
+                durations.append(float(e.get("duration_s") or 0.0))
             warm = True
     return durations
 
@@ -179,7 +181,7 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
             recovery_end = restart_begin = None
             break
         end = _ts(step)
-        begin = float(step.get("t_start", end - float(step.get("duration_s", 0.0))))
+        begin = float(step.get("t_start", end - float(step.get("duration_s") or 0.0)))
         recovery_end = end if recovery_end is None else max(recovery_end, end)
         restart_begin = begin if restart_begin is None else max(restart_begin, begin)
 
@@ -247,13 +249,33 @@ def _unique_faults(events: Sequence[Event]) -> list[Event]:
     return out
 
 
+_NEEDS: dict[str, tuple[str, ...]] = {"step": ("step",), "end": ("step",), "ckpt": ("phase",)}
+"""Fields a kind must carry to be counted (beyond ts and kind); the step number must be an integer."""
+
+
+def _well_formed(e: Any) -> bool:
+    """True for a mapping with a numeric ts, a kind, an integer rank (trainers) and the kind's fields."""
+    if not isinstance(e, Mapping) or not isinstance(e.get("kind"), str):
+        return False
+    try:
+        float(e["ts"])
+        if e.get("role") == "trainer" and e.get("rank") is not None:
+            int(e["rank"])
+        if e["kind"] in ("step", "end"):
+            int(e["step"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return all(key in e for key in _NEEDS.get(e["kind"], ()))
+
+
 def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
 def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     """All of the design's metrics from one run's events (any order; sorted here by time)."""
-    evs = sorted((e for e in events if "ts" in e and "kind" in e), key=_ts)
+    given = list(events)
+    evs = sorted((e for e in given if _well_formed(e)), key=_ts)
     trainer = [e for e in evs if _is_trainer(e)]
     if not trainer:
         raise MetricsError("no trainer events in this run: point at a folder a training run wrote to")
@@ -274,7 +296,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     # Count distinct step numbers up to the final one, so 0- and 1-based numbering give the same answer.
     distinct = {int(e["step"]) for e in steps if final is None or int(e["step"]) <= final}
     steps_completed = len(distinct)
-    durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s", 0.0)) for e in steps]
+    durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s") or 0.0) for e in steps]
     median_step_s = statistics.median(durations) if durations else 0.0
 
     def ckpt_sum(phase: str) -> float:
@@ -297,7 +319,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     faults = [_fault_metrics(evs, f) for f in _unique_faults(evs)]
     recovery_total = sum(f.recovery_s or 0.0 for f in faults)
     downtime_total = sum(f.downtime_s or 0.0 for f in faults)
-    step_time_total = sum(float(e.get("duration_s", 0.0)) for e in steps)
+    step_time_total = sum(float(e.get("duration_s") or 0.0) for e in steps)
 
     attempts = {int(e.get("attempt") or 0) for e in evs}
     restarts = sum(1 for e in evs if e.get("role") == "launcher" and e["kind"] == "restart")
@@ -329,6 +351,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         inprocess_restarts=max(inprocess.values(), default=0),
         faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
         checkpoint_write_s=ckpt_sum("write"),
+        events_skipped=len(given) - len(evs),
     )
 
 

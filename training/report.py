@@ -130,7 +130,7 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     for e in trainer:
         if e["kind"] == "step":
             series[(int(e["rank"]), int(e.get("attempt") or 0))].append(
-                (float(e["ts"]) - t0, int(e["step"]), float(e.get("duration_s", 0.0)))
+                (float(e["ts"]) - t0, int(e["step"]), float(e.get("duration_s") or 0.0))
             )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     labelled: set[int] = set()

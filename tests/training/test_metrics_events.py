@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,18 @@ def test_inprocess_restart_logged_after_its_resume_is_still_the_detector(tmp_pat
     assert (f.detected_by, f.resume_source, f.resume_step) == ("inprocess", "memory", 8)
     assert f.detect_s == pytest.approx(0.1)  # the earliest rank to start restarting
     assert f.recovery_s == pytest.approx(1.8)
+
+
+def test_malformed_events_are_skipped_and_counted(tmp_path: Path) -> None:
+    fault_free_run(tmp_path)
+    before = load_run_metrics(tmp_path)
+    events = read_events(tmp_path)
+    bad = [
+        {"ts": T0 + 5, "kind": "step", "role": "trainer", "rank": 0},  # no step number
+        {"ts": "soon", "kind": "step", "role": "trainer", "rank": 0, "step": 3},
+        {"kind": "end", "role": "trainer", "rank": 0, "step": 99},  # no timestamp
+        ["not", "an", "event"],
+    ]
+    m = compute_metrics(events + bad)
+    assert m.events_skipped == len(bad)
+    assert dataclasses.replace(m, events_skipped=0) == before
