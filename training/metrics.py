@@ -181,7 +181,7 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
             recovery_end = restart_begin = None
             break
         end = _ts(step)
-        begin = float(step.get("t_start", end - float(step.get("duration_s") or 0.0)))
+        begin = float(step.get("t_start") or end - float(step.get("duration_s") or 0.0))
         recovery_end = end if recovery_end is None else max(recovery_end, end)
         restart_begin = begin if restart_begin is None else max(restart_begin, begin)
 
