@@ -11,8 +11,10 @@
 # check's exit code, wall time and RESULT line. Exit code: 0 if every check passed, 1 otherwise, 2 if no GPU.
 set -uo pipefail
 
+OUT_DIR="${1:-${OUT:-}}"
+[[ -n "$OUT_DIR" ]] && OUT_DIR="$(realpath -m "$OUT_DIR")"  # relative to where it was called from
 cd "$(dirname "$0")/../.."
-OUT_DIR="${1:-${OUT:-bench/gpu/results}}"
+OUT_DIR="${OUT_DIR:-bench/gpu/results}"
 BUDGET_S="${BUDGET_S:-450}"
 mkdir -p "$OUT_DIR"
 PY="${PYTHON:-}"
