@@ -30,6 +30,9 @@ $(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
 
 setup: $(STAMP) ## create .venv and install the pinned Python and npm packages (idempotent)
 
+demo: $(STAMP) ## synth offline, run the local Job with a kill, an exception and a hang; report, PNG, kit vs sync vs torchrun
+	$(PY) -m demo
+
 test: $(STAMP) ## run every test (lint, infra, training, k8s, ops, demo)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
@@ -42,6 +45,7 @@ lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
 	$(PY) -m ruff format --check .
 	$(CDK) synth -q -c nag=true
 	$(PY) -m infra.lint cdk.out
+	$(PY) -m tools.gen_config_docs --check
 
 synth: $(STAMP) ## synthesize the CloudFormation stacks offline into cdk.out/
 	$(CDK) synth -q $(CDK_ARGS)
@@ -83,3 +87,20 @@ teardown: $(STAMP) ## plan the removal of what PREFIX tagged (dry run); delete w
 
 cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--period 30d --run-dir DIR --png cost.png")
 	$(PY) -m ops.cost_report --prefix $(PREFIX) $(ARGS)
+
+# --- results and documentation -----------------------------------------------------------------------------
+report: $(STAMP) ## metrics table + timeline PNG of a run folder: make report RUN=runs/<id> [PNG=path]
+	@test -n "$(RUN)" || { echo "error: pass RUN=<run folder>, e.g. make report RUN=runs/exp-1" >&2; exit 2; }
+	$(PY) -m training.report $(RUN) $(if $(PNG),--png $(PNG))
+
+bench: $(STAMP) bench-setup ## every benchmark in bench/ (full mode); rewrites docs/benchmarks.md
+	$(PY) -m bench.run_all
+
+bench-quick: $(STAMP) bench-setup ## every benchmark's --quick mode; writes build/benchmarks-quick.md
+	$(PY) -m bench.run_all --quick
+
+bench-setup: $(STAMP) ## install the optional competitors (NVRx 0.4.1) for the benchmarks
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
+
+docs-config: $(STAMP) ## regenerate docs/configuration.md from the typed models
+	$(PY) -m tools.gen_config_docs
