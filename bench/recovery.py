@@ -96,7 +96,7 @@ def trainer_args(case: Case, root: Path, run_id: str) -> list[str]:
     if case.mechanism in ("kit-inproc", "nvrx-wrapper"):
         backend = "kit" if case.mechanism == "kit-inproc" else "nvrx"
         args += [
-            "--inprocess.enabled", "true", "--inprocess.backend", backend,
+            "--inprocess.enabled", "true", "--inprocess.backend", backend, "--inprocess.max_restarts", "8",
             "--training.collective_timeout_s", str(COLLECTIVE_TIMEOUT_S),
         ]  # fmt: skip
     return args + list(case.trainer)

@@ -29,9 +29,13 @@ def _set_ts(path: Path, ts: float, **fields: object) -> None:
 def test_learner_takes_the_slowest_recent_step_times_the_factor_with_a_floor() -> None:
     learner = TimeoutLearner(safety_factor=1.5, min_timeout_s=0.5)
     for rank in (0, 1):
-        for _ in range(TimeoutLearner.MIN_STEPS - 1):
+        for _ in range(TimeoutLearner.PROVISIONAL_STEPS - 1):
             learner.observe(0.4, rank=rank)
     assert learner.timeout_s is None  # too few steps on any rank: the load allowance applies
+    for rank in (0, 1):
+        for _ in range(TimeoutLearner.MIN_STEPS - TimeoutLearner.PROVISIONAL_STEPS):
+            learner.observe(0.4, rank=rank)
+    assert learner.timeout_s == pytest.approx(1.2)  # provisional: twice the learned value
     learner.observe(0.4, rank=0)
     assert learner.timeout_s == pytest.approx(0.6)
     learner.observe(0.8, rank=1)  # a step that overlapped a background save: never a false restart

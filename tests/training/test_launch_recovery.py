@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from training import exitcodes
@@ -147,3 +150,26 @@ def test_two_nodes_a_fault_on_one_restarts_both(tmp_path: Path) -> None:
     assert len({e["pid"] for e in restarts}) == 2  # both launchers restarted their worker group
     for _, err in outputs:
         assert "kit-launch: restart 1:" in err
+
+
+def test_sigterm_to_the_launcher_stops_every_worker_and_exits_143(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        launch_cmd(run, ["--standalone", "--nproc-per-node", "2"], 100000),
+        cwd=REPO,
+        env=env_for(tmp_path, ""),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(e["kind"] == "step" for e in read_events(run)):
+        time.sleep(0.05)  # deadline poll: wait until both workers train
+    workers = {e["pid"] for e in read_events(run) if e["role"] == "trainer"}
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "kit-launch: got SIGTERM; workers stopped" in err
+    assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert launcher_events(run, "exit")[0]["code"] == 128 + signal.SIGTERM

@@ -13,8 +13,9 @@ max(floor, safety factor x the slowest of the last 200 samples), like NVRx's tim
 maximum) but with a smaller default factor (1.5): the slowest recent step already includes the slow ones
 (e.g. steps that overlap a background checkpoint write, ~1.7 x the median on the 2-core test machine), so a
 rank is restarted only when it is 50 % slower than any step seen lately, and a hang is found within about
-1.5 x the slowest step. Until some rank has measured 20 steps the load allowance applies (long enough to
-see a few checkpoint cycles in the tests and benchmarks); what was learned survives restarts of the group.
+1.5 x the slowest step. Until some rank has measured 20 steps (long enough to see a few checkpoint cycles in
+the tests and benchmarks) the timeout is provisional: twice that, from the third measured step on, and the
+load allowance before. What was learned survives restarts of the group.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class TimeoutLearner:
     """Turns observed step times into a step timeout (see the module docstring)."""
 
     MIN_STEPS = 20
+    PROVISIONAL_STEPS = 3
+    PROVISIONAL_MULTIPLIER = 2.0
     WINDOW = 200
 
     def __init__(self, *, safety_factor: float, min_timeout_s: float) -> None:
@@ -67,10 +70,12 @@ class TimeoutLearner:
 
     @property
     def timeout_s(self) -> float | None:
-        """The learned timeout, or None while too few steps were seen."""
-        if max(self._steps_by_rank.values(), default=0) < self.MIN_STEPS:
+        """The learned timeout (provisional before MIN_STEPS), or None while too few steps were seen."""
+        steps = max(self._steps_by_rank.values(), default=0)
+        if steps < self.PROVISIONAL_STEPS:
             return None
-        return max(self.min_timeout_s, self.safety_factor * max(self._samples))
+        factor = self.safety_factor * (1.0 if steps >= self.MIN_STEPS else self.PROVISIONAL_MULTIPLIER)
+        return max(self.min_timeout_s, factor * max(self._samples))
 
 
 @dataclass(frozen=True, kw_only=True)

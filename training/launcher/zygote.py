@@ -131,7 +131,10 @@ class _Server:
         os.set_blocking(self.wake_r, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops workers
+        # Ctrl-C or a SIGTERM to the whole process group is the launcher's to handle (it stops the workers
+        # gracefully); the zygote ends when the launcher closes its pipe or dies.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         self.pending: dict[int, socket.socket] = {}  # connections whose request is not read yet
         self.by_pid: dict[int, socket.socket] = {}  # running worker -> its shim's connection
         self.pid_by_fd: dict[int, int] = {}
