@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 def _value_flags(parser: argparse.ArgumentParser) -> None:
     """One --flag per scalar JobValues field (help from its docstring), plus --env/--set."""
     hints = typing.get_type_hints(docs.JobValues)
-    field_docs = docs.field_docs()
+    field_docs = docs.field_docs(docs.JobValues)
     group = parser.add_argument_group("values (also as KEY=VALUE; flags win)")
     for f in dataclasses.fields(docs.JobValues):
         if typing.get_origin(hints[f.name]) is dict:

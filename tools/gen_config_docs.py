@@ -9,19 +9,17 @@ becomes a nested section. A model whose module is not importable is listed with 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib
-import inspect
-import itertools
 import sys
-import textwrap
 import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from fielddocs import field_docs
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "configuration.md"
@@ -68,26 +66,6 @@ MODELS: tuple[Model, ...] = (
         upper_keys=True,
     ),
 )
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The string literal right under each field of a class (attribute docstrings), read from its source."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
 
 
 def type_name(tp: Any) -> str:

@@ -8,11 +8,7 @@ Field docstrings are the documentation: `python -m training.train --help` prints
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import itertools
 import os
 import re
 import textwrap
@@ -24,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fielddocs import field_docs
 from training.checkpoint import CheckpointConfig
 from training.faults import FaultConfig
 
@@ -203,27 +200,6 @@ def sections() -> dict[str, type]:
     """Section name -> dataclass, in the order of TrainConfig."""
     hints = typing.get_type_hints(TrainConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string literal right after a field) of a dataclass, read from its source."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    docs: dict[str, str] = {}
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
 
 
 def _type_name(tp: Any) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REF_STEPS, REPO, TINY, assert_bitwise_equal, trainer_env
+from trainer_helpers import REF_STEPS, REPO, TINY, assert_bitwise_equal, trainer_env
 
 from training import exitcodes
 from training.events import read_events

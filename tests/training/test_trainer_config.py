@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
+from trainer_helpers import run_cli
 
 from training.config import ConfigError, help_text, load_config, valid_keys
 from training.exitcodes import FATAL_CONFIG

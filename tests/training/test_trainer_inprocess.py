@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REF_STEPS, TINY, assert_bitwise_equal, run_trainer
+from trainer_helpers import REF_STEPS, TINY, assert_bitwise_equal, run_trainer
 
 from training.events import read_events
 

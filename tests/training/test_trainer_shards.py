@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from trainer_helpers import REPO
 
 from training.config import ConfigError, DataConfig, load_config
 from training.data import TokenLoader, TokenShards, read_header
