@@ -23,7 +23,7 @@ class Registry(Construct):
             # Mutable so `make image` can move a tag; jobs should pin the image digest for reproducibility.
             image_tag_mutability=ecr.TagMutability.MUTABLE,
             encryption=ecr.RepositoryEncryption.KMS,  # the AWS-managed `aws/ecr` key
-            # Images are build artifacts; `make teardown` deletes the tagged repository when asked to.
+            # Retained so `cdk destroy` never drops images by surprise; `make teardown` deletes it.
             removal_policy=RemovalPolicy.RETAIN,
             lifecycle_rules=[
                 ecr.LifecycleRule(
