@@ -348,7 +348,19 @@ def render(results: dict[Case, list[Outcome]], *, reps: int, quick: bool, elapse
             f"{o.wall_s:.1f} s | {fmt(m.median_step_s if m else None)} | "
             f"{fmt(m.goodput if m else None, '')} | {fmt(m.training_goodput if m else None, '')} | {faults} |"
         )
-    lines += ["", "```", result_line(results), "```", ""]
+    lines += [
+        "",
+        "Mechanisms: kit = `python -m training.launch` (learned heartbeat timeout, warm zygote",
+        "workers); kit-exec = the same without the zygote; ft_launcher = NVRx 0.4.1 (5 s heartbeat timeout);",
+        "torchrun = `torch.distributed.run --max-restarts` (baseline); kit-inproc, nvrx-wrapper = in-process",
+        f"restart (the kit's, NVRx inprocess.Wrapper) with a {COLLECTIVE_TIMEOUT_S} s gloo timeout. Strict",
+        "goodput = steps in the result x median fault-free step / wall (training.metrics).",
+        "",
+        "```",
+        result_line(results),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
