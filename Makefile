@@ -100,7 +100,7 @@ bench-quick: $(STAMP) bench-setup ## every benchmark's --quick mode; writes buil
 	$(PY) -m bench.run_all --quick
 
 bench-setup: $(STAMP) ## install the optional competitors (NVRx 0.4.1) for the benchmarks
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-bench.txt
 
 docs-config: $(STAMP) ## regenerate docs/configuration.md from the typed models
 	$(PY) -m tools.gen_config_docs

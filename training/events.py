@@ -13,14 +13,16 @@ Kinds and their own fields:
                   fallback_from (int | null)
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
+                  ts = the start of the phase,
                   bytes (optional), error (optional), waited (optional: "staging" when an optimizer step
                   waited for the host copy), reason (on "skipped")
-    fault         fault (kind), step, target_rank: written by the injector just before it acts
+    fault         fault (kind), step, target_rank: written by the injector just before it acts (for a
+                  time-based fault, step is the last step reached, null if none yet)
     inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason
-    hang_detected global_rank, stale_s, timeout_s, phase
+    hang_detected global_rank, stale_s, timeout_s, phase, step
     restart       attempt, reason, remaining (restart budget left)
     exit          code, reason
 """

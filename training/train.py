@@ -150,6 +150,8 @@ class Trainer:
             )
             duration = time.time() - t_start
             self.events.emit("step", step=step, loss=loss, duration_s=duration, t_start=t_start)
+            if session.checkpointer.due(step):  # a slow save must not look like a hang to the launcher
+                heartbeat.phase("checkpoint")
             session.checkpointer.maybe_save(step, session.ckpt_state)
             heartbeat.beat(step)
             if step % cfg.training.log_every == 0 or step == cfg.training.steps:
@@ -158,6 +160,7 @@ class Trainer:
     def finish(self, session: Session) -> None:
         """Drain the in-flight save (timed on its own), save the final step, optionally dump the model."""
         step = session.state.step
+        self.heartbeat.phase("checkpoint")
         session.checkpointer.wait()  # emits the `drain` event when a save was in flight
         session.checkpointer.maybe_save(step, session.ckpt_state, force=True)
         session.checkpointer.wait()

@@ -101,9 +101,13 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- saving
+    def due(self, step: int) -> bool:
+        """Whether `maybe_save(step, ...)` will save (every `interval` steps), so callers can announce it."""
+        return self.cfg.mode != "off" and step % self.cfg.interval == 0
+
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Save `state` as step `step` if it is due (every `interval` steps) or forced; True if started."""
-        if self.cfg.mode == "off" or not (force or step % self.cfg.interval == 0):
+        if self.cfg.mode == "off" or not (force or self.due(step)):
             return False
         if step == self._last_step:
             self.events.emit("ckpt", step=step, phase="skipped", duration_s=0.0, reason="step already saved")
