@@ -123,12 +123,14 @@ def follow(
     run_id: str,
     console: Console,
     poll_s: float = 3.0,
+    log_drain_s: float = 30.0,
 ) -> int:
     """Follow the Job until it completes (0) or fails (1), streaming the rank-0 log above a progress line."""
     progress = Progress()
     stop = threading.Event()
     streamed: set[str] = set()
     seen_pods: set[str] = set()
+    streams: list[threading.Thread] = []
 
     def stream(pod: str) -> None:
         proc = subprocess.Popen(
@@ -141,9 +143,6 @@ def follow(
             if m:
                 progress.step, progress.total = int(m[1]), int(m[2])
             console.print(f"[dim]{pod}[/dim] {text}", markup=True, highlight=False)
-            if stop.is_set():
-                proc.terminate()
-                break
         proc.wait()
 
     with console.status(progress.line(job_name)) as status:
@@ -165,7 +164,8 @@ def follow(
                     and name not in streamed
                 ):
                     streamed.add(name)
-                    threading.Thread(target=stream, args=(name,), daemon=True).start()
+                    streams.append(threading.Thread(target=stream, args=(name,), daemon=True))
+                    streams[-1].start()
             state, message = _job_state(job)
             status.update(progress.line(job_name))
             if state is not None:
@@ -173,6 +173,9 @@ def follow(
                 break
             if stop.wait(poll_s):
                 break
+    # `kubectl logs -f` ends when the container has ended: print the rank-0 log to its last line.
+    for thread in streams:
+        thread.join(timeout=log_drain_s)
     if state == "Complete":
         console.print(f"[green]job {job_name} completed[/green]; run folder /fsx/runs/{run_id}")
         return 0
