@@ -216,16 +216,11 @@ def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Co
     task = progress.add_task(variant.title, total=scenario.steps)
 
     def on_line(line: str) -> None:
-        # Runs on the runner's log-pump thread: it must never raise, or the pod's output pipe stops draining.
-        try:
-            if m := STEP_LINE.search(line):
-                progress.update(task, completed=int(m.group(1)))
-            elif NOTABLE.search(line):
-                progress.console.print(
-                    f"  [dim]{variant.key} pod 0 │ {escape(line.strip()[:150])}[/]", highlight=False
-                )
-        except Exception:  # a display problem must not stall the job (the pod log file keeps the line)
-            pass
+        if m := STEP_LINE.search(line):
+            progress.update(task, completed=int(m.group(1)))
+        elif NOTABLE.search(line):
+            text = escape(line.strip()[:150])
+            progress.console.print(f"  [dim]{variant.key} pod 0 │ {text}[/]", highlight=False)
 
     t0 = time.monotonic()
     with progress:

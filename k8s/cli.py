@@ -193,7 +193,7 @@ def cmd_local(args: argparse.Namespace, console: Console) -> int:
         manifests,
         workdir=workdir,
         timeout_s=timeout,
-        on_line=lambda line: console.print(line, highlight=False),
+        on_line=lambda line: console.print(line, highlight=False, markup=False),
     )
     for pod in result.pods:
         console.print(f"pod {pod.name}: exit code {pod.exit_code} (log {pod.log})")

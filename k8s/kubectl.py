@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from k8s.spec import INDEX_ANNOTATION, MANAGED_BY, RUN_ID_LABEL
 
@@ -142,7 +143,7 @@ def follow(
             m = _STEP.search(text)
             if m:
                 progress.step, progress.total = int(m[1]), int(m[2])
-            console.print(f"[dim]{pod}[/dim] {text}", markup=True, highlight=False)
+            console.print(f"[dim]{pod}[/dim] {escape(text)}", markup=True, highlight=False)
         proc.wait()
 
     with console.status(progress.line(job_name)) as status:

@@ -307,7 +307,17 @@ class LocalRunner:
                 log.write(line)
                 log.flush()
                 if record.index == 0 and self.on_line is not None:
-                    self.on_line(line.decode(errors="replace").rstrip("\n"))
+                    self._echo(line.decode(errors="replace").rstrip("\n"))
+
+    def _echo(self, text: str) -> None:
+        """Show a pod-0 line; a failing display must never stop this thread draining the pod's pipe (a
+        full pipe blocks the pod), so the echo is switched off instead, with the reason."""
+        try:
+            self.on_line(text)  # type: ignore[misc]
+        except Exception as exc:
+            self.on_line = None
+            reason = f"{type(exc).__name__}: {exc}"[:200]
+            print(f"warning: no longer echoing pod 0's log ({reason})", file=sys.stderr)
 
     def _stop_all(self) -> None:
         """SIGTERM every pod's process group, then SIGKILL after the pod's grace period."""

@@ -4,9 +4,9 @@ Reads the usual torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, MAS
 that torchrun, the kit's launcher or the NVRx launchers set; without it, runs as a single process.
 
 The process group is built on a store the trainer holds itself (`DistContext.store`), wrapped in a
-PrefixStore per launcher attempt and per in-process generation. Holding the store keeps it alive across
-`destroy_process_group` (in-process restart), and the prefixes keep a restarted group away from the keys
-of a dead one (the stale-key trap of torch's shared rendezvous store, pytorch/pytorch#135712).
+PrefixStore per launch round (`DistContext.store_scope`) and per in-process generation. Holding the store
+keeps it alive across `destroy_process_group` (in-process restart), and the prefixes keep a restarted group
+away from the keys of a dead one (the stale-key trap of torch's shared rendezvous store, pytorch/pytorch#135712).
 """
 
 from __future__ import annotations
@@ -39,6 +39,19 @@ class DistContext:
     @property
     def attempt(self) -> int:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    @property
+    def store_scope(self) -> str:
+        """Key scope of this launch round in the job store, the same on every rank of every node.
+
+        When rank 0 hosts the store (the kit launcher; torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+        it is new each round, so one fixed scope is right. The restart count is NOT a round id: a node that
+        restarts because another node failed does not spend a restart, so the counts differ between nodes
+        and ranks would wait on each other's keys forever. Only the elastic agent's shared store outlives a
+        round; there the restart count is the best scope there is (reference: torch-on-cpu.md §3.2)."""
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            return f"attempt{self.attempt}"
+        return "job"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -91,7 +104,7 @@ def init_distributed(
 
 def new_group(ctx: DistContext, generation: int) -> None:
     """(Re)create the default group on a fresh key prefix; used at start and after an in-process abort."""
-    prefix = f"kit/attempt{ctx.attempt}/gen{generation}"
+    prefix = f"kit/{ctx.store_scope}/gen{generation}"
     dist.init_process_group(
         backend=ctx.backend,
         store=dist.PrefixStore(prefix, ctx.store),

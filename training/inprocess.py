@@ -54,7 +54,7 @@ class RestartStore:
     def __init__(self, ctx: DistContext, timeout_s: float) -> None:
         self.ctx = ctx
         self.timeout = timedelta(seconds=timeout_s)
-        key = f"kit/attempt{ctx.attempt}/inprocess_store_port"
+        key = f"kit/{ctx.store_scope}/inprocess_store_port"
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         assert ctx.store is not None
         if ctx.rank == 0:
@@ -75,7 +75,7 @@ class RestartStore:
 
     def barrier(self, generation: int) -> None:
         """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout."""
-        prefix = f"attempt{self.ctx.attempt}/gen{generation}"
+        prefix = f"{self.ctx.store_scope}/gen{generation}"
         arrived = self.store.add(f"{prefix}/arrived", 1)
         if arrived == self.ctx.world_size:
             self.store.set(f"{prefix}/go", "1")
