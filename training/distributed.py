@@ -6,7 +6,8 @@ that torchrun, the kit's launcher or the NVRx launchers set; without it, runs as
 The process group is built on a store the trainer holds itself (`DistContext.store`), wrapped in a
 PrefixStore per launch round (`DistContext.store_scope`) and per in-process generation. Holding the store
 keeps it alive across `destroy_process_group` (in-process restart), and the prefixes keep a restarted group
-away from the keys of a dead one (the stale-key trap of torch's shared rendezvous store, pytorch/pytorch#135712).
+away from the keys of a dead one (the stale-key trap of torch's shared rendezvous store,
+pytorch/pytorch#135712).
 """
 
 from __future__ import annotations
