@@ -294,7 +294,13 @@ def _read_file(path: str) -> dict[str, dict[str, Any]]:
     if not p.is_file():
         raise ConfigError(f"config file {path!r} not found: pass an existing YAML file to --config")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"config file {path!r} cannot be read as UTF-8 text ({type(exc).__name__}): fix or replace it"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

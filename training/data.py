@@ -19,6 +19,7 @@ each epoch visits every window once, in a seeded order.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -141,6 +142,7 @@ def _mix(seed: int, *values: int) -> int:
     return h >> 1  # torch.Generator.manual_seed takes < 2**63 comfortably
 
 
+@functools.lru_cache(maxsize=8)  # one per epoch; it used to be recomputed for every sample
 def _affine_permutation(n: int, seed: int) -> tuple[int, int]:
     """(a, b) with gcd(a, n) == 1, so j -> (a*j + b) % n visits every window once per epoch."""
     a = _mix(seed, 1) % n or 1

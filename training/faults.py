@@ -241,13 +241,6 @@ def seeded_schedule(
     return faults
 
 
-def _run_dir_of(events: EventLog) -> Path | None:
-    # The event log lives in <run_dir>/events/<file>; markers go beside it in <run_dir>/faults/.
-    file = getattr(events, "_file", None)
-    name = getattr(file, "name", None)
-    return Path(name).parent.parent if isinstance(name, str) else None
-
-
 class FaultInjector:
     """Applies the faults meant for this rank; each fires once per run, even across restarts."""
 
@@ -267,8 +260,7 @@ class FaultInjector:
         plan = cfg.plan(world_size=world_size, max_steps=max_steps)
         self._faults = [f for f in plan if f.rank == rank]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
-        folder = Path(run_dir) if run_dir is not None else _run_dir_of(events)
-        self._marker_dir = folder / FAULTS_DIR if folder is not None else None
+        self._marker_dir = Path(run_dir) / FAULTS_DIR if run_dir is not None else None
         self._fired: set[str] = set()
         self._due: list[Fault] = []
         self._lock = threading.Lock()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from training.checkpoint.resume import one_line
 from training.distributed import abort_groups, new_group
 
 if TYPE_CHECKING:
@@ -41,11 +42,6 @@ if TYPE_CHECKING:
 
 class RestartFailed(RuntimeError):
     """This rank cannot recover in process; the launcher must restart the group."""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:300]
 
 
 class RestartStore:
@@ -115,7 +111,7 @@ def _close_quietly(checkpointer: object) -> None:
     try:
         checkpointer.close(drain=False)  # type: ignore[attr-defined]
     except Exception as exc:  # its groups are aborted; a failed in-flight save is expected here
-        print(f"[inprocess] closing the previous checkpointer: {_one_line(exc)}", file=sys.stderr, flush=True)
+        print(f"[inprocess] closing the previous checkpointer: {one_line(exc)}", file=sys.stderr, flush=True)
 
 
 def run_with_restarts(trainer: Trainer) -> Session:
@@ -174,7 +170,7 @@ def _train_until_fault(trainer: Trainer, session: Session) -> str | None:
         trainer.train_loop(session)
     except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
         traceback.print_exc(file=sys.stderr)
-        return _one_line(exc)
+        return one_line(exc)
     return None
 
 
@@ -234,9 +230,7 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
         trainer = kept.get("trainer")
         if trainer is None:
             trainer = kept["trainer"] = Trainer(cfg, ctx)
-            trainer.events.emit(
-                "start", world_size=world, model=cfg.model.name, ckpt_mode=cfg.checkpoint.mode
-            )
+            trainer.emit_start()
         trainer.ctx = ctx  # type: ignore[attr-defined]
         session = build_session(cfg, ctx, trainer.events)  # type: ignore[attr-defined]
         previous = kept.pop("checkpointer", None)
@@ -270,6 +264,4 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
     finally:
         trainer = kept.get("trainer")
         if trainer is not None:
-            trainer.faults.close()  # type: ignore[attr-defined]
-            trainer.heartbeat.close()  # type: ignore[attr-defined]
-            trainer.events.close()  # type: ignore[attr-defined]
+            trainer.close()  # type: ignore[attr-defined]

@@ -117,6 +117,7 @@ class Trainer:
             world_size=ctx.world_size,
             max_steps=cfg.training.steps,
             events=self.events,
+            run_dir=cfg.run.run_dir,
         )
 
     def log(self, message: str) -> None:
@@ -172,20 +173,27 @@ class Trainer:
     def run(self) -> int:
         from training.inprocess import run_with_restarts
 
-        cfg = self.cfg
-        self.events.emit(
-            "start", world_size=self.ctx.world_size, model=cfg.model.name, ckpt_mode=cfg.checkpoint.mode
-        )
+        self.emit_start()
         self.heartbeat.phase("start")
         try:
             session = run_with_restarts(self)
             self.finish(session)
             session.checkpointer.close()
         finally:
-            self.faults.close()
-            self.heartbeat.close()
-            self.events.close()
+            self.close()
         return exitcodes.OK
+
+    def emit_start(self) -> None:
+        cfg = self.cfg
+        self.events.emit(
+            "start", world_size=self.ctx.world_size, model=cfg.model.name, ckpt_mode=cfg.checkpoint.mode
+        )
+
+    def close(self) -> None:
+        """Stop the fault timer, send the final heartbeat, close the event log."""
+        self.faults.close()
+        self.heartbeat.close()
+        self.events.close()
 
 
 def dump_full_state(session: Session, path: Path, *, rank: int) -> None:

@@ -48,6 +48,7 @@ def main() -> None:
         world_size=world,
         max_steps=steps,
         events=events,
+        run_dir=run_dir,
     )
     for step in range(start + 1, steps + 1):
         injector.maybe_inject(step)

@@ -23,7 +23,9 @@ VICTIM = textwrap.dedent(
     from training.faults import FaultConfig, FaultInjector
     run_dir, spec = sys.argv[1], sys.argv[2]
     events = EventLog(run_dir, role="trainer", rank=1)
-    injector = FaultInjector(FaultConfig(spec=spec), rank=1, world_size=2, max_steps=100, events=events)
+    injector = FaultInjector(
+        FaultConfig(spec=spec), rank=1, world_size=2, max_steps=100, events=events, run_dir=run_dir
+    )
     for step in range(1, 101):
         injector.maybe_inject(step)
         events.emit("step", step=step, loss=0.0, duration_s=0.0, t_start=0.0)
@@ -81,6 +83,9 @@ def test_sigstop_and_hang_keep_the_process_alive_without_progress(tmp_path: Path
             while process.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert process.status() == psutil.STATUS_STOPPED
+        else:  # a working hang never exits; a no-op one would finish its 100 steps in milliseconds
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
         assert proc.poll() is None
         assert _steps(tmp_path) == [1, 2]
     finally:

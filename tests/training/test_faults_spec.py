@@ -115,13 +115,15 @@ def test_config_errors_name_the_rule(kwargs: dict, plan_args: tuple[int, int] | 
 def test_exception_fires_once_per_run_even_in_a_new_process(tmp_path) -> None:
     cfg = FaultConfig(spec="exception:step=3:rank=1")
     events = EventLog(tmp_path, role="trainer", rank=1)
-    injector = FaultInjector(cfg, rank=1, world_size=2, max_steps=5, events=events)
+    injector = FaultInjector(cfg, rank=1, world_size=2, max_steps=5, events=events, run_dir=tmp_path)
     injector.maybe_inject(1)
     injector.maybe_inject(2)
     with pytest.raises(InjectedFault, match="exception:step=3:rank=1"):
         injector.maybe_inject(3)
     injector.maybe_inject(3)  # replayed after an in-process restart: no second fault
-    again = FaultInjector(cfg, rank=1, world_size=2, max_steps=5, events=events)  # a restarted process
+    again = FaultInjector(  # a restarted process
+        cfg, rank=1, world_size=2, max_steps=5, events=events, run_dir=tmp_path
+    )
     again.maybe_inject(3)
     other_rank = FaultInjector(
         cfg, rank=0, world_size=2, max_steps=5, events=EventLog(None, role="trainer", rank=0)

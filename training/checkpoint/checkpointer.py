@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,8 +39,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import CommitRecord, FileEntry, write_commit
 from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.layout import COMMIT_FILE, checkpoints_dir, fsync_dir, step_dir
-from training.checkpoint.resume import CheckpointError, _one_line, resume
+from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
+from training.checkpoint.resume import CheckpointError, one_line, resume
 from training.checkpoint.retention import prune
 from training.checkpoint.staging import HostStager, flatten_state, restore_into, take
 from training.checkpoint.worker import BackgroundWorker
@@ -157,7 +156,7 @@ class Checkpointer:
         try:
             tree = self._stager.copy(taken)
         except SAVE_ERRORS as exc:  # e.g. out of host memory: fail this save, keep training
-            tree, copy_error = None, _one_line(exc)
+            tree, copy_error = None, one_line(exc)
         else:
             copy_error = None
         finally:
@@ -191,7 +190,7 @@ class Checkpointer:
             )
         except SAVE_ERRORS as exc:
             save.staged.set()
-            self._finish(save, False, _one_line(exc), {})
+            self._finish(save, False, one_line(exc), {})
             return
         self._inflight = save
 
@@ -199,7 +198,7 @@ class Checkpointer:
             try:
                 response.staging_completion.result()
             except SAVE_ERRORS as exc:
-                error = _one_line(exc)
+                error = one_line(exc)
             else:
                 error = None
             finally:
@@ -207,7 +206,7 @@ class Checkpointer:
             try:
                 response.upload_completion.result()
             except SAVE_ERRORS as exc:
-                error = error or _one_line(exc)
+                error = error or one_line(exc)
             t_written = time.time() - save.t_request
             if error is None:
                 self._emit_write(save.step, t_written, writer.files)
@@ -222,12 +221,11 @@ class Checkpointer:
             folder = step_dir(self.root, step)
             try:
                 if folder.exists():
-                    (folder / COMMIT_FILE).unlink(missing_ok=True)
-                    shutil.rmtree(folder)
+                    remove_step(self.root, step)
                 folder.mkdir(parents=True)
             except OSError as exc:
                 ok = False
-                log.error("cannot prepare checkpoint folder %s: %s", folder, _one_line(exc))
+                log.error("cannot prepare checkpoint folder %s: %s", folder, one_line(exc))
         return self._comm.all_true(ok)
 
     def _write(self, save: _Save, tree: dict[str, Any]) -> tuple[bool, str | None, dict[str, FileEntry]]:
@@ -242,7 +240,7 @@ class Checkpointer:
                 no_dist=not self._comm.distributed,
             )
         except SAVE_ERRORS as exc:
-            return False, _one_line(exc), {}
+            return False, one_line(exc), {}
         self._emit_write(save.step, time.time() - save.t_request, writer.files)
         return True, None, dict(writer.files)
 
@@ -264,7 +262,7 @@ class Checkpointer:
             gathered = self._comm.gather_to_zero((ok, error, files))
         except SAVE_ERRORS as exc:  # a peer died mid-save: the step stays uncommitted
             gathered = None
-            ok, error = False, error or _one_line(exc)
+            ok, error = False, error or one_line(exc)
         if not ok:
             self._report_failed(save.step, error or "unknown error")
         if self.rank == 0 and gathered is not None:
@@ -287,7 +285,7 @@ class Checkpointer:
             fsync_dir(folder)
             write_commit(folder, record)
         except OSError as exc:
-            self._report_failed(save.step, f"commit record: {_one_line(exc)}")
+            self._report_failed(save.step, f"commit record: {one_line(exc)}")
             return
         self.events.emit(
             "ckpt",
@@ -299,7 +297,7 @@ class Checkpointer:
         try:
             prune(self.root, keep=self.cfg.keep, in_flight=save.step)
         except OSError as exc:
-            log.warning("checkpoint retention could not delete old steps: %s", _one_line(exc))
+            log.warning("checkpoint retention could not delete old steps: %s", one_line(exc))
 
     def _report_failed(self, step: int, error: str) -> None:
         log.error("checkpoint of step %d failed, training goes on: %s", step, error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -17,6 +18,13 @@ def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
+
+
+def remove_step(root: Path, step: int) -> None:
+    """Delete a step folder, commit record first, so a half-deleted step never counts as committed."""
+    folder = step_dir(root, step)
+    (folder / COMMIT_FILE).unlink(missing_ok=True)
+    shutil.rmtree(folder)
 
 
 def list_steps(root: Path) -> list[int]:

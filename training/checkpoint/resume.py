@@ -70,7 +70,7 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
             dcp.load(state, checkpoint_id=folder, process_group=comm.group, no_dist=not comm.distributed)
         except SAVE_ERRORS as exc:
             raise CheckpointError(
-                f"checkpoint {folder} verifies but does not fit this model/optimizer ({_one_line(exc)}): "
+                f"checkpoint {folder} verifies but does not fit this model/optimizer ({one_line(exc)}): "
                 "resume with the config that wrote it, or use a new run.id"
             ) from exc
         result.step = step
@@ -86,9 +86,9 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
     return result
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """A short, single-line cause; DCP's CheckpointException is unwrapped to each rank's own error."""
     if isinstance(exc, CheckpointException):
-        return "; ".join(f"rank {r}: {_one_line(e[0])}" for r, e in sorted(exc.failures.items()))
+        return "; ".join(f"rank {r}: {one_line(e[0])}" for r, e in sorted(exc.failures.items()))
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"

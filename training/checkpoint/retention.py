@@ -6,10 +6,9 @@ killed saves and go too; uncommitted folders newer than it are left alone (a sav
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from training.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
+from training.checkpoint.layout import is_committed, list_steps, remove_step
 
 
 def plan_deletions(root: Path, *, keep: int, in_flight: int | None) -> list[int]:
@@ -31,8 +30,6 @@ def prune(root: Path, *, keep: int, in_flight: int | None) -> list[int]:
     """Delete what `plan_deletions` names (commit record first, so a half-deleted step never counts)."""
     deleted = []
     for step in plan_deletions(root, keep=keep, in_flight=in_flight):
-        folder = step_dir(root, step)
-        (folder / COMMIT_FILE).unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=False)
+        remove_step(root, step)
         deleted.append(step)
     return deleted
