@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import subprocess
 import sys
@@ -184,10 +185,23 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
         return 130
 
 
+def _timeout_s(raw: str | float | None) -> float | None:
+    """TIMEOUT / --timeout: seconds > 0, checked before anything is rendered or started."""
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"TIMEOUT={raw!r}: must be a number of seconds > 0")
+    return value
+
+
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
+    timeout = _timeout_s(_split_pairs(args.pairs)[1].get("TIMEOUT")) or _timeout_s(args.timeout)
     values, manifests, out, _, own = _render_job(args, console, force_local=True)
     workdir = Path(own.get("WORKDIR") or args.workdir) / values.run_id
-    timeout = float(own["TIMEOUT"]) if own.get("TIMEOUT") else args.timeout
     console.print(f"running {values.nodes} local pod(s) from {out}/ (logs: {workdir}/logs)")
     result = run_local(
         manifests,

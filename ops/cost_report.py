@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import re
 import sys
 from pathlib import Path
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (why := prefix_error(args.prefix)) is not None:
             raise OpsError(why)
-        if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:
+        price = args.gpu_hour_price
+        if price is not None and not (math.isfinite(price) and price > 0):
             raise OpsError(f"--gpu-hour-price must be > 0 USD, got {args.gpu_hour_price}")
         if args.png is not None and (args.png.suffix != ".png" or not args.png.parent.is_dir()):
             raise OpsError(f"--png {str(args.png)!r}: must end in .png and its folder must exist")
