@@ -1,0 +1,105 @@
+"""Strict parsing of command-line values, shared by `k8s/`, `ops/` and the trainer's entry points.
+
+A value that is not understood is an error with one line that names it, never a default: `DRY_RUN=y` must not
+mean "apply", and `--timeout nan` must not mean "wait forever". Standard library only: any part may
+import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+def parse_bool(text: str | bool | None, name: str) -> bool:
+    """`1/true/yes/on` or `0/false/no/off/""` (any case); anything else raises ValueError naming `name`."""
+    if isinstance(text, bool):
+        return text
+    if text is None:
+        return False
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{name}={text!r}: not a boolean; use one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS[:-1])}"
+    )
+
+
+def parse_float(
+    text: str | float,
+    name: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+) -> float:
+    """A finite float in [lo, hi] (or (lo, hi] with `lo_open`); nan, inf and out-of-range raise ValueError."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={text!r}: not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={text!r}: must be a finite number")
+    _check_range(value, text, name, lo, hi, lo_open)
+    return value
+
+
+def parse_int(text: str | int, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    """A whole number in [lo, hi]; `1.5`, `1e3`, `nan` and out-of-range raise ValueError naming `name`."""
+    if isinstance(text, bool):
+        raise ValueError(f"{name}={text!r}: not a whole number")
+    try:
+        value = int(str(text).strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: not a whole number") from None
+    _check_range(value, text, name, lo, hi, False)
+    return value
+
+
+def _check_range(value, text, name, lo, hi, lo_open) -> None:
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        bound = f"greater than {lo}" if lo_open else f"at least {lo}"
+        raise ValueError(f"{name}={text!r}: must be {bound}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}={text!r}: must be at most {hi}")
+
+
+def float_arg(
+    *, lo: float | None = None, hi: float | None = None, lo_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse `type=` for a finite float in range; argparse turns the message into one `error:` line."""
+
+    def convert(text: str) -> float:
+        try:
+            return parse_float(text, "value", lo=lo, hi=hi, lo_open=lo_open)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value=")) from None
+
+    convert.__name__ = "number"
+    return convert
+
+
+def int_arg(*, lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse `type=` for a whole number in range."""
+
+    def convert(text: str) -> int:
+        try:
+            return parse_int(text, "value", lo=lo, hi=hi)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value=")) from None
+
+    convert.__name__ = "whole number"
+    return convert
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that answers a bad command line with one `prog: error: ...` line (no usage block), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")

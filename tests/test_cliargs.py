@@ -1,0 +1,74 @@
+"""The shared strict parsers: an unknown spelling or a non-finite number is an error naming the value."""
+
+import argparse
+
+import pytest
+
+from cliargs import OneLineParser, float_arg, int_arg, parse_bool, parse_float, parse_int
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("1", True),
+        ("YES", True),
+        (" on ", True),
+        ("0", False),
+        ("off", False),
+        ("", False),
+        (None, False),
+        (True, True),
+    ],
+)
+def test_parse_bool_known_spellings(text, want):
+    assert parse_bool(text, "DRY_RUN") is want
+
+
+@pytest.mark.parametrize("text", ["y", "n", "2", "yes please", "tru"])
+def test_parse_bool_refuses_unknown_spelling(text):
+    with pytest.raises(ValueError, match=rf"^DRY_RUN={text!r}: not a boolean"):
+        parse_bool(text, "DRY_RUN")
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("nan", "finite"),
+        ("inf", "finite"),
+        ("-inf", "finite"),
+        ("abc", "not a number"),
+        ("-1", "at least 0"),
+        ("11", "at most 10"),
+    ],
+)
+def test_parse_float_refuses(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_float(text, "TIMEOUT", lo=0, hi=10)
+
+
+def test_parse_float_open_bound():
+    assert parse_float("0.5", "x", lo=0, lo_open=True) == 0.5
+    with pytest.raises(ValueError, match="greater than 0"):
+        parse_float("0", "x", lo=0, lo_open=True)
+
+
+@pytest.mark.parametrize("text", ["1.5", "1e3", "nan", "", "four"])
+def test_parse_int_refuses_non_integers(text):
+    with pytest.raises(ValueError, match="not a whole number"):
+        parse_int(text, "NODES", lo=1)
+
+
+def test_argparse_types_give_one_error_line(capsys):
+    p = OneLineParser(prog="tool")
+    p.add_argument("--backoff", type=float_arg(lo=0, hi=60))
+    p.add_argument("--n", type=int_arg(lo=1))
+    assert p.parse_args(["--backoff", "2.5", "--n", "3"]) == argparse.Namespace(backoff=2.5, n=3)
+    for argv, msg in (
+        (["--backoff", "nan"], "'nan': must be a finite number"),
+        (["--n", "0"], "must be at least 1"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            p.parse_args(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("tool: error: ") and msg in err
