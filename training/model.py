@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+ActivationCheckpointing = Literal["none", "selective", "full"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +138,22 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
+        self.checkpointed = False
+        """Activation checkpointing: keep only the block's input, recompute the rest in backward."""
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            # Non-reentrant checkpoint inside the FSDP2-wrapped block: FSDP2's pre-backward hook gathers the
+            # block's parameters before the recompute runs, as with torchtitan's checkpoint_wrapper. No RNG
+            # is used in the block, so the recompute is bitwise the forward.
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, preserve_rng_state=False)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -184,14 +198,28 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
+def checkpointed_blocks(n_layers: int, mode: ActivationCheckpointing) -> list[bool]:
+    """Which blocks recompute in backward: none, every second one (selective: torchtitan's per-layer mode
+    with frequency 2, blocks 1, 3, 5, ...), or all (full)."""
+    every = {"none": 0, "selective": 2, "full": 1}[mode]
+    return [bool(every) and (i + 1) % every == 0 for i in range(n_layers)]
+
+
 def build_model(
-    args: ModelArgs, *, mesh, device: torch.device, seed: int, param_dtype: torch.dtype | None = None
+    args: ModelArgs,
+    *,
+    mesh,
+    device: torch.device,
+    seed: int,
+    param_dtype: torch.dtype | None = None,
+    activation_checkpointing: ActivationCheckpointing = "none",
 ) -> Transformer:
     """Create the model, shard it with FSDP2 (`fully_shard` per block, then the root) and initialise it.
 
     CPU: init the full model from `seed` first, then shard, so every world size starts from the same
     weights. GPU: shard on meta, then each rank initialises its own shards on the device (no full copy).
     `param_dtype` (e.g. bf16) turns on FSDP2 mixed precision with fp32 gradient reduction.
+    Activation checkpointing is set per block before sharding, as torchtitan composes AC and FSDP2.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -202,7 +230,10 @@ def build_model(
     if device.type == "cpu":
         model.to_empty(device=device)
         model.init_weights(torch.Generator().manual_seed(seed))
-    for block in model.layers:
+    for block, recompute in zip(
+        model.layers, checkpointed_blocks(args.n_layers, activation_checkpointing), strict=True
+    ):
+        block.checkpointed = recompute
         fully_shard(block, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
     if device.type != "cpu":

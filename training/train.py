@@ -11,6 +11,7 @@ recorded by torch.distributed.elastic's `@record` for the launcher.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import exitcodes
+from training import exitcodes, memory_plan
 from training.checkpoint import Checkpointer, CheckpointError
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
@@ -66,7 +67,14 @@ def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Sessi
     seed_everything(cfg.run.seed, ctx.rank)
     args = MODEL_CONFIGS[cfg.model.name]
     param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
-    model = build_model(args, mesh=ctx.mesh, device=ctx.device, seed=cfg.run.seed, param_dtype=param_dtype)
+    model = build_model(
+        args,
+        mesh=ctx.mesh,
+        device=ctx.device,
+        seed=cfg.run.seed,
+        param_dtype=param_dtype,
+        activation_checkpointing=cfg.model.activation_checkpointing,
+    )
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.optim.lr,
@@ -208,6 +216,34 @@ def dump_full_state(session: Session, path: Path, *, rank: int) -> None:
         tmp.replace(path)
 
 
+def check_memory(cfg: TrainConfig) -> str:
+    """The memory plan's line for this job, or ConfigError with the fixes: before any process group, so a job
+    that cannot fit fails at once (exit 78) instead of in a CUDA OOM after the nodes were paid for."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    host = memory_plan.host_memory_bytes()
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        capacity = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
+    else:
+        capacity = host // max(1, local)
+    job = {
+        "ranks_per_node": local,
+        "seq_len": cfg.data.seq_len,
+        "micro_batch": cfg.data.batch_size,
+        "ac": cfg.model.activation_checkpointing,
+        "device_capacity": capacity,
+        "host_capacity": host,
+        "on_gpu": on_gpu,
+        "staging": cfg.checkpoint.mode == "async",
+    }
+    shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
+    refused = memory_plan.refusal(shape, nodes=max(1, world // max(1, local)), **job)
+    if refused:
+        raise ConfigError(refused)
+    return memory_plan.plan(shape, world_size=world, **job).line()
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -219,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
+    try:
+        plan_line = check_memory(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[trainer] {plan_line}", flush=True)
     set_deterministic(cfg.training.deterministic)
     if cfg.inprocess.enabled and cfg.inprocess.backend == "nvrx":
         from training.inprocess import run_under_nvrx
