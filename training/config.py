@@ -72,6 +72,9 @@ class ModelConfig:
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward instead of keeping them: none; selective (every second block, as
     torchtitan's per-layer mode); full (every block: only block inputs are kept). Same results, bitwise."""
+    compile: bool = False
+    """torch.compile each block (after activation checkpointing, before FSDP2, as torchtitan does). Off by
+    default: on CPU it only adds compile time; on GPU turn it on once the job runs."""
 
 
 @dataclass(kw_only=True)
@@ -142,6 +145,9 @@ class TrainingConfig:
     """Deterministic algorithms and fixed seeds (bitwise-reproducible on CPU; a little slower on GPU)."""
     collective_timeout_s: float = 300.0
     """Timeout of every collective, in seconds; a rank stuck longer makes its peers fail (and restart)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step: each rank runs forward and backward on data.batch_size samples this
+    many times, then steps (global batch = batch_size x grad_accum_steps x world size)."""
     dump_final: str = ""
     """If set, rank 0 writes the full (unsharded) model and optimizer state at the end to this file
     (torch.save of {"step", "model", "optim"}), for comparisons; empty disables it."""
@@ -155,6 +161,7 @@ class TrainingConfig:
                 f"got {self.stop_at}"
             )
         _positive("training.collective_timeout_s", self.collective_timeout_s)
+        _positive("training.grad_accum_steps", self.grad_accum_steps)
 
 
 @dataclass(kw_only=True)

@@ -213,13 +213,14 @@ def build_model(
     seed: int,
     param_dtype: torch.dtype | None = None,
     activation_checkpointing: ActivationCheckpointing = "none",
+    compile_blocks: bool = False,
 ) -> Transformer:
     """Create the model, shard it with FSDP2 (`fully_shard` per block, then the root) and initialise it.
 
     CPU: init the full model from `seed` first, then shard, so every world size starts from the same
     weights. GPU: shard on meta, then each rank initialises its own shards on the device (no full copy).
     `param_dtype` (e.g. bf16) turns on FSDP2 mixed precision with fp32 gradient reduction.
-    Activation checkpointing is set per block before sharding, as torchtitan composes AC and FSDP2.
+    Activation checkpointing, then torch.compile, then FSDP2, per block: torchtitan's order.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -234,6 +235,8 @@ def build_model(
         model.layers, checkpointed_blocks(args.n_layers, activation_checkpointing), strict=True
     ):
         block.checkpointed = recompute
+        if compile_blocks:
+            block.compile()
         fully_shard(block, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
     if device.type != "cpu":

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import exitcodes, memory_plan
+from training import exitcodes, memory_plan, throughput
 from training.checkpoint import Checkpointer, CheckpointError
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
@@ -74,6 +74,7 @@ def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Sessi
         seed=cfg.run.seed,
         param_dtype=param_dtype,
         activation_checkpointing=cfg.model.activation_checkpointing,
+        compile_blocks=cfg.model.compile,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -92,12 +93,21 @@ def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Sessi
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 
 
-def train_step(session: Session, *, device: torch.device, grad_clip: float, world_size: int) -> float:
-    """One optimizer step on this rank's next batch; returns the loss averaged over ranks."""
+def train_step(
+    session: Session, *, device: torch.device, grad_clip: float, world_size: int, accum: int = 1
+) -> float:
+    """One optimizer step over this rank's next `accum` micro-batches; returns the loss averaged over ranks.
+
+    Each micro-batch's loss is divided by `accum` so the summed gradients are the mean over the step's
+    samples; FSDP2 reduces after every backward and accumulates into the sharded gradients."""
     state = session.state
-    inputs, targets = state.data.next_batch()
-    loss = loss_fn(session.model(inputs.to(device)), targets.to(device))
-    loss.backward()
+    total = torch.zeros((), device=device)
+    for _ in range(accum):
+        inputs, targets = state.data.next_batch()
+        loss = loss_fn(session.model(inputs.to(device)), targets.to(device)) / accum
+        loss.backward()
+        total += loss.detach()
+    loss = total
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(session.model.parameters(), grad_clip)
     session.optimizer.step()
@@ -127,6 +137,26 @@ class Trainer:
             events=self.events,
             run_dir=cfg.run.run_dir,
         )
+        self._flops_token: float | None = None
+        self._peak: float | None = None
+
+    def throughput(self, duration_s: float) -> throughput.Throughput:
+        """Tokens/s of this rank (one GPU) and MFU for a step that took `duration_s`."""
+        cfg, args = self.cfg, MODEL_CONFIGS[self.cfg.model.name]
+        if self._flops_token is None:
+            self._flops_token = throughput.flops_per_token(
+                params=args.num_params(),
+                vocab_size=args.vocab_size,
+                dim=args.dim,
+                n_layers=args.n_layers,
+                seq_len=cfg.data.seq_len,
+            )
+            name = torch.cuda.get_device_name(self.ctx.device) if self.ctx.device.type == "cuda" else "cpu"
+            self._peak = throughput.peak_flops(name)
+        tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum_steps
+        return throughput.measure(
+            tokens=tokens, duration_s=duration_s, flops_token=self._flops_token, peak=self._peak
+        )
 
     def log(self, message: str) -> None:
         if self.ctx.rank == 0:
@@ -155,16 +185,33 @@ class Trainer:
             self.faults.maybe_inject(step)
             t_start = time.time()
             loss = train_step(
-                session, device=self.ctx.device, grad_clip=cfg.optim.grad_clip, world_size=self.ctx.world_size
+                session,
+                device=self.ctx.device,
+                grad_clip=cfg.optim.grad_clip,
+                world_size=self.ctx.world_size,
+                accum=cfg.training.grad_accum_steps,
             )
             duration = time.time() - t_start
-            self.events.emit("step", step=step, loss=loss, duration_s=duration, t_start=t_start)
+            rate = self.throughput(duration)
+            self.events.emit(
+                "step",
+                step=step,
+                loss=loss,
+                duration_s=duration,
+                t_start=t_start,
+                tokens_per_s=rate.tokens_per_s,
+                mfu=rate.mfu,
+            )
             if session.checkpointer.due(step):  # a slow save must not look like a hang to the launcher
                 heartbeat.phase("checkpoint")
             session.checkpointer.maybe_save(step, session.ckpt_state)
             heartbeat.beat(step)
             if step % cfg.training.log_every == 0 or step == cfg.training.steps:
-                self.log(f"step {step}/{cfg.training.steps} loss {loss:.4f} ({duration:.3f} s)")
+                mfu = f", MFU {rate.mfu:.1%}" if rate.mfu is not None else ""
+                self.log(
+                    f"step {step}/{cfg.training.steps} loss {loss:.4f} ({duration:.3f} s, "
+                    f"{rate.tokens_per_s:,.0f} tokens/s per GPU{mfu})"
+                )
 
     def finish(self, session: Session) -> None:
         """Drain the in-flight save (timed on its own), save the final step, optionally dump the model."""
