@@ -145,6 +145,11 @@ class TrainingConfig:
     """Deterministic algorithms and fixed seeds (bitwise-reproducible on CPU; a little slower on GPU)."""
     collective_timeout_s: float = 300.0
     """Timeout of every collective, in seconds; a rank stuck longer makes its peers fail (and restart)."""
+    efa_devices: int = 0
+    """EFA devices this node must train over (the p5 profile sets 32): before the first step, local rank 0
+    checks that `fi_info -p efa` lists them and that NCCL's own log (NCCL_DEBUG=INFO, NCCL_DEBUG_FILE) shows
+    aws-ofi-nccl with the EFA provider; otherwise every rank exits 78. 0 skips the check (debugging only:
+    NCCL may then run over TCP sockets, about ten times slower)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step: each rank runs forward and backward on data.batch_size samples this
     many times, then steps (global batch = batch_size x grad_accum_steps x world size)."""
@@ -162,6 +167,10 @@ class TrainingConfig:
             )
         _positive("training.collective_timeout_s", self.collective_timeout_s)
         _positive("training.grad_accum_steps", self.grad_accum_steps)
+        if self.efa_devices < 0:
+            raise ConfigError(
+                f"training.efa_devices must be >= 0 (0 skips the EFA check), got {self.efa_devices}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -14,7 +14,9 @@ Standard library only: the trainer calls it; tests feed it recorded outputs of b
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,17 @@ def check_fabric(expected: int, fi_info: str = "fi_info") -> list[str]:
             "(NCCL would fall back to TCP sockets); training.efa_devices=0 skips this check"
         )
     return found
+
+
+def nccl_log_path() -> Path:
+    """This process's NCCL debug log: NCCL_DEBUG_FILE with NCCL's %h (host) and %p (pid) filled in."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE", "")
+    if not pattern or os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        raise EfaError(
+            "the EFA check reads NCCL's own log: set NCCL_DEBUG=INFO and NCCL_DEBUG_FILE (the p5 profile "
+            "does); training.efa_devices=0 skips the check"
+        )
+    return Path(pattern.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
 
 
 def check_nccl_log(path: Path, expected_nics: int) -> NcclNet:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import exitcodes, memory_plan, throughput
+from training import efa, exitcodes, memory_plan, throughput
 from training.checkpoint import Checkpointer, CheckpointError
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
@@ -291,6 +291,32 @@ def check_memory(cfg: TrainConfig) -> str:
     return memory_plan.plan(shape, world_size=world, **job).line()
 
 
+def verify_fabric(expected: int, ctx: DistContext) -> str | None:
+    """None when this job trains over EFA as its profile expects (or expects nothing); else the reason.
+
+    A first collective makes NCCL choose its network; local rank 0 of each node then checks fi_info and
+    NCCL's log, and an all-reduce tells every rank of every node, so the whole job exits 78 together
+    instead of training over TCP sockets."""
+    if not expected:
+        return None
+    if ctx.world_size > 1:
+        dist.barrier()
+    problem = None
+    if ctx.local_rank == 0:
+        try:
+            efa.check_fabric(expected)
+            if ctx.backend == "nccl":
+                efa.check_nccl_log(efa.nccl_log_path(), expected)
+        except efa.EfaError as exc:
+            problem = str(exc)
+    verdict = torch.tensor([0 if problem else 1], device=ctx.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+    if problem or int(verdict.item()) == 1:
+        return problem
+    return "the EFA check failed on another node (its log says why); training.efa_devices=0 skips it"
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -316,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_under_nvrx(cfg)
     ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s)
     try:
+        problem = verify_fabric(cfg.training.efa_devices, ctx)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return exitcodes.FATAL_CONFIG
         return Trainer(cfg, ctx).run()
     except CheckpointError as exc:  # checkpoints exist but none verifies: never restart from step 0
         print(f"error: {exc}", file=sys.stderr)

@@ -7,8 +7,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from trainer_helpers import TINY, run_trainer
 
 from training.efa import EfaError, check_fabric, check_nccl_log, efa_devices, nccl_network
+from training.events import read_events
 
 FIX = Path(__file__).parent / "fixtures" / "efa"
 
@@ -87,3 +89,26 @@ def test_check_nccl_log(tmp_path):
         check_nccl_log(good, 64)
     with pytest.raises(EfaError, match="no NCCL debug log at"):
         check_nccl_log(tmp_path / "missing.log", 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixture", "code"), [("fi_info_efa4_direct.txt", 0), ("fi_info_no_devices.txt", 78)]
+)
+def test_trainer_refuses_to_train_without_its_efa_devices(tmp_path, fixture, code):
+    """Both ranks learn the verdict of local rank 0 and exit 78 together, before the first step."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_fi_info(bin_dir, fixture)
+    root = tmp_path / "runs"
+    args = ["--run.id", "efa", "--run.root", str(root), *TINY, "--training.steps", "2",
+            "--checkpoint.mode", "off", "--training.efa_devices", "4"]  # fmt: skip
+    out = run_trainer(tmp_path, args, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert out.returncode == (0 if code == 0 else 1), out.stderr  # torchrun reports a failed worker as 1
+    steps = [e for e in read_events(root / "efa") if e["kind"] == "step"]
+    if code:
+        assert "error: libfabric sees 0 EFA devices, the profile expects 4" in out.stderr
+        assert "exitcode  : 78" in out.stderr or "exitcode: 78" in out.stderr.replace(" ", "")
+        assert steps == []
+    else:
+        assert len(steps) == 4  # 2 steps x 2 ranks

@@ -57,7 +57,9 @@ def trainer_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def run_trainer(tmp: Path, args: list[str], *, nproc: int = 2, timeout: float = 240) -> Finished:
+def run_trainer(
+    tmp: Path, args: list[str], *, nproc: int = 2, timeout: float = 240, env: dict[str, str] | None = None
+) -> Finished:
     """Run the trainer on `nproc` local ranks under torchrun (no restarts) and wait for it."""
     logs = tmp / "torchelastic"
     logs.mkdir(parents=True, exist_ok=True)
@@ -69,7 +71,7 @@ def run_trainer(tmp: Path, args: list[str], *, nproc: int = 2, timeout: float = 
         "-m", "training.train", *args,
     ]  # fmt: skip
     proc = subprocess.run(
-        cmd, cwd=REPO, env=trainer_env(tmp), capture_output=True, text=True, timeout=timeout
+        cmd, cwd=REPO, env=trainer_env(tmp) | (env or {}), capture_output=True, text=True, timeout=timeout
     )
     return Finished(proc.returncode, proc.stdout, proc.stderr)
 
