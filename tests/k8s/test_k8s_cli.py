@@ -30,7 +30,7 @@ def run_cli(
 BAD_INPUT = [
     (["render", "NODES=0"], 2, "error: NODES=0: must be at least 1"),
     (["render", "NODEZ=2"], 2, "error: unknown value NODEZ; did you mean NODES?"),
-    (["render", "--nodes", "x"], 2, "error: NODES='x' is not a whole number"),
+    (["render", "--nodes", "x"], 2, "error: NODES='x': not a whole number"),
     (
         ["render", "RUN_ID=t", "--outputs", "absent.json"],
         2,
@@ -49,7 +49,67 @@ BAD_INPUT = [
     (
         ["render", "RUN_ID=t", "--kube-version", "1.99"],
         2,
-        "error: KUBERNETES_VERSION=1.99: no bundled schemas",
+        "error: --kube-version 1.99: is not supported; the kit's Job needs 1.29 or newer",
+    ),
+    (
+        ["render", "RUN_ID=t", "KUBERNETES_VERSION=1.28"],
+        2,
+        "error: KUBERNETES_VERSION=1.28: is not supported; the kit's Job needs 1.29 or newer and its schemas are "
+        "bundled up to 1.37: use one of 1.29 to 1.37",
+    ),
+    (
+        ["render", "NODES=4", "NODES=5"],
+        2,
+        "error: NODES is given twice (NODES=4, then NODES=5); give each key once",
+    ),
+    (["render", "--nodes", "4", "--nodes", "5"], 2, "error: --nodes is given twice; give it once"),
+    (
+        ["render", "--nodes", "4", "NODES=5"],
+        2,
+        "error: NODES is given twice (NODES=5, then NODES=4); give each key once",
+    ),
+    (
+        ["render", "OUTPUTS=a.json", "OUTPUTS=b.json"],
+        2,
+        "error: OUTPUTS is given twice (OUTPUTS=a.json, then OUTPUTS=b.json)",
+    ),
+    (
+        ["render", "--outputs", "a.json", "OUTPUTS=b.json"],
+        2,
+        "error: OUTPUTS is given twice (--outputs and OUTPUTS=b.json)",
+    ),
+    (
+        ["apply", "DRY_RUN=y"],
+        2,
+        "error: DRY_RUN='y': not a boolean; use one of 1/true/yes/on or 0/false/no/off",
+    ),
+    (["apply", "DRY_RUN=1", "DRY_RUN=0"], 2, "error: DRY_RUN is given twice (DRY_RUN=1, then DRY_RUN=0)"),
+    (["apply", "--dry-run", "DRY_RUN=0"], 2, "error: DRY_RUN is given twice (--dry-run and DRY_RUN=0)"),
+    (["render", "INPROCESS=y"], 2, "error: INPROCESS='y': not a boolean"),
+    (["local", "--timeout", "nan"], 2, "error: argument --timeout: 'nan': must be a finite number"),
+    (["local", "--timeout", "inf"], 2, "error: argument --timeout: 'inf': must be a finite number"),
+    (["local", "--timeout", "0"], 2, "error: argument --timeout: '0': must be greater than 0"),
+    (["local", "--timeout", "1e12"], 2, "error: argument --timeout: '1e12': must be at most 2592000.0"),
+    (["local", "TIMEOUT=nan"], 2, "error: TIMEOUT='nan': must be a finite number"),
+    (["local", "TIMEOUT=-5"], 2, "error: TIMEOUT='-5': must be greater than 0"),
+    (["local", "TIMEOUT=9e99"], 2, "error: TIMEOUT='9e99': must be at most 2592000.0"),
+    (["local", "TIMEOUT=5", "--timeout", "5"], 2, "error: TIMEOUT is given twice (--timeout and TIMEOUT=5)"),
+    (["render", "--rdzv-port", "nan"], 2, "error: RDZV_PORT='nan': not a whole number"),
+    (
+        ["render", "--monitor-interval-s", "inf"],
+        2,
+        "error: MONITOR_INTERVAL_S='inf': must be a finite number",
+    ),
+    (
+        ["render", f"NODE_SELECTOR.{'k' * 70}=x"],
+        2,
+        f"error: NODE_SELECTOR.{'k' * 70}=x: the label key has a name part of 70 characters (at most 63)",
+    ),
+    (["render", "KUEUE_QUEUE=Team_Q"], 2, "error: KUEUE_QUEUE=Team_Q: the Kueue queue name"),
+    (
+        ["render", "PRIORITY_CLASS=High"],
+        2,
+        "error: PRIORITY_CLASS=High: a PriorityClass name must be a DNS-1123 subdomain",
     ),
     (["render", "RUN_ID=t", "ENV.RANK=3"], 2, "error: ENV.RANK=3: is set by the kit or the launcher"),
 ]

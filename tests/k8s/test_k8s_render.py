@@ -15,6 +15,7 @@ import yaml
 from k8s.local import LocalRunner, load_job
 from k8s.outputs import merge_stack_outputs
 from k8s.render import Manifest, environment, render, write
+from k8s.spec import POD_WRAPPER, WORKER_WRAPPER
 from k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
 from k8s.values import build_values
 
@@ -24,6 +25,11 @@ LOCAL = ["PROFILE=local", "RUN_ID=t"]
 
 def _render(overrides: list[str], *, outputs: dict | None = None) -> list[Manifest]:
     return render(build_values(outputs=outputs, overrides=overrides, allow_placeholders=outputs is None))
+
+
+def _with_run_id(overrides: list[str]) -> list[str]:
+    """RUN_ID=t unless the row sets its own (a key may be given only once)."""
+    return overrides if any(o.upper().startswith("RUN_ID=") for o in overrides) else ["RUN_ID=t", *overrides]
 
 
 def _obj(manifests: list[Manifest], kind: str) -> dict[str, Any]:
@@ -43,7 +49,14 @@ def _env(manifests: list[Manifest]) -> dict[str, Any]:
 def test_k8s_every_profile_and_launcher_is_valid(profile: str, launcher: str) -> None:
     manifests = _render([f"PROFILE={profile}", f"LAUNCHER={launcher}", "RUN_ID=t"])
     validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
-    assert _container(manifests)["command"][0] == ("ft_launcher" if launcher == "ft_launcher" else "python")
+    command = _container(manifests)["command"]
+    if launcher == "kit":
+        assert command[:3] == ["python", "-m", "training.launch"]
+    else:  # torchrun and ft_launcher run inside the exit-78 wrappers
+        assert command[:2] == ["sh", "-c"] and command[4] == (
+            "ft_launcher" if launcher == "ft_launcher" else "python"
+        )
+        assert command[command.index("--no-python") + 1 : command.index("--no-python") + 3] == ["sh", "-c"]
 
 
 VARIANTS = {
@@ -197,7 +210,7 @@ ENV_VALUES = [
 @pytest.mark.parametrize(("overrides", "name", "expected"), ENV_VALUES,
                          ids=[f"{o[0] if o else 'default'}:{n}" for o, n, _ in ENV_VALUES])  # fmt: skip
 def test_k8s_each_env_value(overrides: list[str], name: str, expected: str | None) -> None:
-    assert _env(_render(["RUN_ID=t", *overrides])).get(name) == expected
+    assert _env(_render(_with_run_id(overrides))).get(name) == expected
 
 
 TRAINER = [
@@ -231,7 +244,7 @@ TRAINER = [
 @pytest.mark.parametrize(("overrides", "section", "expected"), TRAINER,
                          ids=[f"{o[0] if o else 'default'}:{s}" for o, s, _ in TRAINER])  # fmt: skip
 def test_k8s_trainer_config_sections(overrides: list[str], section: str, expected: dict) -> None:
-    manifests = _render(["RUN_ID=t", *overrides])
+    manifests = _render(_with_run_id(overrides))
     config = yaml.safe_load(_obj(manifests, "ConfigMap")["data"]["train.yaml"])
     assert config[section] == expected
     assert set(config) <= {"run", "model", "data", "optim", "training", "checkpoint", "fault", "inprocess"}
@@ -249,6 +262,8 @@ def test_k8s_config_checksum_follows_the_config() -> None:
     )
 
 
+POD = ["sh", "-c", POD_WRAPPER, "kit-pod"]
+WORKER = ["--no-python", "sh", "-c", WORKER_WRAPPER, "kit-worker"]
 LAUNCH = [
     (
         ["LAUNCHER=kit", "MAX_RESTARTS=4", "HEARTBEAT_TIMEOUT=120", "HEARTBEAT_SAFETY_FACTOR=3", "RUN_ID=r1"],
@@ -277,6 +292,7 @@ LAUNCH = [
     (
         ["LAUNCHER=ft_launcher", "RUN_ID=r1"],
         [
+            *POD,
             "ft_launcher",
             "--nnodes=2:2",
             "--nproc-per-node=8",
@@ -287,6 +303,7 @@ LAUNCH = [
             "--monitor-interval=0.5",
             "--ft-initial-rank-heartbeat-timeout=1200",
             "--ft-rank-heartbeat-timeout=900",
+            *WORKER,
             "-m",
             "training.train",
             "--config",
@@ -296,6 +313,7 @@ LAUNCH = [
     (
         ["LAUNCHER=torchrun", "RUN_ID=r1"],
         [
+            *POD,
             "python",
             "-m",
             "torch.distributed.run",
@@ -306,6 +324,7 @@ LAUNCH = [
             "--master-port=29500",
             "--max-restarts=0",
             "--monitor-interval=0.5",
+            *WORKER,
             "-m",
             "training.train",
             "--config",
@@ -448,7 +467,7 @@ def test_k8s_strict_schema_catches_a_misspelt_field() -> None:
 
 def test_k8s_unsupported_schema_version() -> None:
     with pytest.raises(
-        ValueError, match=r"^KUBERNETES_VERSION=1.99: no bundled schemas; use one of 1.25..1.37"
+        ValueError, match=r"^KUBERNETES_VERSION=1.99: is not supported; .* use one of 1.29 to 1.37$"
     ):
         validate(_render(["RUN_ID=t"]), versions=["1.99"], allow_placeholders=True)
 
