@@ -269,3 +269,93 @@ def test_k8s_cli_image_ref_for_make_image(tmp_path: Path, outputs_file: Path) ->
     assert (proc.returncode, proc.stdout) == (0, "us-east-2\n")
     proc = run_cli("image-ref", "IMAGE_TAG=a/b", f"OUTPUTS={outputs_file}", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: IMAGE_TAG=a/b: a Docker tag is")
+
+
+def test_k8s_cli_unknown_dry_run_spelling_never_applies(
+    tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """`DRY_RUN=y` with stack outputs present used to mean "apply"; now it is a one-line error and kubectl
+    is never called."""
+    path, log = fake_kubectl
+    for spelling in ("y", "dry", "2"):
+        proc = run_cli("apply", "RUN_ID=r5", f"OUTPUTS={outputs_file}", f"DRY_RUN={spelling}", cwd=tmp_path,
+                       path=path, extra_env={"FAKE_LOG": str(log)})  # fmt: skip
+        assert proc.returncode == 2
+        assert (
+            proc.stderr
+            == f"error: DRY_RUN='{spelling}': not a boolean; use one of 1/true/yes/on or 0/false/no/off\n"
+        )
+    assert not log.exists() and not (tmp_path / "build").exists()
+
+
+TRAINER_REFUSES = [
+    (
+        ["TRAIN.optim.bogus=1"],
+        "error: the trainer refuses this config: unknown config key optim.bogus; valid keys in 'optim': optim.lr, "
+        "optim.min_lr, optim.warmup_steps, optim.weight_decay, optim.grad_clip, optim.beta1, optim.beta2\n",
+    ),
+    (
+        ["TRAIN.optim.lr=abc", "DRY_RUN=1"],
+        "error: the trainer refuses this config: optim.lr must be a number, got 'abc'\n",
+    ),
+    (
+        ["TRAIN.training.stop_at=50", "STEPS=20", "DRY_RUN=1"],
+        "error: the trainer refuses this config: training.stop_at must be in [0, training.steps=20] (0 = no early "
+        "stop), got 50\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("items", "message"), TRAINER_REFUSES, ids=["bogus-key", "lr-abc", "stop-at"])
+def test_k8s_cli_trainer_rules_run_before_anything_is_applied(
+    items: list[str], message: str, tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """Overrides the trainer would refuse in the pod (exit 78 after a p5 node was scheduled) fail at render
+    time with the trainer's own message, on apply and on DRY_RUN alike; nothing is written or applied."""
+    path, log = fake_kubectl
+    proc = run_cli("apply", "RUN_ID=r6", f"OUTPUTS={outputs_file}", *items, cwd=tmp_path, path=path,
+                   extra_env={"FAKE_LOG": str(log)})  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, message)
+    assert not log.exists() and not (tmp_path / "build").exists()
+
+
+def test_k8s_cli_trainer_fields_k8s_does_not_list_still_pass(tmp_path: Path) -> None:
+    """The trainer's rules, not a k8s copy of its field list: optim.beta1 is the trainer's, so it renders."""
+    proc = run_cli("render", "RUN_ID=r7", "TRAIN.optim.beta1=0.8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "beta1: 0.8" in (tmp_path / "build" / "k8s" / "r7" / "04-configmap.yaml").read_text()
+
+
+def test_k8s_cli_many_nodes_without_outputs_warn(tmp_path: Path, outputs_file: Path) -> None:
+    bare = tmp_path / "before-deploy"  # no cdk-outputs.json here
+    bare.mkdir()
+    proc = run_cli("render", "RUN_ID=big", "NODES=1000", cwd=bare)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "warning: NODES=1000: 8000 ranks, and without stack outputs the node group's size is unknown (more than "
+        "64 nodes is rarely meant); check NODES, or pass OUTPUTS=<file> so GpuNodeCount bounds it"
+    )
+    quiet = run_cli("render", "RUN_ID=few", "NODES=64", cwd=bare)
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
+    bounded = run_cli("render", "RUN_ID=big", "NODES=1000", f"OUTPUTS={outputs_file}", cwd=tmp_path)
+    assert bounded.returncode == 2
+    assert bounded.stderr.startswith(
+        "error: NODES=1000: the GPU node group has 4 nodes; ask for at most that many"
+    )
+
+
+def test_k8s_make_train_job_refuses_a_key_given_twice(tmp_path: Path) -> None:
+    """make keeps only the last `NODES=` of its command line; the CLI reads make's own argv to refuse it.
+    The setup stamp is marked old-but-fine (-o), so make runs only the recipe."""
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    for pairs in (["NODES=4", "NODES=5"], ["NODES=4", "nodes=5"]):  # make collapses the first, not the second
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-C", str(REPO), "-o", str(stamp), f"STAMP={stamp}",
+             f"PY={sys.executable}", "train-job", *pairs, "DRY_RUN=1", f"OUT={tmp_path / 'out'}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.lower().startswith("error: nodes is given twice"), proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

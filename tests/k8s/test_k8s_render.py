@@ -4,6 +4,7 @@ policy; rank discovery for 1-8 nodes; one test per value, asserted by path; gold
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -500,3 +501,55 @@ def test_k8s_golden_p5(stack_outputs: dict, tmp_path: Path) -> None:
         assert m.text == (GOLDEN / m.filename).read_text(encoding="utf-8"), (
             f"{m.filename} differs from golden"
         )
+
+
+def test_k8s_kueue_queue_and_priority_class_are_optional() -> None:
+    plain = _obj(_render(["RUN_ID=t"]), "Job")
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"] and "suspend" not in plain["spec"]
+    assert "priorityClassName" not in plain["spec"]["template"]["spec"]
+    manifests = _render(["RUN_ID=t", "KUEUE_QUEUE=team-a", "PRIORITY_CLASS=training-high"])
+    validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
+    job = _obj(manifests, "Job")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True  # Kueue admits all pods at once, then unsuspends the Job
+    assert "kueue.x-k8s.io/queue-name" not in job["spec"]["template"]["metadata"]["labels"]
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "training-high"
+
+
+def _edited(manifests: list[Manifest], edit) -> list[Manifest]:
+    out = []
+    for m in manifests:
+        obj = json.loads(json.dumps(m.obj))
+        if obj["kind"] == "Job":
+            edit(obj)
+        out.append(Manifest(m.filename, m.text, obj))
+    return out
+
+
+LABEL_EDITS = {
+    "label key": (
+        lambda job: job["metadata"]["labels"].update({"x" * 64: "v"}),
+        f"06-job.yaml: Job/t: metadata.labels: key '{'x' * 64}' has a name part of 64 characters "
+        "(at most 63)",
+    ),
+    "label value": (
+        lambda job: job["spec"]["template"]["metadata"]["labels"].update({"team": "-ml"}),
+        "06-job.yaml: Job/t: spec.template.metadata.labels[team]: value '-ml' must be a label value",
+    ),
+    "annotation key": (
+        lambda job: job["metadata"]["annotations"].update({"bad key": "v"}),
+        "06-job.yaml: Job/t: metadata.annotations: key 'bad key' must be a qualified name",
+    ),
+    "selector key": (
+        lambda job: job["spec"]["template"]["spec"]["nodeSelector"].update({"a/b/c": "v"}),
+        "06-job.yaml: Job/t: spec.template.spec.nodeSelector: key 'a/b/c' has more than one '/'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LABEL_EDITS)
+def test_k8s_policy_checks_label_and_annotation_rules(case: str) -> None:
+    """Hand-edited manifests (or a template bug) with names the API server would refuse fail the policy."""
+    edit, message = LABEL_EDITS[case]
+    problems = policy_problems(_edited(_render(["RUN_ID=t"]), edit), allow_placeholders=True)
+    assert len(problems) == 1 and problems[0].startswith(message), problems
