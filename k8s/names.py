@@ -32,9 +32,7 @@ QUALIFIED_NAME_RULE = (
     "a qualified name: an optional DNS-subdomain prefix (at most 253) and '/', then a name of at most 63 "
     "characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside"
 )
-LABEL_VALUE_RULE = (
-    "a label value: empty, or at most 63 characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside"
-)
+LABEL_VALUE_RULE = "empty, or at most 63 characters with [A-Za-z0-9] at both ends and '-', '_', '.' inside"
 
 
 def _too_long(text: str, limit: int) -> str | None:

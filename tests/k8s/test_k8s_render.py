@@ -534,7 +534,8 @@ LABEL_EDITS = {
     ),
     "label value": (
         lambda job: job["spec"]["template"]["metadata"]["labels"].update({"team": "-ml"}),
-        "06-job.yaml: Job/t: spec.template.metadata.labels[team]: value '-ml' must be a label value",
+        "06-job.yaml: Job/t: spec.template.metadata.labels[team]: value '-ml' must be empty, or at most 63 "
+        "characters",
     ),
     "annotation key": (
         lambda job: job["metadata"]["annotations"].update({"bad key": "v"}),

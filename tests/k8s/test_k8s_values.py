@@ -73,13 +73,13 @@ BAD_VALUES = [
     ),
     (
         [f"NODE_SELECTOR.role={'v' * 64}", *LOCAL],
-        f"NODE_SELECTOR.role={'v' * 64}: the label value is 64 characters (at most 63); must be a label value: "
-        "empty, or at most 63 characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside",
+        f"NODE_SELECTOR.role={'v' * 64}: the label value is 64 characters (at most 63); must be empty, or at "
+        "most 63 characters with [A-Za-z0-9] at both ends and '-', '_', '.' inside",
     ),
     (
         ["NODE_SELECTOR.role=gpu_", *LOCAL],
-        "NODE_SELECTOR.role=gpu_: the label value must be a label value: empty, or at most 63 characters, "
-        "[A-Za-z0-9] at both ends and '-', '_', '.' inside",
+        "NODE_SELECTOR.role=gpu_: the label value must be empty, or at most 63 characters with [A-Za-z0-9] at "
+        "both ends and '-', '_', '.' inside",
     ),
     (
         ["KUEUE_QUEUE=Team_Q", *LOCAL],
@@ -89,8 +89,8 @@ BAD_VALUES = [
     (
         [f"KUEUE_QUEUE={'q' * 64}", *LOCAL],
         f"KUEUE_QUEUE={'q' * 64}: the Kueue queue name (a label value and a LocalQueue name) is 64 characters "
-        "(at most 63); must be a label value: empty, or at most 63 characters, [A-Za-z0-9] at both ends and "
-        "'-', '_', '.' inside",
+        "(at most 63); must be empty, or at most 63 characters with [A-Za-z0-9] at both ends and '-', '_', '.' "
+        "inside",
     ),
     (
         ["PRIORITY_CLASS=High", *LOCAL],
