@@ -52,7 +52,7 @@ def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
 
 def check_fields(v: JobValues) -> None:
     """Rules about one field at a time."""
-    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", v.run_id) or len(v.run_id) > RUN_ID_MAX:
+    if names.dns1035_label(v.run_id) or len(v.run_id) > RUN_ID_MAX:  # it names the Service too
         _fail(
             "RUN_ID",
             v.run_id,
