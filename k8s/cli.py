@@ -1,38 +1,51 @@
 """`python -m k8s render|apply|status|delete|local|docs`: the training Job from values to a running job.
 
 Values come as KEY=VALUE pairs (`NODES=4 MODEL=llama3.1-8b`, as `make train-job` passes them) and/or flags
-(`--nodes 4`); flags win. `OUTPUTS=<file>` (default cdk-outputs.json) names the stack outputs and
-`DRY_RUN=1` (or `--dry-run`) stops after validation. Bad input exits 2 with one line on stderr.
+(`--nodes 4`); each key once, in either form. `OUTPUTS=<file>` (default cdk-outputs.json) names the stack
+outputs and `DRY_RUN=1` (or `--dry-run`) stops after validation. Bad input exits 2 with one line on stderr;
+the trainer's own config check runs before anything is written or applied.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 import subprocess
 import sys
 import typing
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
+from cliargs import float_arg, parse_bool, parse_float
 from k8s import docs
 from k8s.kubectl import Kubectl, KubectlError, follow
 from k8s.local import LocalRunError, run_local
 from k8s.outputs import OutputsError, load_stack_outputs
 from k8s.render import DEFAULT_OUT, render, write
-from k8s.spec import job_spec
+from k8s.rules import check_fields
+from k8s.spec import CONFIG_FILE, job_spec
+from k8s.trainer_check import check_trainer_config
 from k8s.validate import ManifestError, validate
-from k8s.values import ValuesError, apply_overrides, build_values, parse_scalar
+from k8s.values import ValuesError, advice, apply_overrides, build_values
+from k8s.versions import version_problem
 
 DEFAULT_OUTPUTS = "cdk-outputs.json"
 # Make variables that reach us through $(MAKEOVERRIDES) but are not job values.
-_MAKE_ONLY = {"PYTHON", "CDK_ARGS", "PY", "VENV"}
-_CLI_KEYS = {"OUTPUTS", "DRY_RUN", "OUT", "WORKDIR", "TIMEOUT"}
+_MAKE_ONLY = {"PYTHON", "CDK_ARGS", "PY", "VENV", "STAMP", "CDK"}
+# The CLI's own keys, and the flag that sets the same thing (a key may come once, in either form).
+_CLI_KEYS = {
+    "OUTPUTS": "outputs",
+    "DRY_RUN": "dry_run",
+    "OUT": "out",
+    "WORKDIR": "workdir",
+    "TIMEOUT": "timeout",
+}
 USAGE, FAILED = 2, 1
+TIMEOUT_MAX_S = 30 * 86400.0
+"""TIMEOUT / --timeout above 30 days is a typo, not a plan (and overflows some OS timers)."""
 
 
 class UsageError(ValueError):
@@ -44,6 +57,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Once(argparse.Action):
+    """Store a flag's value; the same flag twice is an error (`--nodes 4 --nodes 5`: which one?)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            raise UsageError(f"{option_string} is given twice; give it once")
+        setattr(namespace, self.dest, values)
+
+
 def _value_flags(parser: argparse.ArgumentParser) -> None:
     """One --flag per scalar JobValues field (help from its docstring), plus --env/--set."""
     hints = typing.get_type_hints(docs.JobValues)
@@ -53,7 +75,11 @@ def _value_flags(parser: argparse.ArgumentParser) -> None:
         if typing.get_origin(hints[f.name]) is dict:
             continue
         group.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f"v_{f.name}", metavar="V", help=field_docs.get(f.name, "")
+            f"--{f.name.replace('_', '-')}",
+            dest=f"v_{f.name}",
+            metavar="V",
+            action=_Once,
+            help=field_docs.get(f.name, ""),
         )
     group.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="container env")
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any value key")
@@ -63,11 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m k8s", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def job_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+    def with_pairs(name: str, help_text: str, pairs_help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="values, e.g. NODES=4 MODEL=llama3.1-8b")
-        p.add_argument("--outputs", help=f"stack outputs file (default {DEFAULT_OUTPUTS} when it exists)")
-        p.add_argument("--out", type=Path, help=f"manifest folder (default {DEFAULT_OUT}/<run id>)")
+        p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help=pairs_help)
+        p.add_argument("--make-pid", type=int, help=argparse.SUPPRESS)  # make's pid, from the Makefile
+        return p
+
+    def job_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = with_pairs(name, help_text, "values, e.g. NODES=4 MODEL=llama3.1-8b")
+        p.add_argument(
+            "--outputs", action=_Once, help=f"stack outputs file (default {DEFAULT_OUTPUTS} when it exists)"
+        )
+        p.add_argument(
+            "--out", type=Path, action=_Once, help=f"manifest folder (default {DEFAULT_OUT}/<run id>)"
+        )
         p.add_argument("--dry-run", action="store_true", help="stop after validation (DRY_RUN=1)")
         p.add_argument("--kube-version", action="append", default=[], help="extra schema version to check")
         _value_flags(p)
@@ -80,68 +115,124 @@ def build_parser() -> argparse.ArgumentParser:
     apply_p.add_argument("--no-follow", action="store_true", help="return after applying")
     local_p = job_cmd("local", "render the local profile and run its pods here as processes")
     local_p.add_argument(
-        "--workdir", type=Path, default=Path("runs") / "local", help="local pod state and logs"
+        "--workdir", type=Path, action=_Once, help="local pod state and logs (default runs/local)"
     )
-    local_p.add_argument("--timeout", type=float, default=None, help="give up after SECONDS")
+    local_p.add_argument(
+        "--timeout",
+        type=float_arg(lo=0, lo_open=True, hi=TIMEOUT_MAX_S),
+        action=_Once,
+        help="give up after SECONDS (above 0, at most 30 days)",
+    )
     for name, help_text in (("status", "show the run's Job and pods"), ("delete", "delete the run's Job")):
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="RUN_ID=<id> [NAMESPACE=<ns>]")
-    ref_p = sub.add_parser(
-        "image-ref", help="print <EcrRepositoryUri>:<IMAGE_TAG> from the outputs (make image)"
+        with_pairs(name, help_text, "RUN_ID=<id> [NAMESPACE=<ns>]")
+    ref_p = with_pairs(
+        "image-ref",
+        "print <EcrRepositoryUri>:<IMAGE_TAG> from the outputs (make image)",
+        "IMAGE_TAG=<tag> [OUTPUTS=<file>]",
     )
-    ref_p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="IMAGE_TAG=<tag> [OUTPUTS=<file>]")
     ref_p.add_argument("--region", action="store_true", help="print the Region output instead")
     docs_p = sub.add_parser("docs", help="rewrite the values table in docs/k8s.md")
     docs_p.add_argument("--check", action="store_true", help="fail if docs/k8s.md is stale")
     return parser
 
 
-def _split_pairs(pairs: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Job values vs the CLI's own keys (OUTPUTS, DRY_RUN, ...); make-internal variables are dropped."""
+def _split_pairs(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Job values vs the CLI's own keys (OUTPUTS, DRY_RUN, ...); make-internal variables are dropped.
+
+    A CLI key given twice, or both as a pair and as its flag (`OUTPUTS=a --outputs b`), is an error.
+    """
+    if args.make_pid is not None:
+        _check_make_command_line(args.make_pid)
     values, own = [], {}
-    for item in pairs:
+    for item in args.pairs:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"{item!r} is not KEY=VALUE; e.g. NODES=4")
         upper = key.strip().upper()
         if upper in _MAKE_ONLY:
             continue
-        if upper in _CLI_KEYS:
-            own[upper] = value
-        else:
+        if upper not in _CLI_KEYS:
             values.append(item)
+            continue
+        flag = _CLI_KEYS[upper]
+        if upper in own:
+            raise UsageError(f"{upper} is given twice ({upper}={own[upper]}, then {item}); give it once")
+        if getattr(args, flag, None) not in (None, False):
+            raise UsageError(f"{upper} is given twice (--{flag.replace('_', '-')} and {item}); give it once")
+        own[upper] = value
     return values, own
 
 
+def make_assignments(argv: list[str]) -> list[tuple[str, str]]:
+    """(name, item) of each `NAME=value` on a make command line, in order (options and their args skipped)."""
+    takes_arg = {"-C", "-f", "-I", "-o", "-W", "--directory", "--file", "--makefile", "--include-dir"}
+    found, skip = [], False
+    for item in argv[1:]:
+        if skip:
+            skip = False
+        elif item in takes_arg:
+            skip = True
+        elif m := re.match(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*:{0,3}=", item):
+            found.append((m.group(1), item))
+    return found
+
+
+def _check_make_command_line(pid: int) -> None:
+    """make keeps only the last `NODES=` of its command line, so the CLI cannot see `NODES=4 NODES=5`;
+    make's own argv (Linux /proc) still can. Elsewhere this check is skipped (docs/k8s.md says so)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")[:-1]
+    except OSError:
+        return
+    if not argv or "make" not in Path(argv[0]).name:
+        return
+    seen: dict[str, str] = {}
+    for name, item in make_assignments(argv):
+        if name in seen:
+            raise UsageError(
+                f"{name} is given twice on the make command line ({seen[name]}, then {item}); make keeps "
+                "only the last one, so give it once"
+            )
+        seen[name] = item
+
+
 def _overrides(args: argparse.Namespace, pairs: list[str]) -> list[str]:
-    flags = [f"{k[2:]}={v}" for k, v in vars(args).items() if k.startswith("v_") and v is not None]
+    flags = [f"{k[2:].upper()}={v}" for k, v in vars(args).items() if k.startswith("v_") and v is not None]
     return pairs + [f"ENV.{e}" for e in args.env] + list(args.set) + flags
 
 
-def _truthy(text: str | None) -> bool:
-    return (text or "").strip().lower() in ("1", "true", "yes", "on")
+def _bool(own: dict[str, str], key: str) -> bool:
+    try:
+        return parse_bool(own.get(key), key)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool = False):
-    pairs, own = _split_pairs(args.pairs)
+    pairs, own = _split_pairs(args)
     overrides = _overrides(args, pairs)
-    dry_run = args.command == "render" or args.dry_run or _truthy(own.get("DRY_RUN"))
+    dry_run = args.command == "render" or args.dry_run or _bool(own, "DRY_RUN")
     outputs_arg = args.outputs or own.get("OUTPUTS") or None
+    for version in args.kube_version:
+        if problem := version_problem(version):
+            raise UsageError(f"--kube-version {version}: {problem}")
     if force_local:
         given = apply_overrides({}, overrides).get("profile")
         if given not in (None, "local"):
             raise UsageError(f"PROFILE={given}: the local runner runs PROFILE=local only; drop PROFILE")
-        overrides = ["PROFILE=local", *overrides]
+        if given is None:
+            overrides = ["PROFILE=local", *overrides]
     outputs = None
     path = outputs_arg or DEFAULT_OUTPUTS
     if not force_local and (outputs_arg or Path(path).is_file() or not dry_run):
         outputs = load_stack_outputs(path)
     values = build_values(outputs=outputs, overrides=overrides, allow_placeholders=dry_run or force_local)
+    for note in advice(values):
+        print(f"warning: {note}", file=sys.stderr)
     manifests = render(values)
     versions = [values.kubernetes_version, *args.kube_version]
-    for v in args.kube_version:
-        parse_scalar("kubernetes_version", v)
     validate(manifests, versions=versions, allow_placeholders=dry_run or force_local)
+    check_trainer_config(_config_file(manifests))
     out = args.out or Path(own.get("OUT") or DEFAULT_OUT / values.run_id)
     paths = write(manifests, out)
     console.print(
@@ -154,6 +245,12 @@ def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool
             "then deploy (make deploy) before applying[/yellow]"
         )
     return values, manifests, out, dry_run, own
+
+
+def _config_file(manifests: list[Any]) -> str:
+    """The trainer config exactly as the ConfigMap will hold it."""
+    (data,) = [m.obj["data"] for m in manifests if m.obj.get("kind") == "ConfigMap"]
+    return data[CONFIG_FILE]
 
 
 def cmd_render(args: argparse.Namespace, console: Console) -> int:
@@ -185,23 +282,20 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
         return 130
 
 
-def _timeout_s(raw: str | float | None) -> float | None:
-    """TIMEOUT / --timeout: seconds > 0, checked before anything is rendered or started."""
+def _timeout_s(raw: str | None) -> float | None:
+    """TIMEOUT=: seconds above 0 and at most 30 days, checked before anything is rendered or started."""
     if raw is None or raw == "":
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"TIMEOUT={raw!r}: must be a number of seconds > 0")
-    return value
+        return parse_float(raw, "TIMEOUT", lo=0, lo_open=True, hi=TIMEOUT_MAX_S)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
-    timeout = _timeout_s(_split_pairs(args.pairs)[1].get("TIMEOUT")) or _timeout_s(args.timeout)
+    timeout = args.timeout or _timeout_s(_split_pairs(args)[1].get("TIMEOUT"))
     values, manifests, out, _, own = _render_job(args, console, force_local=True)
-    workdir = Path(own.get("WORKDIR") or args.workdir) / values.run_id
+    workdir = Path(own.get("WORKDIR") or args.workdir or Path("runs") / "local") / values.run_id
     console.print(f"running {values.nodes} local pod(s) from {out}/ (logs: {workdir}/logs)")
     result = run_local(
         manifests,
@@ -220,7 +314,7 @@ def cmd_local(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_ref(args: argparse.Namespace) -> tuple[str, str | None]:
-    pairs, _ = _split_pairs(args.pairs)
+    pairs, _ = _split_pairs(args)
     merged = apply_overrides({}, pairs)
     unknown = set(merged) - {"run_id", "namespace"}
     if unknown:
@@ -230,6 +324,7 @@ def _run_ref(args: argparse.Namespace) -> tuple[str, str | None]:
     probe = docs.JobValues(
         run_id=merged.get("run_id") or "probe", namespace=merged.get("namespace", "kit-training")
     )
+    check_fields(probe)
     return probe.namespace, merged.get("run_id") or None
 
 
@@ -249,7 +344,7 @@ def cmd_delete(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_image_ref(args: argparse.Namespace, console: Console) -> int:
-    pairs, own = _split_pairs(args.pairs)
+    pairs, own = _split_pairs(args)
     merged = apply_overrides({}, pairs)
     extra = sorted(set(merged) - {"image_tag"})
     if extra:

@@ -275,6 +275,9 @@ class LocalRunner:
         """What a container image provides besides the pod env: PATH, HOME, locale, the code on PYTHONPATH."""
         keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "TERM")
         env = {k: os.environ[k] for k in keep if k in os.environ}
+        # The image puts its venv first on PATH; here this interpreter's folder plays it, so a `python`
+        # inside the command (the exit-78 wrappers) is the one with torch, as in the container.
+        env["PATH"] = os.pathsep.join(filter(None, [str(Path(self.python).parent), env.get("PATH", "")]))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
         return env
 

@@ -3,14 +3,20 @@
 The file maps each stack name to its outputs: `{"<Prefix>-Cluster": {...}, "<Prefix>-Storage": {...}}`.
 All stacks are merged (unknown keys are kept and ignored by the caller); a key that two stacks give with
 different values is an error, because then nobody can tell which cluster the job would land on.
+`values_from_outputs` maps the merged outputs to JobValues fields (the middle layer of `build_values`), and
+`placeholders` gives the marked stand-ins a dry run uses before the first deploy.
 """
 
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from k8s.model import PLACEHOLDER, ValuesError
+from k8s.profiles import get_profile, profile_for_instance
 
 REQUIRED_KEYS: tuple[str, ...] = (
     "ClusterName",
@@ -25,6 +31,27 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "GpuNodeCount",
 )
 """Keys `make train-job` needs; anything else in the file is tolerated."""
+
+OUTPUT_FIELDS: Mapping[str, str] = types.MappingProxyType(
+    {
+        "ClusterName": "cluster_name",
+        "Region": "region",
+        "FsxFileSystemId": "fsx_file_system_id",
+        "FsxDnsName": "fsx_dns_name",
+        "FsxMountName": "fsx_mount_name",
+        "GpuNodeLabels": "node_selector",
+        "GpuNodeTaint": "gpu_node_taint",
+        "GpuInstanceType": "gpu_instance_type",
+        "GpuNodeCount": "gpu_node_count",
+        "FsxPvcName": "fsx_pvc",
+        "FsxPvcNamespace": "fsx_pvc_namespace",
+        "FsxStorageGiB": "fsx_storage_gib",
+        "GpusPerNode": "gpus_per_node",
+        "EfaDevicesPerNode": "efa_per_node",
+        "KubernetesVersion": "kubernetes_version",
+    }
+)
+"""Stack output key -> field. EcrRepositoryUri fills `image`; GpuInstanceType also picks the profile."""
 
 
 class OutputsError(ValueError):
@@ -73,3 +100,57 @@ def load_stack_outputs(path: str | Path) -> dict[str, Any]:
             f"stack outputs file {file} is not valid JSON ({exc}); rerun 'make deploy'"
         ) from None
     return merge_stack_outputs(data, source=str(file))
+
+
+def values_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Field values taken from merged stack outputs (see `k8s.outputs`); unknown keys are ignored."""
+    found: dict[str, Any] = {}
+    for key, name in OUTPUT_FIELDS.items():
+        if key not in outputs:
+            continue
+        raw = outputs[key]
+        if name == "node_selector":
+            found[name] = _parse_labels(raw)
+        elif name in ("gpu_node_count", "fsx_storage_gib", "gpus_per_node", "efa_per_node"):
+            try:
+                found[name] = int(raw)
+            except (TypeError, ValueError):
+                raise ValuesError(f"stack output {key}={raw!r} is not a whole number; redeploy") from None
+        else:
+            found[name] = str(raw)
+    if "GpuInstanceType" in outputs:
+        try:
+            found["profile"] = profile_for_instance(str(outputs["GpuInstanceType"])).name
+        except ValueError as exc:
+            raise ValuesError(f"{exc}; set PROFILE= explicitly to override") from None
+    if found.get("gpu_node_count"):
+        found["nodes"] = found["gpu_node_count"]
+    if found.get("fsx_pvc_namespace"):
+        found["namespace"] = found["fsx_pvc_namespace"]  # a claim is namespaced: run where CDK made it
+    if outputs.get("EcrRepositoryUri"):
+        found["_ecr_repository"] = str(outputs["EcrRepositoryUri"])
+    return found
+
+
+def _parse_labels(raw: Any) -> dict[str, str]:
+    try:
+        labels = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        raise ValuesError(f"stack output GpuNodeLabels={raw!r} is not a JSON object; redeploy") from None
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ValuesError(f"stack output GpuNodeLabels={raw!r} must be a JSON object of strings; redeploy")
+    return {str(k): v for k, v in labels.items()}
+
+
+def placeholders(profile: str) -> dict[str, Any]:
+    """Clearly marked stand-ins for stack outputs, so a dry run renders readable manifests before a deploy."""
+    if not get_profile(profile).requires_image:
+        return {}
+    return {
+        "cluster_name": f"{PLACEHOLDER}-cluster",
+        "region": f"{PLACEHOLDER}-region",
+        "fsx_file_system_id": f"{PLACEHOLDER}-fsx-id",
+        "fsx_dns_name": f"{PLACEHOLDER}-fsx-dns",
+        "fsx_mount_name": f"{PLACEHOLDER}-fsx-mount",
+        "image": f"{PLACEHOLDER}.invalid/kit-trainer:latest",
+    }

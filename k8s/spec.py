@@ -12,18 +12,9 @@ from typing import Any
 
 import yaml
 
+from k8s.derived import heartbeat_seconds, max_restarts, procs_per_node, shm_gib, world_size
+from k8s.model import FSX_MOUNT, RUNS_ROOT, TRAINER_FIELDS, JobValues
 from k8s.profiles import get_profile
-from k8s.values import (
-    FSX_MOUNT,
-    RUNS_ROOT,
-    TRAINER_FIELDS,
-    JobValues,
-    heartbeat_seconds,
-    max_restarts,
-    procs_per_node,
-    shm_gib,
-    world_size,
-)
 
 CONFIG_DIR = "/etc/kit"
 CONFIG_FILE = "train.yaml"
@@ -31,6 +22,9 @@ CONTAINER = "trainer"
 KIT_FSX_PVC = "kit-fsx"
 LOCAL_PVC = "kit-local-runs"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+EXIT78_MARK_ENV = "KIT_EXIT78_MARK"
+"""Env the exit-78 wrappers share: the file a worker creates when the trainer exits 78 (reserved)."""
 CHECKSUM_ANNOTATION = "kit.io/config-sha256"
 RUN_ID_LABEL = "kit.io/run-id"
 MANAGED_BY = "kit"
@@ -47,6 +41,7 @@ class JobSpec:
     configmap_name: str
     service_account: str
     labels: dict[str, str]
+    job_labels: dict[str, str]
     selector: dict[str, str]
     pod_annotations: dict[str, str]
     nodes: int
@@ -65,6 +60,9 @@ class JobSpec:
     node_selector: dict[str, str]
     tolerations: list[dict[str, str]]
     affinity: dict[str, Any] | None
+    priority_class: str | None
+    suspend: bool
+    keeps_exit_78: str
     volumes: list[dict[str, Any]]
     volume_mounts: list[dict[str, Any]]
     config_yaml: str
@@ -128,11 +126,39 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
     return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s]}
 
 
+# torchrun and ft_launcher turn any worker failure into exit 1, so a trainer's 78 (bad config) would be
+# retried per index instead of failing the Job. Two POSIX sh wrappers keep it: each worker marks a file
+# when the trainer exits 78, and the pod's wrapper exits 78 when the launcher failed and the mark exists.
+# Signals: the worker wrapper defers SIGTERM until the trainer has exited (torchrun signals the worker's
+# whole process group, so the trainer gets it directly); the pod wrapper, as PID 1 of the container
+# (parent 0), forwards SIGTERM to the launcher, so a drain still reaches it; outside a container (the local
+# runner signals the pod's process group) the launcher got it already. No `$(` and no `$$` in the scripts:
+# Kubernetes would expand those.
+WORKER_WRAPPER = (
+    'trap : TERM; python "$@"; rc=$?; if [ "$rc" -eq 78 ]; then : > "$KIT_EXIT78_MARK"; fi; exit "$rc"'
+)
+POD_WRAPPER = (
+    f'KIT_EXIT78_MARK="${{TMPDIR:-/tmp}}/kit-exit78-${{POD_NAME:-pod}}"; export {EXIT78_MARK_ENV}; '
+    """rm -f "$KIT_EXIT78_MARK"; trap 'if [ "$PPID" = 0 ]; then kill -TERM "$pid" 2>/dev/null; fi' TERM; """
+    '"$@" & pid=$!; wait "$pid"; rc=$?; while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done; '
+    'if [ "$rc" -ne 0 ] && [ -e "$KIT_EXIT78_MARK" ]; then exit 78; fi; exit "$rc"'
+)
+
+
 def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_dir: str) -> list[str]:
-    """The container's argv: launcher flags (contract 4, torchrun names), then the trainer and config."""
+    """The container's argv: launcher flags (contract 4, torchrun names), then the trainer and config.
+
+    The kit launcher exits 78 itself when a worker did; torchrun and ft_launcher run inside the two
+    wrappers above (`--no-python` starts the worker wrapper instead of python), so they keep it too.
+    """
     nnodes, nproc, port = v.nodes, procs_per_node(v), v.rdzv_port
-    trainer = ["-m", "training.train", "--config", config_path]
     restarts = max_restarts(v)
+    if v.launcher == "kit":
+        trainer = ["-m", "training.train", "--config", config_path]
+    else:
+        trainer = ["--no-python", "sh", "-c", WORKER_WRAPPER, "kit-worker", "-m", "training.train"]
+        trainer += ["--config", config_path]
+    pod = ["sh", "-c", POD_WRAPPER, "kit-pod"]
     if v.launcher == "kit":
         cmd = [
             "python",
@@ -156,6 +182,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
     if v.launcher == "ft_launcher":
         # No --node-rank with c10d (NVRx issue #142); the rendezvous orders the nodes.
         return [
+            *pod,
             "ft_launcher",
             f"--nnodes={nnodes}:{nnodes}",
             f"--nproc-per-node={nproc}",
@@ -170,6 +197,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
         ]
     # torchrun: the study's baseline, static rendezvous on pod 0.
     return [
+        *pod,
         "python",
         "-m",
         "torch.distributed.run",
@@ -308,6 +336,7 @@ def job_spec(v: JobValues) -> JobSpec:
         "kit.io/profile": v.profile,
         "kit.io/launcher": v.launcher,
     }
+    job_labels = {**labels, **({KUEUE_QUEUE_LABEL: v.kueue_queue} if v.kueue_queue else {})}
     claim, pv, pvc = _storage(v)
     port = v.rdzv_port
     ports = [
@@ -335,6 +364,7 @@ def job_spec(v: JobValues) -> JobSpec:
         configmap_name=f"{v.run_id}-config",
         service_account=v.service_account,
         labels=labels,
+        job_labels=job_labels,
         selector=selector,
         pod_annotations={CHECKSUM_ANNOTATION: digest},
         nodes=v.nodes,
@@ -353,6 +383,11 @@ def job_spec(v: JobValues) -> JobSpec:
         node_selector=_node_selector(v),
         tolerations=_tolerations(v),
         affinity=affinity,
+        priority_class=v.priority_class or None,
+        suspend=bool(v.kueue_queue),  # Kueue admits the whole gang, then unsuspends the Job
+        keeps_exit_78="the kit launcher exits 78 itself"
+        if v.launcher == "kit"
+        else f"{v.launcher} runs inside the kit's sh wrappers, which keep the trainer's 78",
         volumes=[
             {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(v)}Gi"}},

@@ -1,7 +1,8 @@
 """Check rendered manifests: Kubernetes schemas (kubernetes-validate, strict) and the kit's own policy.
 
 Schema validation uses the JSON schemas bundled with kubernetes-validate (offline, 1.25-1.37) in strict mode,
-so a misspelt field fails. The policy checks are rules the schemas cannot express: not privileged, only the
+so a misspelt field fails. The policy checks are rules the schemas cannot express: names, label and
+annotation keys and label values by the Kubernetes naming rules (`k8s.names`), not privileged, only the
 IPC_LOCK capability, no secrets in literal env, whole devices (requests = limits), per-pod DNS wired up
 (subdomain -> headless Service, MASTER_ADDR -> pod 0), and no dry-run placeholders in what gets applied.
 Every problem is one line: `<file>: <Kind>/<name>: <field path>: <what is wrong>`.
@@ -9,22 +10,21 @@ Every problem is one line: `<file>: <Kind>/<name>: <field path>: <what is wrong>
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import kubernetes_validate
-from kubernetes_validate.utils import all_versions
 
+from k8s import names
+from k8s.model import PLACEHOLDER
 from k8s.render import Manifest
+from k8s.rules import contains_credential, looks_secret
 from k8s.spec import master_addr
-from k8s.values import _SECRET_VALUE, PLACEHOLDER, looks_secret
+from k8s.versions import version_problem
 
 SCHEMA_VERSIONS: tuple[str, ...] = ("1.33", "1.34", "1.35")
 """Versions the tests validate against; `make train-job` uses the cluster's own version."""
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _WHOLE_DEVICES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")
 _ALLOWED_CAPS = {"IPC_LOCK"}
 
@@ -38,11 +38,6 @@ class ManifestError(ValueError):
         super().__init__(f"{problems[0]}{more}")
 
 
-def supported_versions() -> list[str]:
-    """MAJOR.MINOR versions whose schemas kubernetes-validate bundles."""
-    return [".".join(v.split(".")[:2]) for v in all_versions()]
-
-
 def _where(m: Manifest) -> str:
     obj = m.obj or {}
     return f"{m.filename}: {obj.get('kind', '?')}/{obj.get('metadata', {}).get('name', '?')}"
@@ -50,11 +45,8 @@ def _where(m: Manifest) -> str:
 
 def schema_problems(manifests: Iterable[Manifest], version: str) -> list[str]:
     """Strict schema validation of every manifest against Kubernetes `version` (MAJOR.MINOR)."""
-    if version not in supported_versions():
-        raise ValueError(
-            f"KUBERNETES_VERSION={version}: no bundled schemas; use one of {supported_versions()[0]}"
-            f"..{supported_versions()[-1]}"
-        )
+    if problem := version_problem(version):
+        raise ValueError(f"KUBERNETES_VERSION={version}: {problem}")
     problems = []
     for m in manifests:
         try:
@@ -123,8 +115,8 @@ def _job_problems(
     spec = job.get("spec", {})
     meta = job.get("metadata", {})
     name, ns = meta.get("name", ""), meta.get("namespace", "default")
-    if not _DNS1123_LABEL.match(name) or len(name) > 63:
-        yield f"{where}: metadata.name: {name!r} must be a DNS-1123 label (it becomes the pods' hostnames)"
+    if problem := names.dns1123_label(name):
+        yield f"{where}: metadata.name: {name!r} {problem} (it becomes the pods' hostnames)"
     if spec.get("completionMode") != "Indexed":
         yield f"{where}: spec.completionMode: must be Indexed (the completion index is the node rank)"
     if spec.get("completions") != spec.get("parallelism"):
@@ -156,6 +148,26 @@ def _job_problems(
                 )
 
 
+def _label_problems(where: str, path: str, meta: dict[str, Any]) -> Iterator[str]:
+    """Label and annotation keys are qualified names; label values follow the label-value rule."""
+    for key, value in (meta.get("labels") or {}).items():
+        if problem := names.qualified_name(str(key)):
+            yield f"{where}: {path}labels: key {key!r} {problem}"
+        if problem := names.label_value(str(value)):
+            yield f"{where}: {path}labels[{key}]: value {value!r} {problem}"
+    for key in meta.get("annotations") or {}:
+        if problem := names.qualified_name(str(key)):
+            yield f"{where}: {path}annotations: key {key!r} {problem}"
+
+
+def _selector_problems(where: str, pod: dict[str, Any]) -> Iterator[str]:
+    for key, value in (pod.get("nodeSelector") or {}).items():
+        if problem := names.qualified_name(str(key)):
+            yield f"{where}: spec.template.spec.nodeSelector: key {key!r} {problem}"
+        if problem := names.label_value(str(value)):
+            yield f"{where}: spec.template.spec.nodeSelector[{key}]: value {value!r} {problem}"
+
+
 def policy_problems(manifests: Iterable[Manifest], *, allow_placeholders: bool = False) -> list[str]:
     """The kit's own rules over the whole set of manifests."""
     manifests = list(manifests)
@@ -173,19 +185,21 @@ def policy_problems(manifests: Iterable[Manifest], *, allow_placeholders: bool =
         if key in seen:
             problems.append(f"{where}: metadata.name: duplicate {key[0]} name")
         seen.add(key)
-        if not _DNS1123_SUBDOMAIN.match(meta.get("name", "")):
-            problems.append(f"{where}: metadata.name: must be a DNS-1123 name")
+        if problem := names.dns1123_subdomain(meta.get("name", "")):
+            problems.append(f"{where}: metadata.name: {problem}")
+        problems.extend(_label_problems(where, "metadata.", meta))
         for path, text in _walk_strings(obj):
             if not allow_placeholders and PLACEHOLDER in text:
                 problems.append(
                     f"{where}: {path}: dry-run placeholder {text!r}; deploy and pass OUTPUTS=<file>"
                 )
-            if _SECRET_VALUE.search(text):
+            if contains_credential(text):
                 problems.append(f"{where}: {path}: contains what looks like a credential; use a Secret")
         if obj.get("kind") == "Job":
-            problems.extend(
-                _pod_spec_problems(where, obj.get("spec", {}).get("template", {}).get("spec", {}))
-            )
+            template = obj.get("spec", {}).get("template", {})
+            problems.extend(_label_problems(where, "spec.template.metadata.", template.get("metadata", {})))
+            problems.extend(_selector_problems(where, template.get("spec", {})))
+            problems.extend(_pod_spec_problems(where, template.get("spec", {})))
             problems.extend(_job_problems(where, obj, services))
     return problems
 

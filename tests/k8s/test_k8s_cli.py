@@ -30,7 +30,7 @@ def run_cli(
 BAD_INPUT = [
     (["render", "NODES=0"], 2, "error: NODES=0: must be at least 1"),
     (["render", "NODEZ=2"], 2, "error: unknown value NODEZ; did you mean NODES?"),
-    (["render", "--nodes", "x"], 2, "error: NODES='x' is not a whole number"),
+    (["render", "--nodes", "x"], 2, "error: NODES='x': not a whole number"),
     (
         ["render", "RUN_ID=t", "--outputs", "absent.json"],
         2,
@@ -49,7 +49,67 @@ BAD_INPUT = [
     (
         ["render", "RUN_ID=t", "--kube-version", "1.99"],
         2,
-        "error: KUBERNETES_VERSION=1.99: no bundled schemas",
+        "error: --kube-version 1.99: is not supported; the kit's Job needs 1.29 or newer",
+    ),
+    (
+        ["render", "RUN_ID=t", "KUBERNETES_VERSION=1.28"],
+        2,
+        "error: KUBERNETES_VERSION=1.28: is not supported; the kit's Job needs 1.29 or newer and its schemas are "
+        "bundled up to 1.37: use one of 1.29 to 1.37",
+    ),
+    (
+        ["render", "NODES=4", "NODES=5"],
+        2,
+        "error: NODES is given twice (NODES=4, then NODES=5); give each key once",
+    ),
+    (["render", "--nodes", "4", "--nodes", "5"], 2, "error: --nodes is given twice; give it once"),
+    (
+        ["render", "--nodes", "4", "NODES=5"],
+        2,
+        "error: NODES is given twice (NODES=5, then NODES=4); give each key once",
+    ),
+    (
+        ["render", "OUTPUTS=a.json", "OUTPUTS=b.json"],
+        2,
+        "error: OUTPUTS is given twice (OUTPUTS=a.json, then OUTPUTS=b.json)",
+    ),
+    (
+        ["render", "--outputs", "a.json", "OUTPUTS=b.json"],
+        2,
+        "error: OUTPUTS is given twice (--outputs and OUTPUTS=b.json)",
+    ),
+    (
+        ["apply", "DRY_RUN=y"],
+        2,
+        "error: DRY_RUN='y': not a boolean; use one of 1/true/yes/on or 0/false/no/off",
+    ),
+    (["apply", "DRY_RUN=1", "DRY_RUN=0"], 2, "error: DRY_RUN is given twice (DRY_RUN=1, then DRY_RUN=0)"),
+    (["apply", "--dry-run", "DRY_RUN=0"], 2, "error: DRY_RUN is given twice (--dry-run and DRY_RUN=0)"),
+    (["render", "INPROCESS=y"], 2, "error: INPROCESS='y': not a boolean"),
+    (["local", "--timeout", "nan"], 2, "error: argument --timeout: 'nan': must be a finite number"),
+    (["local", "--timeout", "inf"], 2, "error: argument --timeout: 'inf': must be a finite number"),
+    (["local", "--timeout", "0"], 2, "error: argument --timeout: '0': must be greater than 0"),
+    (["local", "--timeout", "1e12"], 2, "error: argument --timeout: '1e12': must be at most 2592000.0"),
+    (["local", "TIMEOUT=nan"], 2, "error: TIMEOUT='nan': must be a finite number"),
+    (["local", "TIMEOUT=-5"], 2, "error: TIMEOUT='-5': must be greater than 0"),
+    (["local", "TIMEOUT=9e99"], 2, "error: TIMEOUT='9e99': must be at most 2592000.0"),
+    (["local", "TIMEOUT=5", "--timeout", "5"], 2, "error: TIMEOUT is given twice (--timeout and TIMEOUT=5)"),
+    (["render", "--rdzv-port", "nan"], 2, "error: RDZV_PORT='nan': not a whole number"),
+    (
+        ["render", "--monitor-interval-s", "inf"],
+        2,
+        "error: MONITOR_INTERVAL_S='inf': must be a finite number",
+    ),
+    (
+        ["render", f"NODE_SELECTOR.{'k' * 70}=x"],
+        2,
+        f"error: NODE_SELECTOR.{'k' * 70}=x: the label key has a name part of 70 characters (at most 63)",
+    ),
+    (["render", "KUEUE_QUEUE=Team_Q"], 2, "error: KUEUE_QUEUE=Team_Q: the Kueue queue name"),
+    (
+        ["render", "PRIORITY_CLASS=High"],
+        2,
+        "error: PRIORITY_CLASS=High: a PriorityClass name must be a DNS-1123 subdomain",
     ),
     (["render", "RUN_ID=t", "ENV.RANK=3"], 2, "error: ENV.RANK=3: is set by the kit or the launcher"),
 ]
@@ -209,3 +269,93 @@ def test_k8s_cli_image_ref_for_make_image(tmp_path: Path, outputs_file: Path) ->
     assert (proc.returncode, proc.stdout) == (0, "us-east-2\n")
     proc = run_cli("image-ref", "IMAGE_TAG=a/b", f"OUTPUTS={outputs_file}", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: IMAGE_TAG=a/b: a Docker tag is")
+
+
+def test_k8s_cli_unknown_dry_run_spelling_never_applies(
+    tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """`DRY_RUN=y` with stack outputs present used to mean "apply"; now it is a one-line error and kubectl
+    is never called."""
+    path, log = fake_kubectl
+    for spelling in ("y", "dry", "2"):
+        proc = run_cli("apply", "RUN_ID=r5", f"OUTPUTS={outputs_file}", f"DRY_RUN={spelling}", cwd=tmp_path,
+                       path=path, extra_env={"FAKE_LOG": str(log)})  # fmt: skip
+        assert proc.returncode == 2
+        assert (
+            proc.stderr
+            == f"error: DRY_RUN='{spelling}': not a boolean; use one of 1/true/yes/on or 0/false/no/off\n"
+        )
+    assert not log.exists() and not (tmp_path / "build").exists()
+
+
+TRAINER_REFUSES = [
+    (
+        ["TRAIN.optim.bogus=1"],
+        "error: the trainer refuses this config: unknown config key optim.bogus; valid keys in 'optim': optim.lr, "
+        "optim.min_lr, optim.warmup_steps, optim.weight_decay, optim.grad_clip, optim.beta1, optim.beta2\n",
+    ),
+    (
+        ["TRAIN.optim.lr=abc", "DRY_RUN=1"],
+        "error: the trainer refuses this config: optim.lr must be a number, got 'abc'\n",
+    ),
+    (
+        ["TRAIN.training.stop_at=50", "STEPS=20", "DRY_RUN=1"],
+        "error: the trainer refuses this config: training.stop_at must be in [0, training.steps=20] (0 = no early "
+        "stop), got 50\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("items", "message"), TRAINER_REFUSES, ids=["bogus-key", "lr-abc", "stop-at"])
+def test_k8s_cli_trainer_rules_run_before_anything_is_applied(
+    items: list[str], message: str, tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """Overrides the trainer would refuse in the pod (exit 78 after a p5 node was scheduled) fail at render
+    time with the trainer's own message, on apply and on DRY_RUN alike; nothing is written or applied."""
+    path, log = fake_kubectl
+    proc = run_cli("apply", "RUN_ID=r6", f"OUTPUTS={outputs_file}", *items, cwd=tmp_path, path=path,
+                   extra_env={"FAKE_LOG": str(log)})  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, message)
+    assert not log.exists() and not (tmp_path / "build").exists()
+
+
+def test_k8s_cli_trainer_fields_k8s_does_not_list_still_pass(tmp_path: Path) -> None:
+    """The trainer's rules, not a k8s copy of its field list: optim.beta1 is the trainer's, so it renders."""
+    proc = run_cli("render", "RUN_ID=r7", "TRAIN.optim.beta1=0.8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "beta1: 0.8" in (tmp_path / "build" / "k8s" / "r7" / "04-configmap.yaml").read_text()
+
+
+def test_k8s_cli_many_nodes_without_outputs_warn(tmp_path: Path, outputs_file: Path) -> None:
+    bare = tmp_path / "before-deploy"  # no cdk-outputs.json here
+    bare.mkdir()
+    proc = run_cli("render", "RUN_ID=big", "NODES=1000", cwd=bare)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "warning: NODES=1000: 8000 ranks, and without stack outputs the node group's size is unknown (more than "
+        "64 nodes is rarely meant); check NODES, or pass OUTPUTS=<file> so GpuNodeCount bounds it"
+    )
+    quiet = run_cli("render", "RUN_ID=few", "NODES=64", cwd=bare)
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr
+    bounded = run_cli("render", "RUN_ID=big", "NODES=1000", f"OUTPUTS={outputs_file}", cwd=tmp_path)
+    assert bounded.returncode == 2
+    assert bounded.stderr.startswith(
+        "error: NODES=1000: the GPU node group has 4 nodes; ask for at most that many"
+    )
+
+
+def test_k8s_make_train_job_refuses_a_key_given_twice(tmp_path: Path) -> None:
+    """make keeps only the last `NODES=` of its command line; the CLI reads make's own argv to refuse it.
+    The setup stamp is marked old-but-fine (-o), so make runs only the recipe."""
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    for pairs in (["NODES=4", "NODES=5"], ["NODES=4", "nodes=5"]):  # make collapses the first, not the second
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-C", str(REPO), "-o", str(stamp), f"STAMP={stamp}",
+             f"PY={sys.executable}", "train-job", *pairs, "DRY_RUN=1", f"OUT={tmp_path / 'out'}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.lower().startswith("error: nodes is given twice"), proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

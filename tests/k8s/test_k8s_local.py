@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 
 from k8s.local import LocalRunError, LocalRunner, PathMap, expand_vars, load_job, run_local
 from k8s.render import Manifest, render
+from k8s.spec import POD_WRAPPER, WORKER_WRAPPER
 from k8s.values import build_values
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,3 +142,62 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path,
     assert m.faults[0].recovery_s is not None and m.faults[0].recovery_s > 0
     assert 0 < m.goodput <= 1
     assert (run_dir / "timeline.png").is_file()
+
+
+@pytest.mark.timeout(200)
+def test_k8s_local_torchrun_keeps_the_trainers_exit_78(tmp_path: Path) -> None:
+    """torchrun turns a worker's 78 into 1; the rendered wrappers give the pod 78 back, so the Job's FailJob
+    rule fires at once instead of retrying the index. The shard folder is missing, a check the trainer
+    makes in the pod (render time cannot see the pod's FSx), so the trainer exits 78 before any group."""
+    manifests = _local("LAUNCHER=torchrun", "NODES=1", "DATA_KIND=shards", "DATA_PATH=/fsx/data/none",
+                       "BACKOFF_LIMIT_PER_INDEX=2")  # fmt: skip
+    result = run_local(manifests, workdir=tmp_path, timeout_s=150)
+    log = result.pods[0].log.read_text()
+    assert not result.succeeded and result.reason == "pod loc-0-local exited 78 (FailJob)", log[-2000:]
+    assert [p.exit_code for p in result.pods] == [78]  # not retried
+    assert "data.path=" in log and "is not a folder" in log
+
+
+# Waits for SIGTERM, then exits with a code of its own: the wrappers must return that code, not 143.
+TERM_CHILD = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); "
+    "print('up', flush=True); time.sleep(60); sys.exit(3)"
+)
+
+
+def _started(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+
+
+def test_k8s_worker_wrapper_waits_for_the_trainer_and_marks_78(tmp_path: Path) -> None:
+    """torchrun signals the worker's process group: the wrapper must outlive the trainer (a drain's last
+    checkpoint) and pass its code on; exit 78 leaves the mark the pod wrapper looks for."""
+    mark = tmp_path / "mark"
+    env = {
+        **os.environ,
+        "KIT_EXIT78_MARK": str(mark),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    proc = subprocess.Popen(["sh", "-c", WORKER_WRAPPER, "kit-worker", "-c", TERM_CHILD], env=env,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    _started(proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 42 and not mark.exists()
+    code = subprocess.run(["sh", "-c", WORKER_WRAPPER, "kit-worker", "-c", "raise SystemExit(78)"], env=env,
+                          timeout=30).returncode  # fmt: skip
+    assert code == 78 and mark.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_k8s_pod_wrapper_as_pid_1_forwards_sigterm(tmp_path: Path) -> None:
+    """In a container the kubelet signals PID 1 only: the pod wrapper, PID 1 of a new PID namespace here,
+    must hand SIGTERM to the launcher (a drain) and return the launcher's own exit code."""
+    proc = subprocess.Popen(
+        ["unshare", "--fork", "--pid", "--mount-proc", "sh", "-c", POD_WRAPPER, "kit-pod",
+         sys.executable, "-c", TERM_CHILD],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    _started(proc)
+    (pid1,) = [int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)], text=True).split()]
+    os.kill(pid1, signal.SIGTERM)  # the wrapper alone, as the kubelet would
+    assert proc.wait(timeout=30) == 42

@@ -4,6 +4,7 @@ policy; rank discovery for 1-8 nodes; one test per value, asserted by path; gold
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from k8s.local import LocalRunner, load_job
 from k8s.outputs import merge_stack_outputs
 from k8s.render import Manifest, environment, render, write
+from k8s.spec import POD_WRAPPER, WORKER_WRAPPER
 from k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
 from k8s.values import build_values
 
@@ -24,6 +26,11 @@ LOCAL = ["PROFILE=local", "RUN_ID=t"]
 
 def _render(overrides: list[str], *, outputs: dict | None = None) -> list[Manifest]:
     return render(build_values(outputs=outputs, overrides=overrides, allow_placeholders=outputs is None))
+
+
+def _with_run_id(overrides: list[str]) -> list[str]:
+    """RUN_ID=t unless the row sets its own (a key may be given only once)."""
+    return overrides if any(o.upper().startswith("RUN_ID=") for o in overrides) else ["RUN_ID=t", *overrides]
 
 
 def _obj(manifests: list[Manifest], kind: str) -> dict[str, Any]:
@@ -43,7 +50,14 @@ def _env(manifests: list[Manifest]) -> dict[str, Any]:
 def test_k8s_every_profile_and_launcher_is_valid(profile: str, launcher: str) -> None:
     manifests = _render([f"PROFILE={profile}", f"LAUNCHER={launcher}", "RUN_ID=t"])
     validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
-    assert _container(manifests)["command"][0] == ("ft_launcher" if launcher == "ft_launcher" else "python")
+    command = _container(manifests)["command"]
+    if launcher == "kit":
+        assert command[:3] == ["python", "-m", "training.launch"]
+    else:  # torchrun and ft_launcher run inside the exit-78 wrappers
+        assert command[:2] == ["sh", "-c"] and command[4] == (
+            "ft_launcher" if launcher == "ft_launcher" else "python"
+        )
+        assert command[command.index("--no-python") + 1 : command.index("--no-python") + 3] == ["sh", "-c"]
 
 
 VARIANTS = {
@@ -197,7 +211,7 @@ ENV_VALUES = [
 @pytest.mark.parametrize(("overrides", "name", "expected"), ENV_VALUES,
                          ids=[f"{o[0] if o else 'default'}:{n}" for o, n, _ in ENV_VALUES])  # fmt: skip
 def test_k8s_each_env_value(overrides: list[str], name: str, expected: str | None) -> None:
-    assert _env(_render(["RUN_ID=t", *overrides])).get(name) == expected
+    assert _env(_render(_with_run_id(overrides))).get(name) == expected
 
 
 TRAINER = [
@@ -231,7 +245,7 @@ TRAINER = [
 @pytest.mark.parametrize(("overrides", "section", "expected"), TRAINER,
                          ids=[f"{o[0] if o else 'default'}:{s}" for o, s, _ in TRAINER])  # fmt: skip
 def test_k8s_trainer_config_sections(overrides: list[str], section: str, expected: dict) -> None:
-    manifests = _render(["RUN_ID=t", *overrides])
+    manifests = _render(_with_run_id(overrides))
     config = yaml.safe_load(_obj(manifests, "ConfigMap")["data"]["train.yaml"])
     assert config[section] == expected
     assert set(config) <= {"run", "model", "data", "optim", "training", "checkpoint", "fault", "inprocess"}
@@ -249,6 +263,8 @@ def test_k8s_config_checksum_follows_the_config() -> None:
     )
 
 
+POD = ["sh", "-c", POD_WRAPPER, "kit-pod"]
+WORKER = ["--no-python", "sh", "-c", WORKER_WRAPPER, "kit-worker"]
 LAUNCH = [
     (
         ["LAUNCHER=kit", "MAX_RESTARTS=4", "HEARTBEAT_TIMEOUT=120", "HEARTBEAT_SAFETY_FACTOR=3", "RUN_ID=r1"],
@@ -277,6 +293,7 @@ LAUNCH = [
     (
         ["LAUNCHER=ft_launcher", "RUN_ID=r1"],
         [
+            *POD,
             "ft_launcher",
             "--nnodes=2:2",
             "--nproc-per-node=8",
@@ -287,6 +304,7 @@ LAUNCH = [
             "--monitor-interval=0.5",
             "--ft-initial-rank-heartbeat-timeout=1200",
             "--ft-rank-heartbeat-timeout=900",
+            *WORKER,
             "-m",
             "training.train",
             "--config",
@@ -296,6 +314,7 @@ LAUNCH = [
     (
         ["LAUNCHER=torchrun", "RUN_ID=r1"],
         [
+            *POD,
             "python",
             "-m",
             "torch.distributed.run",
@@ -306,6 +325,7 @@ LAUNCH = [
             "--master-port=29500",
             "--max-restarts=0",
             "--monitor-interval=0.5",
+            *WORKER,
             "-m",
             "training.train",
             "--config",
@@ -448,7 +468,7 @@ def test_k8s_strict_schema_catches_a_misspelt_field() -> None:
 
 def test_k8s_unsupported_schema_version() -> None:
     with pytest.raises(
-        ValueError, match=r"^KUBERNETES_VERSION=1.99: no bundled schemas; use one of 1.25..1.37"
+        ValueError, match=r"^KUBERNETES_VERSION=1.99: is not supported; .* use one of 1.29 to 1.37$"
     ):
         validate(_render(["RUN_ID=t"]), versions=["1.99"], allow_placeholders=True)
 
@@ -481,3 +501,56 @@ def test_k8s_golden_p5(stack_outputs: dict, tmp_path: Path) -> None:
         assert m.text == (GOLDEN / m.filename).read_text(encoding="utf-8"), (
             f"{m.filename} differs from golden"
         )
+
+
+def test_k8s_kueue_queue_and_priority_class_are_optional() -> None:
+    plain = _obj(_render(["RUN_ID=t"]), "Job")
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"] and "suspend" not in plain["spec"]
+    assert "priorityClassName" not in plain["spec"]["template"]["spec"]
+    manifests = _render(["RUN_ID=t", "KUEUE_QUEUE=team-a", "PRIORITY_CLASS=training-high"])
+    validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
+    job = _obj(manifests, "Job")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True  # Kueue admits all pods at once, then unsuspends the Job
+    assert "kueue.x-k8s.io/queue-name" not in job["spec"]["template"]["metadata"]["labels"]
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "training-high"
+
+
+def _edited(manifests: list[Manifest], edit) -> list[Manifest]:
+    out = []
+    for m in manifests:
+        obj = json.loads(json.dumps(m.obj))
+        if obj["kind"] == "Job":
+            edit(obj)
+        out.append(Manifest(m.filename, m.text, obj))
+    return out
+
+
+LABEL_EDITS = {
+    "label key": (
+        lambda job: job["metadata"]["labels"].update({"x" * 64: "v"}),
+        f"06-job.yaml: Job/t: metadata.labels: key '{'x' * 64}' has a name part of 64 characters "
+        "(at most 63)",
+    ),
+    "label value": (
+        lambda job: job["spec"]["template"]["metadata"]["labels"].update({"team": "-ml"}),
+        "06-job.yaml: Job/t: spec.template.metadata.labels[team]: value '-ml' must be empty, or at most 63 "
+        "characters",
+    ),
+    "annotation key": (
+        lambda job: job["metadata"]["annotations"].update({"bad key": "v"}),
+        "06-job.yaml: Job/t: metadata.annotations: key 'bad key' must be a qualified name",
+    ),
+    "selector key": (
+        lambda job: job["spec"]["template"]["spec"]["nodeSelector"].update({"a/b/c": "v"}),
+        "06-job.yaml: Job/t: spec.template.spec.nodeSelector: key 'a/b/c' has more than one '/'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LABEL_EDITS)
+def test_k8s_policy_checks_label_and_annotation_rules(case: str) -> None:
+    """Hand-edited manifests (or a template bug) with names the API server would refuse fail the policy."""
+    edit, message = LABEL_EDITS[case]
+    problems = policy_problems(_edited(_render(["RUN_ID=t"]), edit), allow_placeholders=True)
+    assert len(problems) == 1 and problems[0].startswith(message), problems

@@ -19,7 +19,99 @@ P5 = ["RUN_ID=t", "IMAGE=repo/kit:1", "FSX_PVC=fsx"]
 # (overrides, exact error). Each row breaks one rule; the message names the key, the value and the fix.
 BAD_VALUES = [
     (["NODES=0", *LOCAL], "NODES=0: must be at least 1"),
-    (["NODES=four", *LOCAL], "NODES='four' is not a whole number"),
+    (["NODES=four", *LOCAL], "NODES='four': not a whole number"),
+    (["NODES=1e3", *LOCAL], "NODES='1e3': not a whole number"),
+    (["NODES=99999999999", *LOCAL], "NODES='99999999999': must be at most 2147483647"),
+    (["MONITOR_INTERVAL_S=nan", *LOCAL], "MONITOR_INTERVAL_S='nan': must be a finite number"),
+    (["HEARTBEAT_LOAD_TIMEOUT_S=inf", *LOCAL], "HEARTBEAT_LOAD_TIMEOUT_S='inf': must be a finite number"),
+    (["HEARTBEAT_TIMEOUT=nan", *LOCAL], "HEARTBEAT_TIMEOUT=nan: must be auto or a number of seconds above 0"),
+    (["NODES=4", "NODES=5", *LOCAL], "NODES is given twice (NODES=4, then NODES=5); give each key once"),
+    (["NODES=4", "nodes=4", *LOCAL], "nodes is given twice (NODES=4, then nodes=4); give each key once"),
+    (
+        ["ENV.FOO=1", "ENV.FOO=2", *LOCAL],
+        "ENV.FOO is given twice (ENV.FOO=1, then ENV.FOO=2); give each key once",
+    ),
+    (
+        ["TRAIN.optim.lr=1", "train.optim.lr=2", *LOCAL],
+        "train.optim.lr is given twice (TRAIN.optim.lr=1, then train.optim.lr=2); give each key once",
+    ),
+    (["TRAIN.optim.lr=nan", *LOCAL], "TRAIN.optim.lr='nan': must be a finite number"),
+    (["INPROCESS=y", *LOCAL], "INPROCESS='y': not a boolean; use one of 1/true/yes/on or 0/false/no/off"),
+    (
+        ["DETERMINISTIC=maybe", *LOCAL],
+        "DETERMINISTIC='maybe': not a boolean; use one of 1/true/yes/on or 0/false/no/off",
+    ),
+    (
+        [f"NODE_SELECTOR.{'k' * 70}=x", *LOCAL],
+        f"NODE_SELECTOR.{'k' * 70}=x: the label key has a name part of 70 characters (at most 63); must be a "
+        "qualified name: an optional DNS-subdomain prefix (at most 253) and '/', then a name of at most 63 "
+        "characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside",
+    ),
+    (
+        [f"NODE_SELECTOR.{'a' * 254}/role=x", *LOCAL],
+        f"NODE_SELECTOR.{'a' * 254}/role=x: the label key has a prefix of 254 characters (at most 253); must be "
+        "a qualified name: an optional DNS-subdomain prefix (at most 253) and '/', then a name of at most 63 "
+        "characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside",
+    ),
+    (
+        ["NODE_SELECTOR.Bad_Prefix/role=x", *LOCAL],
+        "NODE_SELECTOR.Bad_Prefix/role=x: the label key has a prefix 'Bad_Prefix' that is not a DNS-1123 "
+        "subdomain; must be a qualified name: an optional DNS-subdomain prefix (at most 253) and '/', then a "
+        "name of at most 63 characters, [A-Za-z0-9] at both ends and '-', '_', '.' inside",
+    ),
+    (
+        ["NODE_SELECTOR.-role=x", *LOCAL],
+        "NODE_SELECTOR.-role=x: the label key must be a qualified name: an optional DNS-subdomain prefix (at "
+        "most 253) and '/', then a name of at most 63 characters, [A-Za-z0-9] at both ends and '-', '_', '.' "
+        "inside",
+    ),
+    (
+        ["NODE_SELECTOR.a/b/c=x", *LOCAL],
+        "NODE_SELECTOR.a/b/c=x: the label key has more than one '/'; must be a qualified name: an optional "
+        "DNS-subdomain prefix (at most 253) and '/', then a name of at most 63 characters, [A-Za-z0-9] at both "
+        "ends and '-', '_', '.' inside",
+    ),
+    (
+        [f"NODE_SELECTOR.role={'v' * 64}", *LOCAL],
+        f"NODE_SELECTOR.role={'v' * 64}: the label value is 64 characters (at most 63); must be empty, or at "
+        "most 63 characters with [A-Za-z0-9] at both ends and '-', '_', '.' inside",
+    ),
+    (
+        ["NODE_SELECTOR.role=gpu_", *LOCAL],
+        "NODE_SELECTOR.role=gpu_: the label value must be empty, or at most 63 characters with [A-Za-z0-9] at "
+        "both ends and '-', '_', '.' inside",
+    ),
+    (
+        ["KUEUE_QUEUE=Team_Q", *LOCAL],
+        "KUEUE_QUEUE=Team_Q: the Kueue queue name (a label value and a LocalQueue name) must be a DNS-1123 "
+        "subdomain: at most 253 characters, dot-separated DNS-1123 labels (lower-case letters, digits, '-')",
+    ),
+    (
+        [f"KUEUE_QUEUE={'q' * 64}", *LOCAL],
+        f"KUEUE_QUEUE={'q' * 64}: the Kueue queue name (a label value and a LocalQueue name) is 64 characters "
+        "(at most 63); must be empty, or at most 63 characters with [A-Za-z0-9] at both ends and '-', '_', '.' "
+        "inside",
+    ),
+    (
+        ["PRIORITY_CLASS=High", *LOCAL],
+        "PRIORITY_CLASS=High: a PriorityClass name must be a DNS-1123 subdomain: at most 253 characters, "
+        "dot-separated DNS-1123 labels (lower-case letters, digits, '-')",
+    ),
+    (
+        ["SERVICE_ACCOUNT=Trainer", *LOCAL],
+        "SERVICE_ACCOUNT=Trainer: the ServiceAccount name must be a DNS-1123 subdomain: at most 253 characters, "
+        "dot-separated DNS-1123 labels (lower-case letters, digits, '-')",
+    ),
+    (
+        ["FSX_PVC=My_Claim", *LOCAL],
+        "FSX_PVC=My_Claim: the PVC name must be a DNS-1123 subdomain: at most 253 characters, dot-separated "
+        "DNS-1123 labels (lower-case letters, digits, '-')",
+    ),
+    (
+        ["KUBERNETES_VERSION=1.28", *LOCAL],
+        "KUBERNETES_VERSION=1.28: is not supported; the kit's Job needs 1.29 or newer and its schemas are "
+        "bundled up to 1.37: use one of 1.29 to 1.37",
+    ),
     (["NODEZ=4", *LOCAL], "unknown value NODEZ; did you mean NODES?"),
     (["PROFILE=p6", "RUN_ID=t"], "PROFILE='p6' is not one of p5, p4d, g5, local"),
     (["LAUNCHER=mpirun", *LOCAL], "LAUNCHER='mpirun' is not one of kit, ft_launcher, torchrun"),
@@ -40,7 +132,8 @@ BAD_VALUES = [
     ),
     (
         ["NAMESPACE=Team_A", *LOCAL],
-        "NAMESPACE=Team_A: must be a DNS-1123 label (lower-case letters, digits, '-'; max 63)",
+        "NAMESPACE=Team_A: the namespace must be a DNS-1123 label: at most 63 lower-case letters, digits and '-', "
+        "alphanumeric at both ends",
     ),
     (
         ["GPUS_PER_NODE=4", *P5],
@@ -142,7 +235,7 @@ BAD_VALUES = [
     ),
     (
         ["INPROCESS=maybe", *LOCAL],
-        "INPROCESS='maybe' is not a boolean; use 1/0, true/false, yes/no or on/off",
+        "INPROCESS='maybe': not a boolean; use one of 1/true/yes/on or 0/false/no/off",
     ),
     (
         ["INPROCESS=1", "ENV.TORCH_NCCL_RETHROW_CUDA_ERRORS=1", *LOCAL],
@@ -178,7 +271,10 @@ BAD_VALUES = [
         ["RDZV_PORT=80", *LOCAL],
         "RDZV_PORT=80: must be between 1024 and 65533 (the next two ports are used too)",
     ),
-    (["KUBERNETES_VERSION=v1.35", *LOCAL], "KUBERNETES_VERSION=v1.35: must be MAJOR.MINOR, e.g. 1.35"),
+    (
+        ["KUBERNETES_VERSION=v1.35", *LOCAL],
+        "KUBERNETES_VERSION=v1.35: must be MAJOR.MINOR, e.g. 1.37; supported: 1.29 to 1.37",
+    ),
     (["NCCL_DEBUG=LOUD", *LOCAL], "NCCL_DEBUG=LOUD: must be VERSION, WARN, INFO or TRACE"),
     (
         ["GPU_NODE_TAINT=gpu", *LOCAL],
@@ -252,8 +348,10 @@ def test_k8s_layers_defaults_then_outputs_then_overrides(stack_outputs: dict) ->
 
 
 def test_k8s_override_keys_are_case_and_dash_insensitive() -> None:
-    v = build_values(overrides=["profile=local", "run-id=mixed-case", "Checkpoint-Mode=sync", "RUN_ID=t2"])
-    assert (v.run_id, v.checkpoint_mode) == ("t2", "sync")  # later pairs win
+    v = build_values(overrides=["profile=local", "run-id=mixed-case", "Checkpoint-Mode=sync"])
+    assert (v.run_id, v.checkpoint_mode, v.profile) == ("mixed-case", "sync", "local")
+    with pytest.raises(ValuesError, match=r"^RUN_ID is given twice \(run-id=mixed-case, then RUN_ID=t2\)"):
+        build_values(overrides=["profile=local", "run-id=mixed-case", "RUN_ID=t2"])
 
 
 def test_k8s_run_id_is_generated_when_missing() -> None:

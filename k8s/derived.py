@@ -1,0 +1,49 @@
+"""Numbers derived from trusted JobValues (world size, restarts, /dev/shm size): pure functions, one place.
+
+The rules (`k8s.rules`) and the template context (`k8s.spec`) both use them, so a number is computed the
+same way where it is checked and where it is rendered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from k8s.model import CKPT_BYTES_PER_PARAM, FT_AUTO_HEARTBEAT_S, LAUNCHER_DEFAULT_RESTARTS, MODEL_PARAMS
+from k8s.profiles import get_profile
+
+if TYPE_CHECKING:
+    from k8s.model import JobValues
+
+
+def world_size(v: JobValues) -> int:
+    return v.nodes * procs_per_node(v)
+
+
+def procs_per_node(v: JobValues) -> int:
+    profile = get_profile(v.profile)
+    return v.procs_per_node if v.procs_per_node is not None else max(profile.gpus, 1)
+
+
+def max_restarts(v: JobValues) -> int:
+    return v.max_restarts if v.max_restarts is not None else LAUNCHER_DEFAULT_RESTARTS[v.launcher]
+
+
+def staging_gib(v: JobValues) -> float:
+    """Bytes one node stages per async checkpoint, GiB: the model's checkpoint split over the nodes."""
+    model = v.model or get_profile(v.profile).default_model
+    return MODEL_PARAMS[model] * CKPT_BYTES_PER_PARAM / v.nodes / 2**30
+
+
+def shm_gib(v: JobValues) -> int:
+    """/dev/shm size: the explicit value, else twice the staging size, at least the profile's minimum."""
+    if v.shm_gib is not None:
+        return v.shm_gib
+    return max(get_profile(v.profile).shm_min_gib, math.ceil(2 * staging_gib(v)))
+
+
+def heartbeat_seconds(v: JobValues) -> float | None:
+    """The numeric heartbeat timeout the launcher gets (ft_launcher's "auto" is the study's 900 s)."""
+    if v.heartbeat_timeout != "auto":
+        return float(v.heartbeat_timeout)
+    return FT_AUTO_HEARTBEAT_S if v.launcher == "ft_launcher" else None

@@ -1,0 +1,247 @@
+"""The typed values of one training Job: fields, types, defaults and docs, and the constants they use.
+
+Pure data: `JobValues` holds what a user may choose; it does not parse or check anything. Parsing lives in
+`k8s.overrides`, rules in `k8s.rules`, derived numbers in `k8s.derived`, and `k8s.values.build_values()`
+is the one way to make trusted values. Field docstrings feed docs/k8s.md (`k8s.docs`).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from k8s.profiles import ProfileName
+
+Launcher = Literal["kit", "ft_launcher", "torchrun"]
+ModelName = Literal["tiny", "small", "llama3.1-8b"]
+DataKind = Literal["synthetic", "shards"]
+CheckpointMode = Literal["off", "sync", "async"]
+CheckpointBackend = Literal["kit", "dcp", "nvrx"]
+InprocessBackend = Literal["kit", "nvrx"]
+PullPolicy = Literal["Always", "IfNotPresent"]
+
+FSX_MOUNT = "/fsx"
+"""Where the FSx volume is mounted in every pod."""
+RUNS_ROOT = f"{FSX_MOUNT}/runs"
+"""run.root of every Job: one folder per run id below it (contract 3), never shared between runs."""
+PLACEHOLDER = "PLACEHOLDER"
+"""Prefix of the values a dry run fills in when no stack outputs exist; `apply` refuses them."""
+
+# Trainer config fields (contract 4). Fields that JobValues types itself may not be set through TRAIN.*.
+TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
+    {
+        "run": ("id", "root", "seed"),
+        "model": ("name",),
+        "data": ("kind", "path", "seq_len", "batch_size"),
+        "optim": ("lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip"),
+        "training": ("steps", "log_every", "deterministic"),
+        "checkpoint": ("mode", "interval", "keep", "backend"),
+        "fault": ("spec", "schedule_seed", "schedule_count", "schedule_kinds", "schedule_after_step"),
+        "inprocess": ("enabled", "backend", "max_restarts", "barrier_timeout_s"),
+    }
+)
+
+# Env names the launcher or the Job controller own. Users may not set them (kubeflow trainer's rule).
+RESERVED_ENV: frozenset[str] = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "NODE_RANK",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "JOB_COMPLETION_INDEX",
+        "KIT_HEARTBEAT_DIR",
+        "KIT_CONFIG",
+        "KIT_EXIT78_MARK",
+        "RUN_ID",
+        "RUN_DIR",
+        "POD_NAME",
+        "POD_IP",
+        "POD_NAMESPACE",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    }
+)
+RESERVED_ENV_PREFIXES: tuple[str, ...] = ("TORCHELASTIC_", "PET_")
+
+# Parameter counts used only to size /dev/shm for async checkpoint staging (upper bounds).
+MODEL_PARAMS: Mapping[str, float] = types.MappingProxyType({"tiny": 2e6, "small": 5e7, "llama3.1-8b": 8.03e9})
+CKPT_BYTES_PER_PARAM = 12
+"""fp32 parameters + two AdamW moments: what one checkpoint holds per parameter."""
+
+LAUNCHER_DEFAULT_RESTARTS: Mapping[str, int] = types.MappingProxyType(
+    {"kit": 10, "ft_launcher": 20, "torchrun": 0}
+)
+FT_AUTO_HEARTBEAT_S = 900.0
+"""ft_launcher has no "auto" heartbeat; the study's --ft-rank-heartbeat-timeout is used instead."""
+
+RUN_ID_MAX = 48
+"""Leaves room for `-<index>` in pod hostnames and `-config` in the ConfigMap name (63-char labels)."""
+
+
+class ValuesError(ValueError):
+    """A value that breaks a rule; the message is one line: the key, the value seen, the rule and the fix."""
+
+
+@dataclass(kw_only=True)
+class JobValues:
+    """Everything a user may choose for one training Job. Field docs feed docs/k8s.md (`k8s.docs`)."""
+
+    # -- job --
+    run_id: str = ""
+    """Run id: names the Job, its Service and ConfigMap, and the run folder /fsx/runs/<run_id>. Lower-case
+    letters, digits and '-', starting with a letter, at most 48 characters. Empty: generated from the UTC
+    time (kit-YYYYMMDD-HHMMSS). Reuse an id only to resume that run."""
+    namespace: str = "kit-training"
+    """Kubernetes namespace of the Job (created if missing)."""
+    profile: ProfileName = "p5"
+    """Node profile: p5, p4d, g5 or local (CPU processes on this machine). Taken from the stack output
+    GpuInstanceType when the outputs file is read."""
+    nodes: int = 2
+    """Nodes (= pods, one per node). Default: the stack output GpuNodeCount when it is above 0, else 2."""
+    procs_per_node: int | None = None
+    """Training processes per pod. None: one per GPU (GPU profiles), 1 on local."""
+    gpus_per_node: int | None = None
+    """GPUs each pod requests. None: all of the instance's; other numbers are refused (one pod per node)."""
+    efa_per_node: int | None = None
+    """EFA devices each pod requests. None: all of the instance's; any other number is an error."""
+    image: str = ""
+    """Trainer image. Empty: <EcrRepositoryUri>:<image_tag> from the stack outputs. Required on EKS."""
+    image_tag: str = "latest"
+    """Tag appended to the ECR repository when `image` is empty (`make image` pushes this tag)."""
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    """Kubernetes imagePullPolicy; use Always with a moving tag such as latest."""
+    service_account: str = "kit-trainer"
+    """Service account of the pods (created; no API token is mounted)."""
+    kueue_queue: str = ""
+    """Kueue LocalQueue for gang admission (label kueue.x-k8s.io/queue-name on the Job): Kueue then admits
+    all NODES pods at once or none, so a job never holds half its GPUs idle while it waits. Empty: no
+    Kueue; the Job is scheduled pod by pod."""
+    priority_class: str = ""
+    """PriorityClass of the pods (priorityClassName; Kueue also orders its queue by it). The class must
+    exist in the cluster. Empty: the cluster's default priority."""
+
+    # -- launcher --
+    launcher: Launcher = "kit"
+    """Process launcher in each pod: kit (heartbeat launcher), ft_launcher (NVRx) or torchrun (the study's
+    baseline: static rendezvous, restarts left to Kubernetes)."""
+    max_restarts: int | None = None
+    """Worker-group restarts the launcher may spend. None: kit 10, ft_launcher 20, torchrun 0 (study)."""
+    monitor_interval_s: float = 0.5
+    """Seconds between the launcher's health checks of its workers."""
+    heartbeat_timeout: str = "auto"
+    """Seconds without a heartbeat before a rank counts as hung, or "auto" (the kit launcher learns it;
+    ft_launcher then uses 900, the study's value)."""
+    heartbeat_load_timeout_s: float = 1200.0
+    """Heartbeat allowance, seconds, while a rank starts or loads a checkpoint (the study's 1,200)."""
+    heartbeat_safety_factor: float | None = None
+    """Multiplier on the longest observed step for "auto" timeouts. None: the launcher's default."""
+    rdzv_port: int = 29500
+    """Rendezvous port on pod 0; the next two ports are kept free for the trainer's and in-process stores."""
+
+    # -- trainer (contract 4; None leaves the trainer's own default) --
+    model: ModelName | None = None
+    """Model: tiny, small or llama3.1-8b. None: the profile's (p5/p4d llama3.1-8b, g5 small, local tiny)."""
+    data_kind: DataKind = "synthetic"
+    """Training data: synthetic (no download, no token) or shards (pre-tokenized files at data_path)."""
+    data_path: str = ""
+    """Shards folder on FSx for data_kind=shards, e.g. /fsx/data/c4; outside /fsx/runs."""
+    seq_len: int | None = None
+    """Tokens per sample."""
+    batch_size: int | None = None
+    """Samples per rank per step."""
+    steps: int | None = None
+    """Total training steps."""
+    log_every: int | None = None
+    """Steps between log lines of rank 0."""
+    seed: int | None = None
+    """Run seed (data order and initial weights)."""
+    deterministic: bool | None = None
+    """Deterministic algorithms (bitwise-reproducible resumes on CPU)."""
+    checkpoint_mode: CheckpointMode = "async"
+    """Checkpointing: off, sync or async (staged through /dev/shm, written in the background)."""
+    checkpoint_interval: int | None = None
+    """Steps between checkpoints."""
+    checkpoint_keep: int | None = None
+    """Committed checkpoints kept (at least 2: the newest may still be in flight)."""
+    checkpoint_backend: CheckpointBackend | None = None
+    """Checkpoint writer: kit, dcp or nvrx."""
+    fault_spec: str = ""
+    """Injected faults, e.g. kill:step=20:rank=1,exception:step=45:rank=1 (kinds kill, hang, sigstop,
+    exception, oom; step=N or time=SECONDS). Empty: none."""
+    fault_schedule_seed: int | None = None
+    """Seed of the study's random fault schedule (never rank 0). None: no schedule."""
+    fault_schedule_count: int | None = None
+    """Faults in the seeded schedule."""
+    fault_schedule_kinds: str | None = None
+    """Kinds and weights of scheduled faults, e.g. exception:0.6,hang:0.4."""
+    fault_schedule_after_step: int | None = None
+    """Scheduled faults fall strictly after this step."""
+    inprocess: bool = False
+    """In-process restart: ranks recover inside the running process before the launcher restarts them."""
+    inprocess_backend: InprocessBackend | None = None
+    """In-process restart implementation: kit or nvrx."""
+    inprocess_max_restarts: int | None = None
+    """In-process restarts before the launcher takes over."""
+    inprocess_barrier_timeout_s: float | None = None
+    """Seconds the in-process restart waits for all ranks; must stay below a numeric heartbeat_timeout."""
+    train: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Other trainer config fields, set as TRAIN.<section>.<field>=<value> (e.g. TRAIN.optim.lr=1e-4)."""
+
+    # -- pod --
+    shm_gib: int | None = None
+    """Size of the memory-backed /dev/shm, GiB. None: twice the per-node async checkpoint staging size,
+    at least the profile's minimum. Counts against the pod's memory."""
+    hugepages_2mi_mib: int = 0
+    """2 MiB hugepages each pod requests, MiB (e.g. 5120 for EFA); 0: none. The nodes must have them."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra container env, ENV.<NAME>=<value>; overrides the profile's NCCL/libfabric settings. Names the
+    launcher owns (MASTER_ADDR, RANK, WORLD_SIZE, ...) are refused. Never put secrets here."""
+    nccl_debug: str = "WARN"
+    """NCCL_DEBUG on GPU profiles (VERSION, WARN, INFO, TRACE)."""
+    ttl_seconds_after_finished: int = 21600
+    """Seconds a finished Job and its pods stay for inspection before Kubernetes deletes them."""
+    backoff_limit_per_index: int = 3
+    """Pod replacements per node index for failures that count (not node loss, not exit 78)."""
+    active_deadline_s: int | None = None
+    """Wall-clock limit of the whole Job, seconds. None: no limit."""
+    termination_grace_s: int = 120
+    """Seconds between SIGTERM and SIGKILL when a pod stops (lets the last async checkpoint drain)."""
+
+    # -- cluster (from the stack outputs) --
+    cluster_name: str = ""
+    """EKS cluster name (stack output ClusterName)."""
+    region: str = ""
+    """AWS region (stack output Region)."""
+    gpu_instance_type: str = ""
+    """Instance type of the GPU node group (stack output GpuInstanceType); must match the profile."""
+    gpu_node_count: int | None = None
+    """Nodes in the GPU node group (stack output GpuNodeCount); the Job may not ask for more."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels the pods require (stack output GpuNodeLabels). Empty on GPU profiles: the instance type."""
+    gpu_node_taint: str = ""
+    """Taint of the GPU nodes, key=value:Effect (stack output GpuNodeTaint); the pods tolerate it."""
+    fsx_file_system_id: str = ""
+    """FSx for Lustre file system id (stack output FsxFileSystemId)."""
+    fsx_dns_name: str = ""
+    """FSx DNS name (stack output FsxDnsName)."""
+    fsx_mount_name: str = ""
+    """FSx mount name (stack output FsxMountName)."""
+    fsx_pvc: str = ""
+    """An existing PVC for FSx (stack output FsxPvcName, when CDK creates it). Empty: the kit renders a PV and
+    a PVC named kit-fsx in the namespace."""
+    fsx_pvc_namespace: str = ""
+    """Namespace of the FSX_PVC claim (stack output FsxPvcNamespace); the Job must run there."""
+    fsx_storage_gib: int = 1200
+    """Capacity written on the kit's FSx PV/PVC, GiB (informational for static provisioning)."""
+    kubernetes_version: str = "1.35"
+    """Kubernetes version of the cluster, MAJOR.MINOR, for schema validation (stack output
+    KubernetesVersion if any). Supported: 1.29 (the first with backoffLimitPerIndex and
+    podReplacementPolicy on by default) up to the newest schemas kubernetes-validate bundles."""

@@ -1,0 +1,388 @@
+"""Rules over typed JobValues: one field at a time (`check_fields`), then across fields, the hardware and
+the stack outputs (`check_rules`); `advice` lists what is allowed but probably a mistake.
+
+Every broken rule raises `ValuesError` with one line: the key, the value seen, the rule and the fix.
+Kubernetes naming rules come from `k8s.names`, derived numbers from `k8s.derived`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from typing import Any
+
+from cliargs import parse_float
+from k8s import names
+from k8s.derived import heartbeat_seconds, max_restarts, procs_per_node, shm_gib, staging_gib, world_size
+from k8s.model import (
+    FSX_MOUNT,
+    PLACEHOLDER,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    RUN_ID_MAX,
+    RUNS_ROOT,
+    JobValues,
+    ValuesError,
+)
+from k8s.overrides import key_label as _key_label
+from k8s.profiles import get_profile
+from k8s.versions import version_problem
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TAINT = re.compile(
+    r"^(?P<key>[^=:\s]+)(=(?P<value>[^:\s]*))?:(?P<effect>NoSchedule|PreferNoSchedule|NoExecute)$"
+)
+_FAULT = re.compile(
+    r"^(?P<kind>kill|hang|sigstop|exception|oom):(?P<when>step|time)=(?P<at>[0-9.]+):rank=(?P<rank>\d+)$"
+)
+_KINDS = re.compile(
+    r"^(kill|hang|sigstop|exception|oom):[0-9.]+(,(kill|hang|sigstop|exception|oom):[0-9.]+)*$"
+)
+UNCHECKED_NODES_MAX = 64
+"""Without stack outputs nobody knows the node group's size; above this many nodes (512 H100s on p5, a
+larger gang than one Capacity Block or a typical p5 quota gives) `advice` warns. With outputs the node
+group's GpuNodeCount is the hard bound instead."""
+
+
+def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
+    shown = value if isinstance(value, str) else json.dumps(value)
+    raise ValuesError(f"{key}={shown}: {rule}")
+
+
+def check_fields(v: JobValues) -> None:
+    """Rules about one field at a time."""
+    if names.dns1035_label(v.run_id) or len(v.run_id) > RUN_ID_MAX:  # it names the Service too
+        _fail(
+            "RUN_ID",
+            v.run_id,
+            f"must be lower-case letters, digits and '-', start with a letter, end with a "
+            f"letter or digit, at most {RUN_ID_MAX} characters (e.g. llama-4n-async)",
+        )
+    _check_names(v)
+    if v.nodes < 1:
+        _fail("NODES", v.nodes, "must be at least 1")
+    for name in ("procs_per_node", "steps", "checkpoint_interval", "seq_len", "batch_size", "log_every"):
+        value = getattr(v, name)
+        if value is not None and value < 1:
+            _fail(_key_label(name), value, "must be at least 1")
+    if v.checkpoint_keep is not None and v.checkpoint_keep < 2:
+        _fail("CHECKPOINT_KEEP", v.checkpoint_keep, "must be at least 2 (the newest may still be in flight)")
+    if v.max_restarts is not None and v.max_restarts < 0:
+        _fail("MAX_RESTARTS", v.max_restarts, "must be 0 or more")
+    if v.monitor_interval_s <= 0:
+        _fail("MONITOR_INTERVAL_S", v.monitor_interval_s, "must be above 0 seconds")
+    if v.heartbeat_timeout != "auto":
+        try:
+            parse_float(v.heartbeat_timeout, "HEARTBEAT_TIMEOUT", lo=0, lo_open=True)
+        except ValueError:
+            _fail("HEARTBEAT_TIMEOUT", v.heartbeat_timeout, "must be auto or a number of seconds above 0")
+    if v.heartbeat_load_timeout_s <= 0:
+        _fail("HEARTBEAT_LOAD_TIMEOUT_S", v.heartbeat_load_timeout_s, "must be above 0 seconds")
+    if v.heartbeat_safety_factor is not None and v.heartbeat_safety_factor < 1:
+        _fail("HEARTBEAT_SAFETY_FACTOR", v.heartbeat_safety_factor, "must be at least 1")
+    if not 1024 <= v.rdzv_port <= 65533:
+        _fail("RDZV_PORT", v.rdzv_port, "must be between 1024 and 65533 (the next two ports are used too)")
+    for name in (
+        "ttl_seconds_after_finished",
+        "backoff_limit_per_index",
+        "termination_grace_s",
+        "hugepages_2mi_mib",
+    ):
+        if getattr(v, name) < 0:
+            _fail(_key_label(name), getattr(v, name), "must be 0 or more")
+    if v.hugepages_2mi_mib % 2:
+        _fail("HUGEPAGES_2MI_MIB", v.hugepages_2mi_mib, "must be a multiple of 2 (2 MiB pages)")
+    if v.active_deadline_s is not None and v.active_deadline_s < 1:
+        _fail("ACTIVE_DEADLINE_S", v.active_deadline_s, "must be at least 1 second, or none")
+    if v.shm_gib is not None and v.shm_gib < 1:
+        _fail("SHM_GIB", v.shm_gib, "must be at least 1")
+    if v.fsx_storage_gib < 1:
+        _fail("FSX_STORAGE_GIB", v.fsx_storage_gib, "must be at least 1")
+    if v.inprocess_barrier_timeout_s is not None and v.inprocess_barrier_timeout_s <= 0:
+        _fail("INPROCESS_BARRIER_TIMEOUT_S", v.inprocess_barrier_timeout_s, "must be above 0 seconds")
+    if v.inprocess_max_restarts is not None and v.inprocess_max_restarts < 0:
+        _fail("INPROCESS_MAX_RESTARTS", v.inprocess_max_restarts, "must be 0 or more")
+    if problem := version_problem(v.kubernetes_version):
+        _fail("KUBERNETES_VERSION", v.kubernetes_version, problem)
+    if v.nccl_debug.upper() not in ("VERSION", "WARN", "INFO", "TRACE"):
+        _fail("NCCL_DEBUG", v.nccl_debug, "must be VERSION, WARN, INFO or TRACE")
+    for name, value in v.env.items():
+        _check_env_entry(name, value)
+    for key, value in v.node_selector.items():
+        if problem := names.qualified_name(key):
+            _fail(f"NODE_SELECTOR.{key}", value, f"the label key {problem}")
+        if problem := names.label_value(value):
+            _fail(f"NODE_SELECTOR.{key}", value, f"the label value {problem}")
+    if v.gpu_node_taint and not _TAINT.match(v.gpu_node_taint):
+        _fail(
+            "GPU_NODE_TAINT",
+            v.gpu_node_taint,
+            "must be key=value:Effect (NoSchedule, PreferNoSchedule, NoExecute)",
+        )
+    if v.fault_schedule_kinds is not None and not _KINDS.match(v.fault_schedule_kinds):
+        _fail(
+            "FAULT_SCHEDULE_KINDS",
+            v.fault_schedule_kinds,
+            "must be KIND:WEIGHT,... e.g. exception:0.6,hang:0.4",
+        )
+    if v.data_kind == "shards":
+        if not v.data_path.startswith(FSX_MOUNT + "/"):
+            _fail(
+                "DATA_PATH", v.data_path or "''", f"must be a folder under {FSX_MOUNT}/ for data_kind=shards"
+            )
+        if (v.data_path + "/").startswith(RUNS_ROOT + "/"):
+            _fail("DATA_PATH", v.data_path, f"must be outside {RUNS_ROOT}/ (run folders are never shared)")
+    elif v.data_path:
+        _fail(
+            "DATA_PATH", v.data_path, "is only used with DATA_KIND=shards; remove it or set DATA_KIND=shards"
+        )
+
+
+# (field, rule, what the name becomes): every user-chosen name that lands in a manifest.
+_NAME_RULES: tuple[tuple[str, typing.Callable[[str], str | None], str], ...] = (
+    ("namespace", names.dns1123_label, "the namespace"),
+    ("service_account", names.dns1123_subdomain, "the ServiceAccount name"),
+    ("fsx_pvc", names.dns1123_subdomain, "the PVC name"),
+    ("fsx_pvc_namespace", names.dns1123_label, "the claim's namespace"),
+    ("priority_class", names.dns1123_subdomain, "a PriorityClass name"),
+)
+
+
+def _check_names(v: JobValues) -> None:
+    """Names, by the Kubernetes rule of the object they name (empty optional names are left out)."""
+    for name, rule, what in _NAME_RULES:
+        value = getattr(v, name)
+        if (name == "namespace" or value) and (problem := rule(value)):
+            _fail(_key_label(name), value or "''", f"{what} {problem}")
+    if v.kueue_queue:
+        # The queue name is a label value on the Job and names a LocalQueue object: both rules apply.
+        problem = names.label_value(v.kueue_queue) or names.dns1123_subdomain(v.kueue_queue)
+        if problem:
+            what = "the Kueue queue name (a label value and a LocalQueue name)"
+            _fail("KUEUE_QUEUE", v.kueue_queue, f"{what} {problem}")
+
+
+def _check_env_entry(name: str, value: str) -> None:
+    if not _ENV_NAME.match(name):
+        _fail(f"ENV.{name}", value, "is not a valid environment variable name")
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        _fail(f"ENV.{name}", value, "is set by the kit or the launcher from the other values; remove it")
+    if looks_secret(name, value):
+        _fail(f"ENV.{name}", "<redacted>", "looks like a secret; mount it from a Kubernetes Secret instead")
+
+
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+_SECRET_VALUE = re.compile(
+    r"(AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}|-----BEGIN [A-Z ]*PRIVATE KEY|ghp_[A-Za-z0-9]{30,}"
+)
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """True for a literal value that is, or is named like, a credential (shared with the policy checks)."""
+    return bool(value and (_SECRET_NAME.search(name) or contains_credential(value)))
+
+
+def contains_credential(text: str) -> bool:
+    """True when `text` holds something shaped like an AWS, Hugging Face or GitHub key, or a private key."""
+    return bool(_SECRET_VALUE.search(text))
+
+
+def parse_faults(spec: str) -> list[dict[str, Any]]:
+    """Parse a fault spec just enough to check it against the job's shape (the trainer owns the semantics)."""
+    faults = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        m = _FAULT.match(part)
+        if not m:
+            _fail(
+                "FAULT_SPEC",
+                spec,
+                f"{part!r} is not KIND:step=N:rank=R or KIND:time=SECONDS:rank=R "
+                "(KIND kill, hang, sigstop, exception or oom)",
+            )
+        faults.append({"kind": m["kind"], m["when"]: float(m["at"]), "rank": int(m["rank"])})
+    return faults
+
+
+def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
+    """Rules across fields, the hardware and the stack outputs (the study's timeout invariants included)."""
+    profile = get_profile(v.profile)
+    if v.gpu_instance_type and profile.requires_image and v.gpu_instance_type not in profile.instance_family:
+        _fail(
+            "PROFILE",
+            v.profile,
+            f"expects {profile.instance_type} but the GPU node group runs "
+            f"{v.gpu_instance_type}; set PROFILE to match it",
+        )
+    if v.gpus_per_node is not None and v.gpus_per_node != profile.gpus:
+        _fail(
+            "GPUS_PER_NODE",
+            v.gpus_per_node,
+            f"{profile.instance_type} has {profile.gpus} GPUs and the kit "
+            f"runs one pod per node; remove GPUS_PER_NODE or pick another PROFILE",
+        )
+    if v.efa_per_node is not None and v.efa_per_node != profile.efa:
+        _fail(
+            "EFA_PER_NODE",
+            v.efa_per_node,
+            f"{profile.instance_type} has {profile.efa} EFA devices; "
+            "remove EFA_PER_NODE or pick another PROFILE",
+        )
+    if profile.gpus and v.procs_per_node is not None and v.procs_per_node != profile.gpus:
+        _fail(
+            "PROCS_PER_NODE",
+            v.procs_per_node,
+            f"must equal the {profile.gpus} GPUs of {profile.instance_type} (one rank per GPU)",
+        )
+    if v.gpu_node_count and profile.requires_image and v.nodes > v.gpu_node_count:
+        _fail(
+            "NODES",
+            v.nodes,
+            f"the GPU node group has {v.gpu_node_count} nodes; ask for at most that many "
+            "or scale the node group",
+        )
+    if profile.requires_image:
+        if not v.image:
+            _fail(
+                "IMAGE",
+                "''",
+                "an EKS profile needs the trainer image; pass OUTPUTS=cdk-outputs.json "
+                "(EcrRepositoryUri) or IMAGE=<uri:tag> (make image builds it)",
+            )
+        if not allow_placeholders:
+            for name in ("image", "fsx_file_system_id", "fsx_dns_name", "fsx_mount_name", "cluster_name"):
+                value = getattr(v, name)
+                if PLACEHOLDER in value:
+                    _fail(
+                        _key_label(name), value, "is a dry-run placeholder; deploy first or set it explicitly"
+                    )
+            if not v.fsx_pvc and not (v.fsx_file_system_id and v.fsx_dns_name and v.fsx_mount_name):
+                _fail(
+                    "FSX_FILE_SYSTEM_ID",
+                    v.fsx_file_system_id or "''",
+                    "the FSx volume needs the stack outputs "
+                    "FsxFileSystemId, FsxDnsName and FsxMountName (or FSX_PVC=<existing claim>)",
+                )
+    if v.fsx_pvc and v.fsx_pvc_namespace and v.namespace != v.fsx_pvc_namespace:
+        _fail(
+            "NAMESPACE",
+            v.namespace,
+            f"the FSx claim {v.fsx_pvc} lives in namespace {v.fsx_pvc_namespace}; "
+            f"use NAMESPACE={v.fsx_pvc_namespace} (a pod can mount only claims of its own namespace)",
+        )
+    ws = world_size(v)
+    for fault in parse_faults(v.fault_spec):
+        if fault["rank"] >= ws:
+            _fail(
+                "FAULT_SPEC",
+                v.fault_spec,
+                f"rank={fault['rank']} does not exist: the world size is {ws} "
+                f"({v.nodes} nodes x {procs_per_node(v)} processes)",
+            )
+        if "step" in fault and v.steps is not None and fault["step"] > v.steps:
+            _fail("FAULT_SPEC", v.fault_spec, f"step={int(fault['step'])} is after the last step ({v.steps})")
+    if v.fault_schedule_seed is not None and ws < 2:
+        _fail(
+            "FAULT_SCHEDULE_SEED",
+            v.fault_schedule_seed,
+            "the schedule never faults rank 0, so it needs a world size of 2 or more",
+        )
+    if v.checkpoint_interval is not None and v.steps is not None and v.checkpoint_interval > v.steps:
+        _fail(
+            "CHECKPOINT_INTERVAL",
+            v.checkpoint_interval,
+            f"is beyond the last step ({v.steps}); no checkpoint would be written",
+        )
+    if v.checkpoint_mode == "off" and v.checkpoint_interval is not None:
+        _fail(
+            "CHECKPOINT_INTERVAL", v.checkpoint_interval, "is set but CHECKPOINT_MODE=off; remove one of them"
+        )
+    _check_timeouts(v)
+    shm = shm_gib(v)
+    memory = profile.memory_gib
+    if shm > memory // 2:
+        _fail("SHM_GIB", shm, f"is more than half the pod's {memory} GiB memory (the shm counts against it)")
+    if v.checkpoint_mode == "async" and shm < staging_gib(v):
+        _fail(
+            "SHM_GIB",
+            shm,
+            f"is below the {staging_gib(v):.1f} GiB one node stages per async checkpoint; "
+            "raise SHM_GIB or use more NODES",
+        )
+    if v.hugepages_2mi_mib and profile.name == "local":
+        _fail(
+            "HUGEPAGES_2MI_MIB",
+            v.hugepages_2mi_mib,
+            "hugepages are for EFA nodes; remove it on PROFILE=local",
+        )
+    user_env = {**profile.env, **v.env}
+    if v.inprocess and user_env.get("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0") != "0":
+        _fail(
+            "ENV.TORCH_NCCL_RETHROW_CUDA_ERRORS",
+            user_env["TORCH_NCCL_RETHROW_CUDA_ERRORS"],
+            "must be 0 with INPROCESS=1 (NVRx in-process guide); remove it",
+        )
+    if user_env.get("NCCL_NVLS_ENABLE", "0") != "0":
+        _fail(
+            "ENV.NCCL_NVLS_ENABLE",
+            user_env["NCCL_NVLS_ENABLE"],
+            "must stay 0 (NVLS breaks restarts); remove it",
+        )
+
+
+def _check_timeouts(v: JobValues) -> None:
+    """Timeout invariants (reference/seed-system.md section 14.6), checked before anything runs."""
+    hb = heartbeat_seconds(v)
+    if hb is not None:
+        if hb <= 2 * v.monitor_interval_s:
+            _fail(
+                "HEARTBEAT_TIMEOUT",
+                v.heartbeat_timeout,
+                f"must be above twice MONITOR_INTERVAL_S "
+                f"({v.monitor_interval_s}) or no beat can be seen in time",
+            )
+        if v.heartbeat_load_timeout_s < hb:
+            _fail(
+                "HEARTBEAT_LOAD_TIMEOUT_S",
+                v.heartbeat_load_timeout_s,
+                f"must be at least HEARTBEAT_TIMEOUT "
+                f"({hb:g}): starting and loading a checkpoint take longer than a step",
+            )
+        if v.inprocess and v.inprocess_barrier_timeout_s is not None and v.inprocess_barrier_timeout_s >= hb:
+            _fail(
+                "INPROCESS_BARRIER_TIMEOUT_S",
+                v.inprocess_barrier_timeout_s,
+                f"must be below HEARTBEAT_TIMEOUT "
+                f"({hb:g}) so an in-process restart finishes before the launcher declares a hang",
+            )
+    if v.launcher == "torchrun" and v.inprocess and max_restarts(v) > 0:
+        _fail(
+            "MAX_RESTARTS",
+            max_restarts(v),
+            "torchrun kills every worker when one dies, so in-process restart "
+            "cannot work under its restarts (NVRx guide); use MAX_RESTARTS=0 or LAUNCHER=kit",
+        )
+    if v.launcher != "kit" and v.heartbeat_safety_factor is not None:
+        _fail(
+            "HEARTBEAT_SAFETY_FACTOR",
+            v.heartbeat_safety_factor,
+            f"is a kit-launcher flag; remove it for LAUNCHER={v.launcher}",
+        )
+    if v.launcher == "torchrun" and v.heartbeat_timeout != "auto":
+        _fail(
+            "HEARTBEAT_TIMEOUT",
+            v.heartbeat_timeout,
+            "torchrun has no heartbeat; remove it or use LAUNCHER=kit",
+        )
+
+
+def advice(v: JobValues) -> list[str]:
+    """Allowed but probably a mistake: one line each, shown as warnings (nothing here stops a render)."""
+    notes = []
+    if v.gpu_node_count is None and v.nodes > UNCHECKED_NODES_MAX:
+        notes.append(
+            f"NODES={v.nodes}: {world_size(v)} ranks, and without stack outputs the node group's size is "
+            f"unknown (more than {UNCHECKED_NODES_MAX} nodes is rarely meant); check NODES, or pass "
+            "OUTPUTS=<file> so GpuNodeCount bounds it"
+        )
+    return notes

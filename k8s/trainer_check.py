@@ -1,0 +1,59 @@
+"""Check the rendered trainer config with the trainer's own rules before anything is applied.
+
+k8s does not import the trainer (no torch here, design's folders table): it runs
+`python -m training.check_config --elsewhere --config <file>` as a subprocess on exactly the `train.yaml`
+the ConfigMap will hold, and turns the trainer's one-line error (exit 78) into a `ValuesError`. The
+subprocess imports torch through the trainer's config module, which costs about 1.5-2.5 s per render.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from k8s.model import ValuesError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FATAL_CONFIG = 78
+"""training/exitcodes.FATAL_CONFIG: the trainer refused the config."""
+CHECK_TIMEOUT_S = 120.0
+"""A config check that takes longer is stuck (it normally takes seconds); it fails the render."""
+
+
+def check_trainer_config(config_yaml: str, *, python: str = sys.executable) -> None:
+    """Raise ValuesError with the trainer's message if it would refuse `config_yaml`."""
+    with tempfile.TemporaryDirectory(prefix="kit-check-") as tmp:
+        path = Path(tmp) / "train.yaml"
+        path.write_text(config_yaml, encoding="utf-8")
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
+        }
+        try:
+            proc = subprocess.run(
+                [python, "-m", "training.check_config", "--elsewhere", "--config", str(path)],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=tmp,
+                timeout=CHECK_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ValuesError(
+                f"the trainer's config check did not finish in {CHECK_TIMEOUT_S:g} s; "
+                f"run {python} -m training.check_config --config FILE to see why"
+            ) from None
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if proc.returncode == 0:
+        return
+    last = lines[-1].strip() if lines else "(no output)"
+    if proc.returncode == FATAL_CONFIG:
+        raise ValuesError(f"the trainer refuses this config: {last.removeprefix('error: ')}")
+    raise ValuesError(
+        f"the trainer's config check could not run (exit {proc.returncode}: {last}); "
+        "install the trainer's requirements here (make setup)"
+    )

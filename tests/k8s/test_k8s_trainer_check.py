@@ -1,0 +1,89 @@
+"""The render-time trainer config check: `python -m training.check_config` runs the trainer's own loader
+on the rendered train.yaml (no process group, no model), and k8s turns its exit 78 into one line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k8s.model import ValuesError
+from k8s.render import render
+from k8s.spec import CONFIG_FILE
+from k8s.trainer_check import check_trainer_config
+from k8s.values import build_values
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(*overrides: str) -> str:
+    manifests = render(build_values(overrides=["PROFILE=local", "RUN_ID=chk", *overrides]))
+    (configmap,) = [m.obj for m in manifests if m.obj["kind"] == "ConfigMap"]
+    return configmap["data"][CONFIG_FILE]
+
+
+def _check_config(
+    tmp_path: Path, config: str, *flags: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    path = tmp_path / "train.yaml"
+    path.write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "training.check_config", *flags, "--config", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_check_config_accepts_a_good_config_without_a_process_group(tmp_path: Path) -> None:
+    """Env that would make a process group wait for a rank 1 that never comes: the check must not care."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    proc = _check_config(tmp_path, _config("TRAIN.optim.beta1=0.8"), "--elsewhere", env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def test_check_config_refuses_with_the_trainers_message_and_78(tmp_path: Path) -> None:
+    proc = _check_config(tmp_path, _config("TRAIN.optim.lr=abc"), "--elsewhere")
+    assert (proc.returncode, proc.stdout) == (78, "")
+    assert proc.stderr == "error: optim.lr must be a number, got 'abc'\n"
+
+
+def test_check_config_elsewhere_leaves_the_pods_machine_checks_to_the_pod(tmp_path: Path) -> None:
+    """A shard folder on the pod's FSx does not exist here: with --elsewhere that is not an error (the
+    trainer checks it where it runs); without, the trainer's own host check refuses it."""
+    config = _config("DATA_KIND=shards", "DATA_PATH=/fsx/data/c4")
+    assert yaml.safe_load(config)["data"] == {"kind": "shards", "path": "/fsx/data/c4"}
+    assert _check_config(tmp_path, config, "--elsewhere").returncode == 0
+    here = _check_config(tmp_path, config)
+    assert here.returncode == 78 and here.stderr.startswith("error: data.path='/fsx/data/c4' is not a folder")
+
+
+def test_k8s_trainer_check_turns_78_into_one_values_error() -> None:
+    check_trainer_config(_config("TRAIN.optim.warmup_steps=5"))
+    with pytest.raises(ValuesError) as err:
+        check_trainer_config(_config("TRAIN.optim.bogus=1"))
+    assert str(err.value).startswith(
+        "the trainer refuses this config: unknown config key optim.bogus; valid keys in 'optim': optim.lr,"
+    )
+    assert "\n" not in str(err.value)
+
+
+def test_k8s_trainer_check_that_cannot_run_is_an_error(tmp_path: Path) -> None:
+    """A missing interpreter or trainer is a one-line error, never a silent pass."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(
+        ValuesError, match=r"^the trainer's config check could not run \(exit 1: ModuleNotFound"
+    ):
+        check_trainer_config(_config(), python=str(fake))
