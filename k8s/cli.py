@@ -21,9 +21,11 @@ from rich.console import Console
 
 from cliargs import float_arg, parse_bool, parse_float
 from k8s import docs
+from k8s.derived import procs_per_node, world_size
 from k8s.kubectl import Kubectl, KubectlError, follow
 from k8s.local import LocalRunError, run_local
 from k8s.outputs import OutputsError, load_stack_outputs
+from k8s.profiles import get_profile
 from k8s.render import DEFAULT_OUT, render, write
 from k8s.rules import check_fields
 from k8s.spec import CONFIG_FILE, job_spec
@@ -232,13 +234,17 @@ def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool
     manifests = render(values)
     versions = [values.kubernetes_version, *args.kube_version]
     validate(manifests, versions=versions, allow_placeholders=dry_run or force_local)
-    check_trainer_config(_config_file(manifests))
+    profile = get_profile(values.profile)
+    memory = (world_size(values), procs_per_node(values), profile.gpu_memory_mib, profile.memory_gib * 1024)
+    plan = check_trainer_config(_config_file(manifests), memory=memory)
     out = args.out or Path(own.get("OUT") or DEFAULT_OUT / values.run_id)
     paths = write(manifests, out)
     console.print(
         f"rendered {len(paths)} manifests for run [bold]{values.run_id}[/bold] into {out}/ "
         f"(valid for Kubernetes {', '.join(versions)} + kit policy)"
     )
+    if plan:
+        console.print(plan, markup=False)
     if outputs is None and not force_local:
         console.print(
             "[yellow]no stack outputs: cluster values are PLACEHOLDER-... stand-ins; read the manifests, "

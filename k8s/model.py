@@ -33,10 +33,10 @@ PLACEHOLDER = "PLACEHOLDER"
 TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
     {
         "run": ("id", "root", "seed"),
-        "model": ("name",),
+        "model": ("name", "activation_checkpointing", "compile"),
         "data": ("kind", "path", "seq_len", "batch_size"),
         "optim": ("lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip"),
-        "training": ("steps", "log_every", "deterministic"),
+        "training": ("steps", "log_every", "deterministic", "grad_accum_steps", "efa_devices"),
         "checkpoint": ("mode", "interval", "keep", "backend"),
         "fault": ("spec", "schedule_seed", "schedule_count", "schedule_kinds", "schedule_after_step"),
         "inprocess": ("enabled", "backend", "max_restarts", "barrier_timeout_s"),

@@ -21,12 +21,22 @@ _EFA_ENV: dict[str, str] = {
     "FI_EFA_FORK_SAFE": "1",
     "RDMAV_FORK_SAFE": "1",
     "FI_LOG_LEVEL": "warn",
-    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+    # pod-id-link0 is EKS Pod Identity's link-local interface: a socket fallback that picks it hangs
+    # cross-node (aws-samples/aws-do-eks#54).
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth,pod-id-link0",
     "NCCL_BUFFSIZE": "8388608",
     "NCCL_P2P_NET_CHUNKSIZE": "2097152",
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    # aws-ofi-nccl's tuner picks NCCL algorithms and protocols for EFA (the study's manifests set it).
+    "NCCL_TUNER_PLUGIN": "/opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so",
+}
+_RDMA_ENV: dict[str, str] = {
+    # GPUDirect RDMA over EFA, only where the instance supports it (p4d, p5; not g5): the study's Dockerfile
+    # asks for FI_EFA_USE_DEVICE_RDMA (no manifest set it, bug 8) and its manifests set GDR level 5 (SYS).
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "NCCL_NET_GDR_LEVEL": "5",
 }
 
 
@@ -51,6 +61,15 @@ class Profile:
     """Smallest /dev/shm the kit mounts; the values model raises it to fit async checkpoint staging."""
     default_model: str
     """Model used when MODEL is not given."""
+    gpu_memory_mib: int = 0
+    """Memory of one GPU as the driver reports it (nvidia-smi), MiB; 0 for the CPU profile. The memory plan
+    checks the job against it at render time."""
+    seq_len: int | None = None
+    """Default data.seq_len of this profile's jobs (None: the trainer's default)."""
+    batch_size: int | None = None
+    """Default data.batch_size (micro-batch per rank) of this profile's jobs."""
+    activation_checkpointing: Literal["none", "selective", "full"] | None = None
+    """Default model.activation_checkpointing of this profile's jobs."""
     backend: Literal["nccl", "gloo"]
     """Collective backend the trainer picks on this hardware (informational; the trainer decides)."""
     requires_image: bool
@@ -77,9 +96,15 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             memory_gib=1800,
             shm_min_gib=64,
             default_model="llama3.1-8b",
+            # H100 80GB HBM3. Llama-3.1-8B at its 8K context, micro-batch 1, full activation checkpointing:
+            # 31 GiB per GPU on 2 nodes by the plan (docs/training.md); selective fits too (59 GiB).
+            gpu_memory_mib=81559,
+            seq_len=8192,
+            batch_size=1,
+            activation_checkpointing="full",
             backend="nccl",
             requires_image=True,
-            env=_env(FI_EFA_USE_DEVICE_RDMA="1"),
+            env=_env(**_RDMA_ENV),
         ),
         # p4d.24xlarge / p4de.24xlarge: 8x A100, 4 EFA (400 Gbps), 96 vCPU, 1,152 GiB; RDMA read supported.
         "p4d": Profile(
@@ -92,9 +117,13 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             memory_gib=1000,
             shm_min_gib=64,
             default_model="llama3.1-8b",
+            gpu_memory_mib=40960,  # A100-SXM4-40GB (p4de's 80 GB GPUs get the same, safe, figure)
+            seq_len=4096,
+            batch_size=1,
+            activation_checkpointing="full",
             backend="nccl",
             requires_image=True,
-            env=_env(FI_EFA_USE_DEVICE_RDMA="1"),
+            env=_env(**_RDMA_ENV),
         ),
         # g5.8xlarge: 1x A10G 24 GB, 1 EFA (no GPUDirect RDMA), 32 vCPU, 128 GiB: the cheap test node.
         "g5": Profile(
@@ -107,6 +136,7 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             memory_gib=112,
             shm_min_gib=8,
             default_model="small",
+            gpu_memory_mib=23028,  # A10G 24 GB
             backend="nccl",
             requires_image=True,
             env=_env(),

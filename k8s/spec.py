@@ -91,15 +91,23 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
     profile = get_profile(v.profile)
     config: dict[str, dict[str, Any]] = {
         "run": {"id": v.run_id, "root": RUNS_ROOT, "seed": v.seed},
-        "model": {"name": v.model or profile.default_model},
+        "model": {
+            "name": v.model or profile.default_model,
+            "activation_checkpointing": profile.activation_checkpointing,
+        },
         "data": {
             "kind": v.data_kind,
             "path": v.data_path or None,
-            "seq_len": v.seq_len,
-            "batch_size": v.batch_size,
+            "seq_len": v.seq_len or profile.seq_len,
+            "batch_size": v.batch_size or profile.batch_size,
         },
         "optim": {},
-        "training": {"steps": v.steps, "log_every": v.log_every, "deterministic": v.deterministic},
+        "training": {
+            "steps": v.steps,
+            "log_every": v.log_every,
+            "deterministic": v.deterministic,
+            "efa_devices": efa_devices(v) or None,
+        },
         "checkpoint": {
             "mode": v.checkpoint_mode,
             "interval": v.checkpoint_interval,
@@ -124,6 +132,15 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
         config[section].update(fields)
     cleaned = {s: {k: x for k, x in f.items() if x is not None} for s, f in config.items()}
     return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s]}
+
+
+def efa_devices(v: JobValues) -> int:
+    """EFA devices the trainer must prove before training: the profile's, when the job spans nodes (one
+    node talks over NVLink and never uses the network); TRAIN.training.efa_devices=0 turns it off."""
+    explicit = v.train.get("training", {}).get("efa_devices")
+    if explicit is not None:
+        return int(explicit)
+    return get_profile(v.profile).efa if v.nodes > 1 else 0
 
 
 # torchrun and ft_launcher turn any worker failure into exit 1, so a trainer's 78 (bad config) would be
@@ -245,6 +262,13 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
     }
     if profile.gpus:
         defaults["NCCL_DEBUG"] = v.nccl_debug.upper()
+    if efa_devices(v):
+        # The trainer's EFA proof reads NCCL's own log (training/efa.py): INFO for INIT and NET, into a
+        # file per process in the run folder, where it also helps whoever debugs the fabric later.
+        if defaults.get("NCCL_DEBUG") != "TRACE":
+            defaults["NCCL_DEBUG"] = "INFO"
+        defaults["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+        defaults["NCCL_DEBUG_FILE"] = f"{run_dir}/nccl/%h-%p.log"
     if v.inprocess:
         defaults["TORCH_NCCL_RETHROW_CUDA_ERRORS"] = "0"
     merged = {**defaults, **v.env}

@@ -23,8 +23,13 @@ CHECK_TIMEOUT_S = 120.0
 """A config check that takes longer is stuck (it normally takes seconds); it fails the render."""
 
 
-def check_trainer_config(config_yaml: str, *, python: str = sys.executable) -> None:
-    """Raise ValuesError with the trainer's message if it would refuse `config_yaml`."""
+def check_trainer_config(
+    config_yaml: str, *, memory: tuple[int, int, int, int] | None = None, python: str = sys.executable
+) -> str | None:
+    """Raise ValuesError with the trainer's message if it would refuse `config_yaml`; with `memory`
+    (world size, ranks per node, GPU MiB (0: CPU), pod memory MiB) also check the trainer's memory plan
+    for that job and return the plan's line."""
+    extra = ["--memory", ",".join(map(str, memory))] if memory else []
     with tempfile.TemporaryDirectory(prefix="kit-check-") as tmp:
         path = Path(tmp) / "train.yaml"
         path.write_text(config_yaml, encoding="utf-8")
@@ -34,7 +39,7 @@ def check_trainer_config(config_yaml: str, *, python: str = sys.executable) -> N
         }
         try:
             proc = subprocess.run(
-                [python, "-m", "training.check_config", "--elsewhere", "--config", str(path)],
+                [python, "-m", "training.check_config", "--elsewhere", "--config", str(path), *extra],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -49,7 +54,8 @@ def check_trainer_config(config_yaml: str, *, python: str = sys.executable) -> N
             ) from None
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     if proc.returncode == 0:
-        return
+        plan = [line for line in proc.stdout.splitlines() if line.startswith("memory plan:")]
+        return plan[-1] if plan else None
     last = lines[-1].strip() if lines else "(no output)"
     if proc.returncode == FATAL_CONFIG:
         raise ValuesError(f"the trainer refuses this config: {last.removeprefix('error: ')}")

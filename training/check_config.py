@@ -5,6 +5,10 @@ the rules and messages are the trainer's: prints the one-line error and exits 78
 prints nothing and exits 0. No process group, no model, no data is touched. `k8s` runs it on the rendered
 trainer config before it applies a Job, so `TRAIN.optim.bogus=1` fails at render time, not in a pod.
 
+`--memory WORLD,RANKS_PER_NODE,GPU_MIB,HOST_MIB` also checks the job's memory plan for that world (GPU_MIB
+0: CPU ranks sharing HOST_MIB) and prints the plan's line on stdout; a job that will not fit is refused
+like a bad value (exit 78), with the fixes that would make it fit.
+
 `--elsewhere` means the config will run on another machine (a pod): the checks that look at this machine
 (shard files, the folder of training.dump_final, NVRx or CUDA being available) are neutralised, because
 their answer here says nothing about the pod; the trainer runs them again where it starts.
@@ -29,19 +33,44 @@ _HOST_NEUTRAL = (
 )
 
 
-def check(argv: list[str]) -> str | None:
-    """None if the trainer would accept `argv`, else its one-line error."""
+MEMORY = "--memory"
+
+
+def check(argv: list[str]) -> tuple[str | None, str | None]:
+    """(error, plan line): error None if the trainer would accept `argv`; plan only with --memory."""
     from training.config import ConfigError, load_config  # after argv handling: --help stays cheap
 
     elsewhere = ELSEWHERE in argv
     args = [a for a in argv if a != ELSEWHERE]
+    memory = None
+    if MEMORY in args:
+        i = args.index(MEMORY)
+        memory, args = args[i + 1 : i + 2], args[:i] + args[i + 2 :]
+        try:
+            world, ranks, gpu_mib, host_mib = (int(x) for x in memory[0].split(","))
+        except (IndexError, ValueError):
+            return f"{MEMORY} takes WORLD,RANKS_PER_NODE,GPU_MIB,HOST_MIB (whole numbers), got {memory}", None
     if elsewhere:
         args += _HOST_NEUTRAL
     try:
-        load_config(args)
+        cfg = load_config(args)
     except ConfigError as exc:
-        return " ".join(str(exc).split())
-    return None
+        return " ".join(str(exc).split()), None
+    if memory is None:
+        return None, None
+    from training import memory_plan
+    from training.model import MODEL_CONFIGS
+
+    shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
+    host = host_mib << 20
+    try:
+        line = memory_plan.plan_line(
+            cfg, shape, world=world, ranks_per_node=ranks, host_capacity=host, on_gpu=gpu_mib > 0,
+            device_capacity=(gpu_mib << 20) if gpu_mib else host // max(1, ranks),
+        )  # fmt: skip
+    except memory_plan.MemoryPlanError as exc:
+        return str(exc), None
+    return None, line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())
         return exitcodes.OK
-    error = check(argv)
+    error, line = check(argv)
     if error is None:
+        if line:
+            print(line)
         return exitcodes.OK
     print(f"error: {error}", file=sys.stderr)
     return exitcodes.FATAL_CONFIG

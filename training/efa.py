@@ -121,6 +121,13 @@ def check_fabric(expected: int, fi_info: str = "fi_info") -> list[str]:
     return found
 
 
+def prepare_nccl_log() -> None:
+    """Create the folder of NCCL_DEBUG_FILE before NCCL opens it (NCCL does not create folders)."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE", "")
+    if pattern:
+        Path(pattern).parent.mkdir(parents=True, exist_ok=True)
+
+
 def nccl_log_path() -> Path:
     """This process's NCCL debug log: NCCL_DEBUG_FILE with NCCL's %h (host) and %p (pid) filled in."""
     pattern = os.environ.get("NCCL_DEBUG_FILE", "")

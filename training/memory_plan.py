@@ -246,3 +246,31 @@ def host_memory_bytes() -> int:
         if text.isdigit() and int(text) < 1 << 60:
             limits.append(int(text))
     return min(limits) if limits else 1 << 40
+
+
+def plan_line(
+    cfg,
+    shape: Shape,
+    *,
+    world: int,
+    ranks_per_node: int,
+    device_capacity: int,
+    host_capacity: int,
+    on_gpu: bool,
+) -> str:
+    """The plan's one line for a trainer config (`training.config.TrainConfig`), or MemoryPlanError with the
+    fixes: the one place that maps the config onto the plan, for the trainer and for its config check."""
+    job = {
+        "ranks_per_node": ranks_per_node,
+        "seq_len": cfg.data.seq_len,
+        "micro_batch": cfg.data.batch_size,
+        "ac": cfg.model.activation_checkpointing,
+        "device_capacity": device_capacity,
+        "host_capacity": host_capacity,
+        "on_gpu": on_gpu,
+        "staging": cfg.checkpoint.mode == "async",
+    }
+    refused = refusal(shape, nodes=max(1, world // max(1, ranks_per_node)), **job)
+    if refused:
+        raise MemoryPlanError(refused)
+    return plan(shape, world_size=world, **job).line()

@@ -274,21 +274,14 @@ def check_memory(cfg: TrainConfig) -> str:
         capacity = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
     else:
         capacity = host // max(1, local)
-    job = {
-        "ranks_per_node": local,
-        "seq_len": cfg.data.seq_len,
-        "micro_batch": cfg.data.batch_size,
-        "ac": cfg.model.activation_checkpointing,
-        "device_capacity": capacity,
-        "host_capacity": host,
-        "on_gpu": on_gpu,
-        "staging": cfg.checkpoint.mode == "async",
-    }
     shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
-    refused = memory_plan.refusal(shape, nodes=max(1, world // max(1, local)), **job)
-    if refused:
-        raise ConfigError(refused)
-    return memory_plan.plan(shape, world_size=world, **job).line()
+    try:
+        return memory_plan.plan_line(
+            cfg, shape, world=world, ranks_per_node=local, device_capacity=capacity, host_capacity=host,
+            on_gpu=on_gpu,
+        )  # fmt: skip
+    except memory_plan.MemoryPlanError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def verify_fabric(expected: int, ctx: DistContext) -> str | None:
@@ -340,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         from training.inprocess import run_under_nvrx
 
         return run_under_nvrx(cfg)
+    if cfg.training.efa_devices:
+        efa.prepare_nccl_log()
     ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s)
     try:
         problem = verify_fabric(cfg.training.efa_devices, ctx)

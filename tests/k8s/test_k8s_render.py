@@ -217,13 +217,19 @@ def test_k8s_each_env_value(overrides: list[str], name: str, expected: str | Non
 TRAINER = [
     (["RUN_ID=abc"], "run", {"id": "abc", "root": "/fsx/runs"}),
     (["SEED=7"], "run", {"id": "t", "root": "/fsx/runs", "seed": 7}),
-    ([], "model", {"name": "llama3.1-8b"}),
+    ([], "model", {"name": "llama3.1-8b", "activation_checkpointing": "full"}),
+    ([], "data", {"kind": "synthetic", "seq_len": 8192, "batch_size": 1}),
     (["PROFILE=local"], "model", {"name": "tiny"}),
-    (["MODEL=small"], "model", {"name": "small"}),
+    (["MODEL=small"], "model", {"name": "small", "activation_checkpointing": "full"}),
+    (
+        ["TRAIN.model.activation_checkpointing=selective"],
+        "model",
+        {"name": "llama3.1-8b", "activation_checkpointing": "selective"},
+    ),
     (
         ["STEPS=2000", "LOG_EVERY=10", "DETERMINISTIC=0"],
         "training",
-        {"steps": 2000, "log_every": 10, "deterministic": False},
+        {"steps": 2000, "log_every": 10, "deterministic": False, "efa_devices": 32},
     ),
     (
         ["CHECKPOINT_MODE=sync", "CHECKPOINT_INTERVAL=500", "CHECKPOINT_KEEP=2", "CHECKPOINT_BACKEND=dcp"],

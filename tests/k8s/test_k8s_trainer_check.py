@@ -87,3 +87,39 @@ def test_k8s_trainer_check_that_cannot_run_is_an_error(tmp_path: Path) -> None:
         ValuesError, match=r"^the trainer's config check could not run \(exit 1: ModuleNotFound"
     ):
         check_trainer_config(_config(), python=str(fake))
+
+
+def _p5_config(*overrides: str) -> str:
+    manifests = render(build_values(overrides=["RUN_ID=mem", "NODES=2", *overrides], allow_placeholders=True))
+    (configmap,) = [m.obj for m in manifests if m.obj["kind"] == "ConfigMap"]
+    return configmap["data"][CONFIG_FILE]
+
+
+P5_MEMORY = (16, 8, 81559, 1800 * 1024)
+"""2 p5 nodes: world 16, 8 ranks per node, H100 80 GB, the pod's 1800 GiB."""
+
+
+def test_p5_default_job_fits_by_the_memory_plan() -> None:
+    line = check_trainer_config(_p5_config(), memory=P5_MEMORY)
+    assert line.startswith("memory plan: ") and "activation_checkpointing=full" in line
+    used, of = (float(x) for x in line.removeprefix("memory plan: ").split(" GiB")[0].split(" of "))
+    assert used < of
+
+
+def test_p5_job_without_activation_checkpointing_is_refused_at_render() -> None:
+    with pytest.raises(
+        ValuesError, match=r"the job needs .* per GPU .*use model.activation_checkpointing="
+    ) as exc:
+        check_trainer_config(_p5_config("TRAIN.model.activation_checkpointing=none"), memory=P5_MEMORY)
+    assert "\n" not in str(exc.value)
+
+
+def test_k8s_trainer_fields_are_trainer_config_fields() -> None:
+    """k8s keeps its own list (it does not import the trainer): every name in it must exist there."""
+    from k8s.model import TRAINER_FIELDS
+    from training.config import sections
+
+    known = sections()
+    for section, names in TRAINER_FIELDS.items():
+        fields = set(known[section].__dataclass_fields__)
+        assert set(names) <= fields, (section, set(names) - fields)
