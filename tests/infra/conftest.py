@@ -52,6 +52,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "storage.throughput_per_tib": "200",
         "storage.storage_gib": "4800",
         "storage.s3_bucket": "kit-training-data",
+        "cluster.endpoint_access": "public_and_private",
         "cluster.public_access_cidrs": "203.0.113.0/24",
         "kubernetes.deploy_objects": "false",
     },
