@@ -22,6 +22,24 @@ _ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
 LUSTRE_CLIENT_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 """Inbound TCP a Lustre client must accept from the file system's group (FSx for Lustre guide, "File system
 access control with Amazon VPC": https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html)."""
+
+
+def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_id: str) -> None:
+    """Inbound LUSTRE_CLIENT_PORTS on a client group from the file system's group (L1 rules in `scope`'s
+    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle)."""
+    for low, high in LUSTRE_CLIENT_PORTS:
+        ec2.CfnSecurityGroupIngress(
+            scope,
+            f"LustreCallbacks{low}",
+            group_id=client_group_id,
+            source_security_group_id=fsx_group_id,
+            ip_protocol="tcp",
+            from_port=low,
+            to_port=high,
+            description="Lustre server callbacks to clients",
+        )
+
+
 LOG_LEVEL = "WARN_ERROR"
 """Lustre logging: warnings and errors to CloudWatch Logs (`/aws/fsx/lustre`), e.g. failed S3 exports."""
 
@@ -82,18 +100,11 @@ class Storage(Construct):
             client_security_group, "Lustre clients (GPU nodes)"
         )
         fsx_group = self.file_system.connections.security_groups[0]
-        # L1 rules here: `add_ingress_rule` on the network stack's group would put them there (a cycle).
-        for low, high in LUSTRE_CLIENT_PORTS:
-            ec2.CfnSecurityGroupIngress(
-                self,
-                f"LustreCallbacks{low}",
-                group_id=client_security_group.security_group_id,
-                source_security_group_id=fsx_group.security_group_id,
-                ip_protocol="tcp",
-                from_port=low,
-                to_port=high,
-                description="Lustre server callbacks to clients",
-            )
+        allow_lustre_callbacks(
+            self,
+            client_group_id=client_security_group.security_group_id,
+            fsx_group_id=fsx_group.security_group_id,
+        )
         self.overrides: dict[str, object] = {"LustreConfiguration.LogConfiguration": {"Level": LOG_LEVEL}}
         if cfg.deployment_type == "PERSISTENT_2":
             self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput
-from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from infra import references
@@ -14,7 +13,7 @@ from infra.constructs.device_plugins import DevicePlugins
 from infra.constructs.fsx_volume import FsxVolume, volume_names
 from infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
 from infra.constructs.network import Network
-from infra.constructs.storage import LUSTRE_CLIENT_PORTS, Storage
+from infra.constructs.storage import Storage, allow_lustre_callbacks
 from infra.instances import GPU_INSTANCES
 from infra.stacks.base import KitStack
 
@@ -85,18 +84,11 @@ class ClusterStack(KitStack):
         )
         # The primary interface also carries the cluster security group: Lustre callbacks must be let in there
         # as well as on the EFA group (the FSx guide asks it of every client group).
-        fsx_group = file_system.connections.security_groups[0]
-        for low, high in LUSTRE_CLIENT_PORTS:
-            ec2.CfnSecurityGroupIngress(
-                self,
-                f"LustreCallbacks{low}",
-                group_id=cluster.cluster_security_group_id,
-                source_security_group_id=fsx_group.security_group_id,
-                ip_protocol="tcp",
-                from_port=low,
-                to_port=high,
-                description="Lustre server callbacks to clients",
-            )
+        allow_lustre_callbacks(
+            self,
+            client_group_id=cluster.cluster_security_group_id,
+            fsx_group_id=file_system.connections.security_groups[0].security_group_id,
+        )
         for nodegroup in (self.control_plane.system_nodegroup, self.gpu.nodegroup):
             for addon in self.networking.all:
                 nodegroup.node.add_dependency(addon)
