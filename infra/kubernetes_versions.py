@@ -30,7 +30,9 @@ SUPPORT: dict[str, VersionSupport] = {
     v.version: v
     for v in (
         VersionSupport(version="1.34", released=dt.date(2025, 10, 2), end_of_standard=dt.date(2026, 12, 2)),
-        VersionSupport(version="1.35", released=dt.date(2026, 1, 27), end_of_standard=dt.date(2027, 3, 27)),
+        VersionSupport(
+            version="1.35", released=dt.date(2026, 1, 27), end_of_standard=dt.date(2027, 3, 27), estimate=True
+        ),
         VersionSupport(
             version="1.36", released=dt.date(2026, 5, 27), end_of_standard=dt.date(2027, 7, 27), estimate=True
         ),

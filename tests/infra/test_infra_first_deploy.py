@@ -236,6 +236,9 @@ def test_fsx_metadata_logging_and_efa(synth: Synth, variant: str) -> None:
     assert lustre.get("EfaEnabled", False) is cfg.efa_enabled
     groups = fs["Properties"]["SecurityGroupIds"]
     assert len(groups) == (2 if cfg.efa_enabled else 1)
+    if cfg.efa_enabled:
+        network = f"{synth.configs[variant].prefix}-network"
+        assert groups[1]["Fn::GetStackOutput"]["StackName"] == network, "the EFA group joins the file system"
 
 
 def test_default_fsx_size_and_throughput(synth: Synth) -> None:
