@@ -6,6 +6,7 @@ A bad setting prints one line `error: <key>: <problem>` to stderr and exits 2, b
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 
@@ -17,6 +18,7 @@ import aws_cdk as cdk
 
 from infra.config import load_config
 from infra.errors import ConfigError
+from infra.notices import synth_notices
 from infra.stacks import build_kit
 
 USAGE_EXIT = 2
@@ -30,6 +32,8 @@ def main() -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
+    for line in synth_notices(cfg, dt.datetime.now(dt.UTC).date()):
+        print(line, file=sys.stderr)
     build_kit(app, cfg)
     app.synth()
     return 0

@@ -26,7 +26,7 @@ from infra import validation
 from infra.errors import ConfigError
 from infra.instances import GPU_INSTANCES, EfaLayout
 
-KubernetesVersion = Literal["1.34", "1.35", "1.36"]
+KubernetesVersion = Literal["1.34", "1.35", "1.36", "1.37"]
 EndpointAccess = Literal["public", "private", "public_and_private"]
 ControlPlaneLog = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
 Capacity = Literal["on_demand", "odcr", "capacity_block"]
@@ -36,6 +36,18 @@ _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 _ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _INSTANCE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+_RESOURCE_GROUP_RE = re.compile(r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/[\w.-]{1,128}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^[\w .:/+=@-]{1,255}$")
+RepairAction = Literal["Replace", "Reboot", "NoAction"]
+REPAIR_ACTIONS: tuple[str, ...] = typing.get_args(RepairAction)
+REPAIR_CONDITIONS = (
+    "AcceleratedHardwareReady",
+    "ContainerRuntimeReady",
+    "KernelReady",
+    "NetworkingReady",
+    "StorageReady",
+)
+"""Node conditions the EKS node monitoring agent reports (https://docs.aws.amazon.com/eks/latest/userguide/node-health.html)."""
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _DNS_LABEL_RE = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CHART_VERSION_RE = re.compile(r"^v?\d+\.\d+\.\d+$")
@@ -47,7 +59,7 @@ FSX_THROUGHPUT_PER_TIB: dict[str, tuple[int, ...]] = {
     "SCRATCH_2": (),
 }
 FSX_DEFAULT_THROUGHPUT_PER_TIB: dict[str, int | None] = {
-    "PERSISTENT_2": 250,
+    "PERSISTENT_2": 1000,
     "PERSISTENT_1": 200,
     "SCRATCH_2": None,
 }
@@ -105,13 +117,17 @@ class NetworkConfig:
 class ClusterConfig:
     """The EKS control plane (aws_eks_v2, managed node groups, no Auto Mode) and the system node group."""
 
-    kubernetes_version: KubernetesVersion = "1.35"
-    """Kubernetes minor version of the control plane (kubectl 1.35 in the CDK provider covers 1.34-1.36)."""
-    endpoint_access: EndpointAccess = "public_and_private"
-    """Who can reach the Kubernetes API: `public`, `private` (VPC only) or `public_and_private`."""
+    kubernetes_version: KubernetesVersion = "1.36"
+    """Kubernetes minor version of the control plane; default: the newest in EKS standard support that the
+    installed kubectl layer drives. 1.37 with `kubernetes.deploy_objects` needs the kubectl v37 layer package.
+    Synth says when the version leaves standard support (extended support costs 6x)."""
+    endpoint_access: EndpointAccess = "private"
+    """Who can reach the Kubernetes API: `private` (VPC only; reach it through SSM, docs/infra.md) or
+    `public_and_private` with `public_access_cidrs`. `public` alone is refused (nodes behind NAT would need
+    0.0.0.0/0)."""
     public_access_cidrs: tuple[str, ...] = ()
-    """CIDRs allowed to reach the public endpoint; empty means any address. Only with public_and_private
-    (nodes then reach the API privately)."""
+    """CIDRs allowed to reach the public endpoint; required with public_and_private (give 0.0.0.0/0
+    explicitly to open it to any address)."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM role/user ARNs given cluster-admin access entries (AmazonEKSClusterAdminPolicy, cluster scope)."""
     control_plane_logs: tuple[ControlPlaneLog, ...] = ("api", "audit", "authenticator")
@@ -129,6 +145,18 @@ class ClusterConfig:
                 ipaddress.IPv4Network(cidr)
             except ValueError:
                 raise ConfigError("cluster.public_access_cidrs", f"{cidr!r} is not an IPv4 CIDR") from None
+        _need(
+            self.endpoint_access != "public",
+            "cluster.endpoint_access",
+            "'public' is not allowed: nodes reach a public-only endpoint through NAT, which needs it open to "
+            "0.0.0.0/0; use public_and_private with cluster.public_access_cidrs, or private",
+        )
+        _need(
+            self.endpoint_access != "public_and_private" or bool(self.public_access_cidrs),
+            "cluster.public_access_cidrs",
+            "required with cluster.endpoint_access='public_and_private' (the public endpoint is not "
+            "opened to 0.0.0.0/0 by default); give your CIDRs, e.g. 203.0.113.0/24, or use private",
+        )
         _need(
             not self.public_access_cidrs or self.endpoint_access == "public_and_private",
             "cluster.public_access_cidrs",
@@ -174,28 +202,44 @@ class GpuConfig:
     """AZ of the GPU nodes and the FSx file system (a Capacity Block's AZ); one of
     network.availability_zones."""
     instance_type: str = "p5.48xlarge"
-    """EFA GPU instance type: p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge,
-    p6-b200.48xlarge."""
+    """EFA GPU instance type: g5.48xlarge, g6e.48xlarge, p4d.24xlarge, p4de.24xlarge, p5.48xlarge,
+    p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge, p6-b300.48xlarge."""
     min_nodes: int = 0
     """Minimum GPU nodes (>= 0)."""
-    desired_nodes: int = 2
-    """GPU nodes to run now (min_nodes .. max_nodes); keep 0 until a Capacity Block is active."""
+    desired_nodes: int | None = None
+    """GPU nodes to run now (min_nodes .. max_nodes). Unset: max_nodes with an ODCR (reserved capacity
+    exists), else min_nodes (0): a deploy without p5 capacity still builds cluster, FSx and ECR. Set it to
+    scale (`-c gpu.desired_nodes=2`); with a Capacity Block, once the block is active."""
     max_nodes: int = 2
     """Maximum GPU nodes (1 or more)."""
     capacity: Capacity = "on_demand"
     """Where instances come from: `on_demand`, `odcr` (On-Demand Capacity Reservation) or `capacity_block`."""
     reservation_id: str | None = None
-    """Capacity reservation id `cr-...` (17 hex digits); required for odcr and capacity_block, else unset."""
+    """Capacity reservation id `cr-...` (17 hex digits); required for capacity_block, for odcr unless
+    reservation_resource_group_arn is set; else unset."""
+    reservation_resource_group_arn: str | None = None
+    """odcr only: a capacity reservation resource group ARN (`arn:aws:resource-groups:...:group/NAME`) to
+    launch into any reservation of the group, instead of one reservation_id."""
     placement_group: bool = False
-    """Put GPU nodes in a cluster placement group; only for plain on_demand (refused with a reservation)."""
+    """Create a cluster placement group for the GPU nodes; only for plain on_demand."""
+    placement_group_name: str | None = None
+    """Existing cluster placement group to launch into: on_demand, or odcr when the reservation was created
+    in that group (EC2 places reservations in cluster placement groups). Refused with capacity_block."""
     efa_layout: EfaLayout = "efa-only"
     """NIC layout: `efa-only` (ENA primary + one EFA-only device per card, 1 IP per node) or `legacy`
     (EFA on every card, 1 IP per card)."""
     root_volume_gib: int = 512
     """Root EBS volume size in GiB (gp3, encrypted, 16,000 IOPS, 1,000 MB/s); 64 .. 16384."""
     node_repair: bool = True
-    """EKS node auto-repair (replaces unhealthy GPU nodes one at a time; pairs with the node monitoring
+    """EKS node auto-repair (repairs unhealthy GPU nodes one at a time; pairs with the node monitoring
     agent)."""
+    repair_overrides: tuple[str, ...] = ("AcceleratedHardwareReady:DCGMError:NoAction:10",)
+    """Per-condition repair actions, `Condition:Reason:Action:WaitMinutes` (Action Replace, Reboot or
+    NoAction). Default: no action when the agent only lost its DCGM connection (aws/containers-roadmap#2555);
+    add e.g. `AcceleratedHardwareReady:NvidiaXID79Error:Replace:10` to opt in to replacements."""
+    repair_max_unhealthy_nodes: int = 1
+    """Auto-repair stops when more GPU nodes than this are unhealthy at once (a cluster-wide fault is not
+    fixed by replacing nodes); 1 .. max_nodes."""
 
     def __post_init__(self) -> None:
         _need(
@@ -216,12 +260,59 @@ class GpuConfig:
             "gpu.min_nodes",
             f"{self.min_nodes} is above gpu.max_nodes={self.max_nodes}; use 0 .. {self.max_nodes}",
         )
+        if self.desired_nodes is not None:
+            _need(
+                self.min_nodes <= self.desired_nodes <= self.max_nodes,
+                "gpu.desired_nodes",
+                f"{self.desired_nodes} is outside gpu.min_nodes .. gpu.max_nodes; "
+                f"use {self.min_nodes} .. {self.max_nodes}",
+            )
+        self._check_capacity()
+        self._check_repair()
         _need(
-            self.min_nodes <= self.desired_nodes <= self.max_nodes,
-            "gpu.desired_nodes",
-            f"{self.desired_nodes} is outside gpu.min_nodes .. gpu.max_nodes; "
-            f"use {self.min_nodes} .. {self.max_nodes}",
+            64 <= self.root_volume_gib <= 16384,
+            "gpu.root_volume_gib",
+            f"{self.root_volume_gib} is not allowed; use 64 .. 16384",
         )
+
+    def _check_capacity(self) -> None:
+        """Reservation, resource group and placement group fit the capacity mode."""
+        if self.reservation_id is not None:
+            _need(
+                bool(_RESERVATION_RE.match(self.reservation_id)),
+                "gpu.reservation_id",
+                f"{self.reservation_id!r} is not a capacity reservation id ('cr-' + 17 hex digits)",
+            )
+        group = self.reservation_resource_group_arn
+        if group is not None:
+            _need(
+                bool(_RESOURCE_GROUP_RE.match(group)),
+                "gpu.reservation_resource_group_arn",
+                f"{group!r} is not a resource group ARN like "
+                "'arn:aws:resource-groups:us-west-2:123456789012:group/p5-reservations'",
+            )
+            _need(
+                self.capacity == "odcr",
+                "gpu.reservation_resource_group_arn",
+                f"only with gpu.capacity=odcr, not {self.capacity!r}; unset it or use odcr",
+            )
+            _need(
+                self.reservation_id is None,
+                "gpu.reservation_resource_group_arn",
+                "give either gpu.reservation_id or gpu.reservation_resource_group_arn, not both",
+            )
+        if self.placement_group_name is not None:
+            _need(
+                bool(_PLACEMENT_GROUP_RE.match(self.placement_group_name)),
+                "gpu.placement_group_name",
+                f"{self.placement_group_name!r} is not a placement group name "
+                "(1-255 letters, digits, spaces, ._-)",
+            )
+            _need(
+                not self.placement_group,
+                "gpu.placement_group",
+                "give either gpu.placement_group=true (create one) or gpu.placement_group_name (use yours)",
+            )
         if self.capacity == "on_demand":
             _need(
                 self.reservation_id is None,
@@ -229,30 +320,88 @@ class GpuConfig:
                 f"{self.reservation_id!r} is set but gpu.capacity is 'on_demand'; "
                 "use gpu.capacity=odcr or capacity_block, or unset it",
             )
-        else:
+            return
+        if self.capacity == "capacity_block":
             _need(
                 self.reservation_id is not None,
                 "gpu.reservation_id",
-                f"required when gpu.capacity is {self.capacity!r}; "
+                "required when gpu.capacity is 'capacity_block'; "
                 "give the reservation id 'cr-' + 17 hex digits",
             )
             _need(
-                bool(_RESERVATION_RE.match(str(self.reservation_id))),
-                "gpu.reservation_id",
-                f"{self.reservation_id!r} is not a capacity reservation id ('cr-' + 17 hex digits)",
-            )
-            _need(
-                not self.placement_group,
+                not self.placement_group and self.placement_group_name is None,
                 "gpu.placement_group",
-                f"not allowed with gpu.capacity={self.capacity!r}: the reservation already fixes placement, "
-                "and a cluster placement group on reserved capacity fails with InsufficientInstanceCapacity; "
-                "set it to false",
+                "not allowed with gpu.capacity='capacity_block': the block already fixes placement, and a "
+                "placement group on a Capacity Block fails with InsufficientInstanceCapacity; unset it",
             )
+            return
         _need(
-            64 <= self.root_volume_gib <= 16384,
-            "gpu.root_volume_gib",
-            f"{self.root_volume_gib} is not allowed; use 64 .. 16384",
+            self.reservation_id is not None or group is not None,
+            "gpu.reservation_id",
+            "required when gpu.capacity is 'odcr'; give the reservation id 'cr-' + 17 hex digits, "
+            "or gpu.reservation_resource_group_arn",
         )
+        _need(
+            not self.placement_group,
+            "gpu.placement_group",
+            "not allowed with gpu.capacity='odcr': a new placement group cannot hold an existing "
+            "reservation; give the group the reservation was created in as gpu.placement_group_name, "
+            "or unset it",
+        )
+
+    def _check_repair(self) -> None:
+        """Repair overrides parse; the unhealthy-node threshold fits the node group."""
+        for entry in self.repair_overrides:
+            parse_repair_override(entry)
+        _need(
+            1 <= self.repair_max_unhealthy_nodes <= self.max_nodes,
+            "gpu.repair_max_unhealthy_nodes",
+            f"{self.repair_max_unhealthy_nodes} is not allowed; use 1 .. gpu.max_nodes ({self.max_nodes})",
+        )
+
+    @property
+    def effective_desired_nodes(self) -> int:
+        """Nodes the group asks for: desired_nodes, else max_nodes with an ODCR, else min_nodes."""
+        if self.desired_nodes is not None:
+            return self.desired_nodes
+        return self.max_nodes if self.capacity == "odcr" else self.min_nodes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RepairOverride:
+    """One NodeRepairConfigOverrides entry (EKS: all four values are required)."""
+
+    condition: str
+    reason: str
+    action: RepairAction
+    wait_minutes: int
+
+
+def parse_repair_override(entry: str) -> RepairOverride:
+    """`Condition:Reason:Action:WaitMinutes` -> RepairOverride, or ConfigError naming the entry."""
+    key = "gpu.repair_overrides"
+    parts = entry.split(":")
+    _need(len(parts) == 4, key, f"{entry!r} is not Condition:Reason:Action:WaitMinutes")
+    condition, reason, action, wait = parts
+    _need(
+        condition in REPAIR_CONDITIONS,
+        key,
+        f"{condition!r} in {entry!r} is not a node condition; use one of: " + ", ".join(REPAIR_CONDITIONS),
+    )
+    _need(
+        bool(re.match(r"^[A-Za-z0-9]{1,64}$", reason)), key, f"{reason!r} in {entry!r} is not a reason name"
+    )
+    _need(
+        action in REPAIR_ACTIONS,
+        key,
+        f"{action!r} in {entry!r} is not a repair action; use one of: " + ", ".join(REPAIR_ACTIONS),
+    )
+    _need(
+        bool(re.match(r"^\d{1,4}$", wait)) and int(wait) >= 1,
+        key,
+        f"{wait!r} in {entry!r} is not a wait in minutes; use 1 or more",
+    )
+    return RepairOverride(condition=condition, reason=reason, action=action, wait_minutes=int(wait))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -261,11 +410,21 @@ class StorageConfig:
 
     deployment_type: DeploymentType = "PERSISTENT_2"
     """FSx for Lustre deployment type: PERSISTENT_2 (recommended), PERSISTENT_1 or SCRATCH_2 (SSD)."""
-    storage_gib: int = 1200
-    """Storage capacity in GiB: 1200, or a multiple of 2400."""
+    storage_gib: int = 2400
+    """Storage capacity in GiB: 1200, or a multiple of 2400. The default with 1000 MB/s/TiB writes a
+    llama3.1-8b checkpoint (96 GB) in ~41 s (docs/infra.md, "FSx sizing")."""
     throughput_per_tib: int | None = None
-    """Throughput in MB/s per TiB: PERSISTENT_2 125/250/500/1000 (unset: 250), PERSISTENT_1 50/100/200
+    """Throughput in MB/s per TiB: PERSISTENT_2 125/250/500/1000 (unset: 1000), PERSISTENT_1 50/100/200
     (unset: 200); SCRATCH_2: leave unset (fixed)."""
+    efa_enabled: bool = False
+    """EFA-enabled file system (PERSISTENT_2 only; GPUDirect Storage clients); set only at creation
+    (changing it replaces the file system). Adds the EFA security group to the file system."""
+    checkpoint_gb: int = 97
+    """Size of one full checkpoint in GB that the file system must absorb (llama3.1-8b: 8.03e9 params x 12
+    bytes = 96.4 GB)."""
+    checkpoint_write_s: int = 120
+    """Longest acceptable write of one checkpoint, seconds (keep below the checkpoint interval); sizes
+    that cannot meet it are refused with the smallest size that can."""
     s3_bucket: str | None = None
     """Existing S3 bucket to link at /data (auto import and export); unset for no link."""
 
@@ -289,6 +448,21 @@ class StorageConfig:
                 f"{self.throughput_per_tib} is not allowed for {self.deployment_type}; use one of "
                 + ", ".join(map(str, allowed)),
             )
+        _need(
+            not self.efa_enabled or self.deployment_type == "PERSISTENT_2",
+            "storage.efa_enabled",
+            f"not allowed with {self.deployment_type}; EFA-enabled file systems are PERSISTENT_2 only",
+        )
+        _need(
+            self.checkpoint_gb >= 1,
+            "storage.checkpoint_gb",
+            f"{self.checkpoint_gb} is not allowed; use 1 or more",
+        )
+        _need(
+            self.checkpoint_write_s >= 1,
+            "storage.checkpoint_write_s",
+            f"{self.checkpoint_write_s} is not allowed; use 1 or more",
+        )
         if self.s3_bucket is not None:
             _need(
                 bool(_BUCKET_RE.match(self.s3_bucket)),
@@ -399,6 +573,7 @@ class KitConfig:
             gpu=self.gpu,
             cluster=self.cluster,
             kubernetes=self.kubernetes,
+            storage=self.storage,
         )
 
 

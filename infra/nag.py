@@ -21,10 +21,10 @@ _POLICY = "Policy::arn:<AWS::Partition>:iam::aws:policy/"
 NODE_ROLE_POLICIES = {
     "AmazonEKSWorkerNodePolicy": "the EKS-documented node role policy; the kubelet needs exactly these "
     "EKS/EC2 reads",
-    "AmazonEKS_CNI_Policy": "the VPC CNI on every node assigns pod IPs and ENIs; AWS maintains the policy "
-    "as the CNI's API use changes",
     "AmazonEC2ContainerRegistryReadOnly": "nodes pull the trainer image and EKS add-on images from ECR "
     "(read only)",
+    "AmazonSSMManagedInstanceCore": "SSM Session Manager instead of SSH keys (run fi_info and nccl-tests on "
+    "a node, reach a private API endpoint); the policy EC2 documents for it",
 }
 KUBECTL_POLICIES = {
     "service-role/AWSLambdaBasicExecutionRole": "CDK's kubectl provider Lambdas write their own logs only",
@@ -47,15 +47,21 @@ def acknowledge_findings(kit: Kit) -> None:
         "EKS requires this AWS-managed policy on the cluster service role; a copy would drift from what "
         "EKS needs",
     )
-    for nodegroup in (control_plane.system_nodegroup, kit.cluster.gpu.nodegroup):
+    for role in (control_plane.system_node_role, kit.cluster.gpu.node_role):
         for policy, reason in NODE_ROLE_POLICIES.items():
-            _ack(nodegroup, f"IAM4[{_POLICY}{policy}]", reason)
+            _ack(role, f"IAM4[{_POLICY}{policy}]", reason)
+    _ack(
+        kit.cluster.networking.cni_role,
+        f"IAM4[{_POLICY}AmazonEKS_CNI_Policy]",
+        "the VPC CNI assigns pod IPs and ENIs; AWS maintains the policy as the CNI's API use changes; "
+        "bound by Pod Identity to the aws-node service account only (not the node role)",
+    )
     addons = kit.cluster.addons
     _ack(
-        addons,
-        f"IAM4[{_POLICY}AmazonFSxFullAccess]",
-        "the FSx CSI controller's documented policy (dynamic provisioning creates and deletes file systems); "
-        "bound by Pod Identity to its service account only",
+        addons.fsx_csi_role,
+        "IAM5[Resource::*]",
+        "fsx:DescribeFileSystems supports no resource-level scoping; the FSx CSI controller's only "
+        "permission (static PV: it can neither create nor delete a file system)",
     )
     for policy in ("CloudWatchAgentServerPolicy", "AWSXrayWriteOnlyAccess"):
         _ack(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
+from infra import kubernetes_versions, sizing
 from infra.errors import ConfigError
 
 if TYPE_CHECKING:
-    from infra.config import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig
+    from infra.config import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig, StorageConfig
 
 
 def check_cross_rules(
@@ -17,8 +19,10 @@ def check_cross_rules(
     gpu: GpuConfig,
     cluster: ClusterConfig,
     kubernetes: KubernetesConfig,
+    storage: StorageConfig,
 ) -> None:
-    """AZs belong to the region; the GPU nodes (and FSx, which follows them) sit in one of the VPC's AZs."""
+    """AZs belong to the region; the GPU nodes (and FSx, which follows them) sit in one of the VPC's AZs;
+    FSx writes a checkpoint in time; the kubectl layer for the Kubernetes version is installed."""
     for az in network.availability_zones:
         if not (az.startswith(region) and len(az) == len(region) + 1):
             raise ConfigError(
@@ -31,7 +35,34 @@ def check_cross_rules(
             f"{gpu.availability_zone!r} is not in network.availability_zones; use one of: "
             + ", ".join(network.availability_zones),
         )
-    del cluster, kubernetes  # no cross rules today; passed so new ones have one home
+    check_checkpoint_write(storage=storage, gpu=gpu)
+    if kubernetes.deploy_objects:
+        module = kubernetes_versions.layer_module(cluster.kubernetes_version)
+        if importlib.util.find_spec(module) is None:
+            package = "aws-cdk." + module.removeprefix("aws_cdk.").replace("_", "-")
+            raise ConfigError(
+                "cluster.kubernetes_version",
+                f"{cluster.kubernetes_version} needs the kubectl layer package {package}, which is not "
+                "installed; add it to requirements.txt, or set kubernetes.deploy_objects=false",
+            )
+
+
+def check_checkpoint_write(*, storage: StorageConfig, gpu: GpuConfig) -> None:
+    """FSx must absorb one full checkpoint from the GPU nodes within storage.checkpoint_write_s."""
+    per_tib = storage.effective_throughput_per_tib or sizing.SCRATCH_2_MBPS_PER_TIB
+    fs_mbps = sizing.fsx_mbps(storage.storage_gib, per_tib)
+    seconds = sizing.write_seconds(checkpoint_gb=storage.checkpoint_gb, fs_mbps=fs_mbps, nodes=gpu.max_nodes)
+    if seconds <= storage.checkpoint_write_s:
+        return
+    enough = sizing.smallest_storage_gib(
+        checkpoint_gb=storage.checkpoint_gb, budget_s=storage.checkpoint_write_s, throughput_per_tib=per_tib
+    )
+    raise ConfigError(
+        "storage.storage_gib",
+        f"{storage.storage_gib} GiB at {per_tib} MB/s/TiB gives {fs_mbps:.0f} MB/s and writes a "
+        f"{storage.checkpoint_gb} GB checkpoint in {seconds:.0f} s, over storage.checkpoint_write_s="
+        f"{storage.checkpoint_write_s}; use storage.storage_gib={enough} (or a higher throughput_per_tib)",
+    )
 
 
 def az_context_key(account: str, region: str) -> str:

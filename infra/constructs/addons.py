@@ -2,7 +2,9 @@
 
 Add-on versions are left to EKS (the default version for the cluster's Kubernetes version), so a
 Kubernetes upgrade never pins an incompatible add-on; the device plugins, which EKS does not manage,
-are pinned in `device_plugins.py`.
+are pinned in `device_plugins.py`. `ConfigurationValues` use only keys of each add-on's published schema
+(`aws eks describe-addon-configuration`; EKS rejects unknown keys at deploy); tests check them against copies
+of those schemas in tests/infra/fixtures/addon_schemas/, and nothing is set that only repeats a default.
 """
 
 from __future__ import annotations
@@ -14,8 +16,23 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct, IConstruct
 
-TOLERATE_ALL = [{"operator": "Exists"}]
-"""Node DaemonSets must run on tainted GPU nodes too."""
+CLOUDWATCH_CONFIGURATION = {
+    "agent": {
+        "config": {
+            "logs": {
+                "metrics_collected": {
+                    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": False}
+                }
+            }
+        }
+    }
+}
+"""Container Insights without the add-on's own DCGM exporter: the node monitoring agent already runs DCGM on
+the GPU nodes, and two DCGM host engines on the same GPUs make the agent report AcceleratedHardwareReady=False
+(aws/containers-roadmap#2555), after which auto-repair replaces healthy nodes. Opt-out documented in
+https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html."""
+FSX_CSI_ACTIONS = ("fsx:DescribeFileSystems",)
+"""The controller only serves a static PV (no CreateFileSystem/DeleteFileSystem): describe is all it calls."""
 
 
 def pod_identity_role(scope: Construct, construct_id: str, *, managed_policies: Sequence[str]) -> iam.Role:
@@ -62,16 +79,29 @@ def _addon(
 
 
 class NetworkingAddons(Construct):
-    """vpc-cni, kube-proxy and the Pod Identity agent: DaemonSets the nodes need before they are Ready."""
+    """vpc-cni, kube-proxy and the Pod Identity agent: DaemonSets the nodes need before they are Ready.
+
+    The VPC CNI gets its policy through Pod Identity on `aws-node`, not from the node role (the agent runs on
+    the host network, so it serves credentials before any pod has an address).
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster) -> None:
         super().__init__(scope, construct_id)
-        self.vpc_cni = _addon(self, "VpcCni", cluster=cluster, name="vpc-cni")
-        self.kube_proxy = _addon(self, "KubeProxy", cluster=cluster, name="kube-proxy")
         # The agent's DaemonSet tolerates every taint by default, so it also runs on the GPU nodes.
         self.pod_identity_agent = _addon(
             self, "PodIdentityAgent", cluster=cluster, name="eks-pod-identity-agent"
         )
+        self.cni_role = pod_identity_role(self, "VpcCniRole", managed_policies=["AmazonEKS_CNI_Policy"])
+        self.vpc_cni = _addon(
+            self,
+            "VpcCni",
+            cluster=cluster,
+            name="vpc-cni",
+            after=[self.pod_identity_agent],
+            service_account="aws-node",
+            role=self.cni_role,
+        )
+        self.kube_proxy = _addon(self, "KubeProxy", cluster=cluster, name="kube-proxy")
 
     @property
     def all(self) -> list[eks.Addon]:
@@ -98,14 +128,16 @@ class ClusterAddons(Construct):
         super().__init__(scope, construct_id)
         after = [system_nodes, pod_identity_agent]
         self.coredns = _addon(self, "CoreDns", cluster=cluster, name="coredns", after=after)
-        fsx_role = pod_identity_role(self, "FsxCsiRole", managed_policies=["AmazonFSxFullAccess"])
+        fsx_role = pod_identity_role(self, "FsxCsiRole", managed_policies=[])
+        fsx_role.add_to_policy(iam.PolicyStatement(actions=list(FSX_CSI_ACTIONS), resources=["*"]))
+        self.fsx_csi_role = fsx_role
+        # No configuration: the chart's node DaemonSet already tolerates every taint.
         self.fsx_csi = _addon(
             self,
             "FsxCsi",
             cluster=cluster,
             name="aws-fsx-csi-driver",
             after=after,
-            configuration={"node": {"tolerations": TOLERATE_ALL}},
             service_account="fsx-csi-controller-sa",
             role=fsx_role,
         )
@@ -121,6 +153,7 @@ class ClusterAddons(Construct):
             cluster=cluster,
             name="amazon-cloudwatch-observability",
             after=after,
+            configuration=CLOUDWATCH_CONFIGURATION,
             service_account="cloudwatch-agent",
             role=cloudwatch_role,
         )

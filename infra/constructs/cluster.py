@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
-from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
+from infra import kubernetes_versions
 from infra.config import ClusterConfig
 from infra.constructs import launch_template as lt
+from infra.constructs.node_role import node_role
 
 SYSTEM_NODE_LABELS = {"role": "system"}
 SYSTEM_ROOT_GIB = 100
@@ -29,6 +31,15 @@ _LOGS = {
     "scheduler": eks.ClusterLoggingTypes.SCHEDULER,
 }
 ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+
+
+def kubectl_layer(scope: Construct, version: str) -> object:
+    """The kubectl layer for `version` (validation checked that its package is installed)."""
+    module = importlib.import_module(kubernetes_versions.layer_module(version))
+    layer_class = next(
+        getattr(module, n) for n in dir(module) if n.startswith("KubectlV") and n.endswith("Layer")
+    )
+    return layer_class(scope, "KubectlLayer")
 
 
 def endpoint_access(cfg: ClusterConfig) -> eks.EndpointAccess:
@@ -65,7 +76,7 @@ class Cluster(Construct):
         kubectl = None
         if with_kubectl:
             kubectl = eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+                kubectl_layer=kubectl_layer(self, cfg.kubernetes_version),
                 # A private-only endpoint is reachable from inside the VPC only.
                 private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
                 if cfg.endpoint_access == "private"
@@ -111,10 +122,12 @@ class Cluster(Construct):
                 tag_specifications=lt.instance_tag_specifications(instance_tags),
             ),
         )
+        self.system_node_role = node_role(self, "SystemNodeRole")
         self.system_nodegroup = eks.Nodegroup(
             self,
             "SystemNodegroup",
             cluster=self.cluster,
+            node_role=self.system_node_role,
             ami_type=eks.NodegroupAmiType.AL2023_ARM_64_STANDARD
             if cfg.system_is_arm
             else eks.NodegroupAmiType.AL2023_X86_64_STANDARD,

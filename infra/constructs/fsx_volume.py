@@ -12,19 +12,35 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct, IConstruct
 
-PV_NAME = "fsx-pv"
-PVC_NAME = "fsx-claim"
+PV_PREFIX = "fsx-pv"
+PVC_PREFIX = "fsx-claim"
+
+
+def volume_names(references_digest: str) -> tuple[str, str]:
+    """PV and PVC names, suffixed with the file system's replacement digest.
+
+    A PV's volume source and a PVC's volumeName are immutable: when FSx is replaced, the new pair gets new
+    names, and the kubectl provider's prune removes the old pair.
+    """
+    return f"{PV_PREFIX}-{references_digest}", f"{PVC_PREFIX}-{references_digest}"
 
 
 def fsx_volume_manifests(
-    *, file_system_id: str, dns_name: str, mount_name: str, storage_gib: int, namespace: str
+    *,
+    file_system_id: str,
+    dns_name: str,
+    mount_name: str,
+    storage_gib: int,
+    namespace: str,
+    references_digest: str,
 ) -> list[dict[str, Any]]:
     """The PV (Retain, ReadWriteMany, flock) and the PVC bound to it by name."""
+    pv_name, pvc_name = volume_names(references_digest)
     size = f"{storage_gib}Gi"
     pv = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": PV_NAME},
+        "metadata": {"name": pv_name},
         "spec": {
             "capacity": {"storage": size},
             "volumeMode": "Filesystem",
@@ -42,12 +58,12 @@ def fsx_volume_manifests(
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": PVC_NAME, "namespace": namespace},
+        "metadata": {"name": pvc_name, "namespace": namespace},
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "storageClassName": "",
             "resources": {"requests": {"storage": size}},
-            "volumeName": PV_NAME,
+            "volumeName": pv_name,
         },
     }
     return [pv, pvc]
@@ -65,6 +81,7 @@ class FsxVolume(Construct):
         file_system: fsx.LustreFileSystem,
         storage_gib: int,
         namespace: str,
+        references_digest: str,
         after: Sequence[IConstruct] = (),
     ) -> None:
         super().__init__(scope, construct_id)
@@ -74,6 +91,7 @@ class FsxVolume(Construct):
             mount_name=file_system.mount_name,
             storage_gib=storage_gib,
             namespace=namespace,
+            references_digest=references_digest,
         )
         if namespace != "default":
             manifests.insert(0, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

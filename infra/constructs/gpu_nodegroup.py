@@ -9,9 +9,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from infra.config import GpuConfig
+from infra.config import GpuConfig, parse_repair_override
 from infra.constructs import launch_template as lt
-from infra.instances import GPU_INSTANCES, nic_layout
+from infra.constructs.node_role import node_role
+from infra.instances import GPU_INSTANCES, max_pods, nic_layout
+
+REFERENCES_TAG = "kit:references"
+"""Launch-template tag holding the digest of the security groups it names (see infra.references)."""
 
 _Lt = ec2.CfnLaunchTemplate
 
@@ -40,6 +44,39 @@ _CAPACITY_TYPES = {
 def gpu_node_labels_json() -> str:
     """The labels as the one-line JSON object string the `GpuNodeLabels` output carries."""
     return json.dumps(GPU_NODE_LABELS, sort_keys=True, separators=(",", ":"))
+
+
+def repair_config(cfg: GpuConfig) -> dict[str, object]:
+    """NodeRepairConfig (L1 only): one node at a time, a stop threshold, per-condition overrides.
+
+    Keys from the AWS::EKS::Nodegroup NodeRepairConfig schema; each override needs all four values.
+    """
+    return {
+        "Enabled": True,
+        "MaxParallelNodesRepairedCount": 1,
+        "MaxUnhealthyNodeThresholdCount": cfg.repair_max_unhealthy_nodes,
+        "NodeRepairConfigOverrides": [
+            {
+                "NodeMonitoringCondition": o.condition,
+                "NodeUnhealthyReason": o.reason,
+                "RepairAction": o.action,
+                "MinRepairWaitTimeMins": o.wait_minutes,
+            }
+            for o in map(parse_repair_override, cfg.repair_overrides)
+        ],
+    }
+
+
+def capacity_reservation(cfg: GpuConfig) -> _Lt.CapacityReservationSpecificationProperty | None:
+    """Target one reservation, or any reservation of a resource group (odcr), or none."""
+    if cfg.reservation_id is None and cfg.reservation_resource_group_arn is None:
+        return None
+    return _Lt.CapacityReservationSpecificationProperty(
+        capacity_reservation_target=_Lt.CapacityReservationTargetProperty(
+            capacity_reservation_id=cfg.reservation_id,
+            capacity_reservation_resource_group_arn=cfg.reservation_resource_group_arn,
+        )
+    )
 
 
 def network_interfaces(
@@ -82,6 +119,7 @@ class GpuNodeGroup(Construct):
         subnet: ec2.ISubnet,
         efa_security_group: ec2.ISecurityGroup,
         instance_tags: Mapping[str, str],
+        references_digest: str,
     ) -> None:
         super().__init__(scope, construct_id)
         spec = GPU_INSTANCES[cfg.instance_type]
@@ -89,15 +127,9 @@ class GpuNodeGroup(Construct):
         if cfg.placement_group:
             group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
             placement = _Lt.PlacementProperty(group_name=group.ref)
-        reservation = (
-            _Lt.CapacityReservationSpecificationProperty(
-                capacity_reservation_target=_Lt.CapacityReservationTargetProperty(
-                    capacity_reservation_id=cfg.reservation_id
-                )
-            )
-            if cfg.reservation_id
-            else None
-        )
+        elif cfg.placement_group_name is not None:
+            placement = _Lt.PlacementProperty(group_name=cfg.placement_group_name)
+        reservation = capacity_reservation(cfg)
         market = (
             _Lt.InstanceMarketOptionsProperty(market_type="capacity-block")
             if cfg.capacity == "capacity_block"
@@ -106,7 +138,9 @@ class GpuNodeGroup(Construct):
         self.launch_template = _Lt(
             self,
             "LaunchTemplate",
-            tag_specifications=lt.template_tag_specifications(instance_tags),
+            tag_specifications=lt.template_tag_specifications(
+                {**instance_tags, REFERENCES_TAG: references_digest}
+            ),
             launch_template_data=_Lt.LaunchTemplateDataProperty(
                 instance_type=cfg.instance_type,
                 network_interfaces=network_interfaces(
@@ -120,17 +154,21 @@ class GpuNodeGroup(Construct):
                         size_gib=cfg.root_volume_gib, iops=ROOT_IOPS, throughput_mbps=ROOT_THROUGHPUT_MBPS
                     )
                 ],
-                user_data=lt.nodeadm_user_data(raid0_local_nvme=spec.local_nvme),
+                user_data=lt.nodeadm_user_data(
+                    raid0_local_nvme=spec.local_nvme, max_pods=max_pods(spec, cfg.efa_layout)
+                ),
                 instance_market_options=market,
                 capacity_reservation_specification=reservation,
                 placement=placement,
                 tag_specifications=lt.instance_tag_specifications(instance_tags),
             ),
         )
+        self.node_role = node_role(self, "NodeRole")
         self.nodegroup = eks.Nodegroup(
             self,
             "Nodegroup",
             cluster=cluster,
+            node_role=self.node_role,
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=_CAPACITY_TYPES[cfg.capacity],
             launch_template_spec=eks.LaunchTemplateSpec(
@@ -138,7 +176,7 @@ class GpuNodeGroup(Construct):
             ),
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             min_size=cfg.min_nodes,
-            desired_size=cfg.desired_nodes,
+            desired_size=cfg.effective_desired_nodes,
             max_size=cfg.max_nodes,
             labels=dict(GPU_NODE_LABELS),
             taints=[
@@ -148,6 +186,5 @@ class GpuNodeGroup(Construct):
             max_unavailable=1,
         )
         if cfg.node_repair:
-            # Repair one 8-GPU node at a time (L1 only): a wrong health verdict must not take the whole job.
-            cfn_nodegroup = self.nodegroup.node.default_child
-            cfn_nodegroup.add_property_override("NodeRepairConfig.MaxParallelNodesRepairedCount", 1)
+            # Repair one 8-GPU node at a time: a wrong health verdict must not take the whole job.
+            self.nodegroup.node.default_child.add_property_override("NodeRepairConfig", repair_config(cfg))

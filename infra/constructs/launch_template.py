@@ -17,10 +17,16 @@ TAGGED_RESOURCE_TYPES = ("instance", "volume", "network-interface")
 NODEADM_BOUNDARY = "==KITBOUNDARY=="
 
 
+IMDS_HOP_LIMIT = 1
+"""Only the node itself (and host-network pods) reach IMDS; pods get AWS credentials through Pod Identity
+(EKS best practices, "Restrict access to the instance profile":
+https://docs.aws.amazon.com/eks/latest/best-practices/identity-and-access-management.html)."""
+
+
 def metadata_options() -> _Lt.MetadataOptionsProperty:
-    """IMDSv2 only; hop limit 2 so pods on the host network and agents in containers still reach IMDS."""
+    """IMDSv2 only, hop limit 1: a pod cannot borrow the node role's credentials."""
     return _Lt.MetadataOptionsProperty(
-        http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2
+        http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT
     )
 
 
@@ -53,7 +59,10 @@ def instance_tag_specifications(tags: Mapping[str, str]) -> list[_Lt.TagSpecific
 def template_tag_specifications(
     tags: Mapping[str, str],
 ) -> list[ec2.CfnLaunchTemplate.LaunchTemplateTagSpecificationProperty]:
-    """Tags on the launch template resource itself (the CDK tag aspect does not reach this L1 property)."""
+    """Tags on the launch template resource itself (the CDK tag aspect does not reach this L1 property).
+
+    The GPU template adds `kit:references` (a digest of the security groups it names, `infra.references`).
+    """
     return [
         _Lt.LaunchTemplateTagSpecificationProperty(
             resource_type="launch-template", tags=[CfnTag(key=k, value=v) for k, v in sorted(tags.items())]
@@ -61,13 +70,19 @@ def template_tag_specifications(
     ]
 
 
-def nodeadm_user_data(*, raid0_local_nvme: bool) -> str | None:
+def nodeadm_user_data(*, raid0_local_nvme: bool, max_pods: int | None = None) -> str | None:
     """MIME multipart user data with a nodeadm NodeConfig; EKS merges it with its own bootstrap part.
 
-    RAID0 over the local NVMe drives gives containerd and kubelet the instance store (p5: 8 x 3.84 TB).
+    RAID0 over the local NVMe drives gives containerd and kubelet the instance store (p5: 8 x 3.84 TB);
+    `max_pods` sets the kubelet's maxPods (nodeadm's own table ignores EFA-only devices).
     """
-    if not raid0_local_nvme:
+    if not raid0_local_nvme and max_pods is None:
         return None
+    spec = []
+    if max_pods is not None:
+        spec += ["  kubelet:", "    config:", f"      maxPods: {max_pods}"]
+    if raid0_local_nvme:
+        spec += ["  instance:", "    localStorage:", "      strategy: RAID0"]
     body = "\n".join(
         [
             "MIME-Version: 1.0",
@@ -80,9 +95,7 @@ def nodeadm_user_data(*, raid0_local_nvme: bool) -> str | None:
             "apiVersion: node.eks.aws/v1alpha1",
             "kind: NodeConfig",
             "spec:",
-            "  instance:",
-            "    localStorage:",
-            "      strategy: RAID0",
+            *spec,
             "",
             f"--{NODEADM_BOUNDARY}--",
             "",

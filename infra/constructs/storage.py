@@ -19,13 +19,39 @@ _DEPLOYMENT_TYPES = {
     "SCRATCH_2": fsx.LustreDeploymentType.SCRATCH_2,
 }
 _ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+LUSTRE_CLIENT_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
+"""Inbound TCP a Lustre client must accept from the file system's group (FSx for Lustre guide, "File system
+access control with Amazon VPC": https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html)."""
+
+
+def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_id: str) -> None:
+    """Inbound LUSTRE_CLIENT_PORTS on a client group from the file system's group (L1 rules in `scope`'s
+    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle)."""
+    for low, high in LUSTRE_CLIENT_PORTS:
+        ec2.CfnSecurityGroupIngress(
+            scope,
+            f"LustreCallbacks{low}",
+            group_id=client_group_id,
+            source_security_group_id=fsx_group_id,
+            ip_protocol="tcp",
+            from_port=low,
+            to_port=high,
+            description="Lustre server callbacks to clients",
+        )
+
+
+LOG_LEVEL = "WARN_ERROR"
+"""Lustre logging: warnings and errors to CloudWatch Logs (`/aws/fsx/lustre`), e.g. failed S3 exports."""
 
 
 class Storage(Construct):
     """Encrypted, LZ4-compressed Lustre 2.15 file system for checkpoints and data.
 
     Kept when the stack is deleted (it holds checkpoints); `make teardown` removes it on confirmation.
-    Clients reach it through the EFA security group, which gets the matching egress rule.
+    Clients reach it through the EFA security group (egress there, ingress on the file system's group), and
+    accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2 gets an
+    automatic metadata configuration and, with `efa_enabled`, EFA (the EFA group then joins the file system).
+    `overrides` records the escape-hatch properties for `infra.references`.
     """
 
     def __init__(
@@ -73,6 +99,24 @@ class Storage(Construct):
         self.file_system.connections.allow_default_port_from(
             client_security_group, "Lustre clients (GPU nodes)"
         )
+        fsx_group = self.file_system.connections.security_groups[0]
+        allow_lustre_callbacks(
+            self,
+            client_group_id=client_security_group.security_group_id,
+            fsx_group_id=fsx_group.security_group_id,
+        )
+        self.overrides: dict[str, object] = {"LustreConfiguration.LogConfiguration": {"Level": LOG_LEVEL}}
+        if cfg.deployment_type == "PERSISTENT_2":
+            self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}
+        if cfg.efa_enabled:
+            self.overrides["LustreConfiguration.EfaEnabled"] = True
+            self.overrides["SecurityGroupIds"] = [
+                fsx_group.security_group_id,
+                client_security_group.security_group_id,
+            ]
+        self.cfn = self.file_system.node.default_child
+        for path, value in self.overrides.items():
+            self.cfn.add_property_override(path, value)
 
         self.data_repository_association: fsx.CfnDataRepositoryAssociation | None = None
         if cfg.s3_bucket is not None and cfg.deployment_type == "PERSISTENT_2":

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput
-from aws_cdk import aws_fsx as fsx
 from constructs import Construct
 
+from infra import references
 from infra.config import KitConfig
 from infra.constructs.addons import ClusterAddons, NetworkingAddons
 from infra.constructs.cluster import Cluster
 from infra.constructs.device_plugins import DevicePlugins
-from infra.constructs.fsx_volume import PVC_NAME, FsxVolume
+from infra.constructs.fsx_volume import FsxVolume, volume_names
 from infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
 from infra.constructs.network import Network
+from infra.constructs.storage import Storage, allow_lustre_callbacks
 from infra.instances import GPU_INSTANCES
 from infra.stacks.base import KitStack
 
@@ -32,6 +33,7 @@ OUTPUT_KEYS = (
     "EfaDevicesPerNode",
     "KubernetesObjectsByCdk",
     "UpdateKubeconfigCommand",
+    "ReferencesDigest",
 )
 """Outputs of the cluster stack, always present; with kubernetes.deploy_objects also FsxPvcName and
 FsxPvcNamespace."""
@@ -47,13 +49,18 @@ class ClusterStack(KitStack):
         *,
         cfg: KitConfig,
         network: Network,
-        file_system: fsx.LustreFileSystem,
+        storage: Storage,
         repository_uri: str,
     ) -> None:
         super().__init__(
             scope, construct_id, cfg=cfg, suffix="cluster", description="FSDP kit: EKS cluster and GPU nodes"
         )
         deploy_objects = cfg.kubernetes.deploy_objects
+        file_system = storage.file_system
+        efa_digest = references.digest(
+            references.replacing_inputs(network.efa_security_group.node.default_child)
+        )
+        fsx_digest = references.digest(references.replacing_inputs(storage.cfn, storage.overrides))
         self.control_plane = Cluster(
             self,
             "Eks",
@@ -64,7 +71,7 @@ class ClusterStack(KitStack):
             instance_tags=self.kit_tags,
         )
         cluster = self.control_plane.cluster
-        networking = NetworkingAddons(self, "NetworkingAddons", cluster=cluster)
+        self.networking = NetworkingAddons(self, "NetworkingAddons", cluster=cluster)
         self.gpu = GpuNodeGroup(
             self,
             "Gpu",
@@ -73,16 +80,24 @@ class ClusterStack(KitStack):
             subnet=network.private_subnet_in(cfg.gpu.availability_zone),
             efa_security_group=network.efa_security_group,
             instance_tags=self.kit_tags,
+            references_digest=efa_digest,
+        )
+        # The primary interface also carries the cluster security group: Lustre callbacks must be let in there
+        # as well as on the EFA group (the FSx guide asks it of every client group).
+        allow_lustre_callbacks(
+            self,
+            client_group_id=cluster.cluster_security_group_id,
+            fsx_group_id=file_system.connections.security_groups[0].security_group_id,
         )
         for nodegroup in (self.control_plane.system_nodegroup, self.gpu.nodegroup):
-            for addon in networking.all:
+            for addon in self.networking.all:
                 nodegroup.node.add_dependency(addon)
         self.addons = ClusterAddons(
             self,
             "Addons",
             cluster=cluster,
             system_nodes=self.control_plane.system_nodegroup,
-            pod_identity_agent=networking.pod_identity_agent,
+            pod_identity_agent=self.networking.pod_identity_agent,
         )
         if deploy_objects:
             DevicePlugins(
@@ -99,6 +114,7 @@ class ClusterStack(KitStack):
                 file_system=file_system,
                 storage_gib=cfg.storage.storage_gib,
                 namespace=cfg.kubernetes.namespace,
+                references_digest=fsx_digest,
                 after=[self.addons.fsx_csi],
             )
 
@@ -117,7 +133,7 @@ class ClusterStack(KitStack):
             "GpuNodeLabels": (gpu_node_labels_json(), "GPU node labels, a JSON object"),
             "GpuNodeTaint": (GPU_TAINT, "GPU node taint, key=value:Effect"),
             "GpuInstanceType": (cfg.gpu.instance_type, "GPU instance type"),
-            "GpuNodeCount": (str(cfg.gpu.desired_nodes), "desired GPU nodes"),
+            "GpuNodeCount": (str(cfg.gpu.effective_desired_nodes), "desired GPU nodes"),
             "GpusPerNode": (str(spec.gpus), "nvidia.com/gpu per node"),
             "EfaDevicesPerNode": (str(spec.efa_devices), "vpc.amazonaws.com/efa per node"),
             "KubernetesObjectsByCdk": (
@@ -128,9 +144,13 @@ class ClusterStack(KitStack):
                 f"aws eks update-kubeconfig --region {cfg.region} --name {cfg.prefix}",
                 "configure kubectl for the cluster",
             ),
+            "ReferencesDigest": (
+                f"efa-sg={efa_digest},fsx={fsx_digest}",
+                "digests of the referenced EFA group and FSx; a replacement there redeploys this stack",
+            ),
         }
         if deploy_objects:
-            outputs["FsxPvcName"] = (PVC_NAME, "PVC bound to the FSx PV")
+            outputs["FsxPvcName"] = (volume_names(fsx_digest)[1], "PVC bound to the FSx PV")
             outputs["FsxPvcNamespace"] = (cfg.kubernetes.namespace, "namespace of the FSx PVC")
         for key, (value, description) in outputs.items():
             CfnOutput(self, key, value=value, description=description)

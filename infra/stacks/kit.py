@@ -40,7 +40,7 @@ def build_kit(app: App, cfg: KitConfig) -> Kit:
         f"{cfg.prefix}-cluster",
         cfg=cfg,
         network=network.network,
-        file_system=storage.storage.file_system,
+        storage=storage.storage,
         repository_uri=registry.registry.repository_uri,
     )
     cluster.add_stack_dependency(

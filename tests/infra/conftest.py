@@ -49,9 +49,29 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gpu.reservation_id": "cr-0fedcba9876543210",
         "gpu.availability_zone": "us-west-2b",
         "storage.deployment_type": "PERSISTENT_1",
-        "storage.throughput_per_tib": "100",
+        "storage.throughput_per_tib": "200",
+        "storage.storage_gib": "4800",
         "storage.s3_bucket": "kit-training-data",
+        "cluster.endpoint_access": "public_and_private",
         "cluster.public_access_cidrs": "203.0.113.0/24",
+        "kubernetes.deploy_objects": "false",
+    },
+    # ODCR through a reservation resource group inside an existing cluster placement group on g6e, public
+    # endpoint narrowed, EFA-enabled FSx, a repair override that opts in to replacement, no desired count.
+    "grouped": {
+        "prefix": "kit-grouped",
+        "gpu.instance_type": "g6e.48xlarge",
+        "gpu.capacity": "odcr",
+        "gpu.reservation_resource_group_arn": (
+            "arn:aws:resource-groups:us-west-2:111111111111:group/gpu-odcrs"
+        ),
+        "gpu.placement_group_name": "my-cluster-pg",
+        "gpu.max_nodes": "3",
+        "gpu.repair_overrides": "AcceleratedHardwareReady:NvidiaXID79Error:Replace:15",
+        "gpu.repair_max_unhealthy_nodes": "2",
+        "storage.efa_enabled": "true",
+        "cluster.endpoint_access": "public_and_private",
+        "cluster.public_access_cidrs": "198.51.100.0/24",
         "kubernetes.deploy_objects": "false",
     },
     # Plain on-demand p5en in a cluster placement group, SCRATCH_2, PVC in its own namespace, private
@@ -62,7 +82,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gpu.instance_type": "p5en.48xlarge",
         "gpu.placement_group": "true",
         "storage.deployment_type": "SCRATCH_2",
-        "storage.storage_gib": "2400",
+        "storage.storage_gib": "4800",
         "kubernetes.namespace": "training",
     },
 }

@@ -61,6 +61,11 @@ def test_defaults_synthesize_offline_without_credentials_or_warnings(tmp_path: P
         if any(word in line.lower() for word in ("warn", "error", "deprecat", "credentials", "!!"))
     ]
     assert alarming == []
+    capacity = [line for line in output.splitlines() if line.startswith("gpu: ")]
+    assert capacity == [
+        "gpu: 0 x p5.48xlarge (default; max 2, on demand, no reservation); cluster, FSx and ECR deploy "
+        "either way; start nodes with -c gpu.desired_nodes=N"
+    ]
     outdir = tmp_path / "cdk.out"
     manifest = json.loads((outdir / "manifest.json").read_text(encoding="utf-8"))
     assert "missing" not in manifest

