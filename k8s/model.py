@@ -223,7 +223,11 @@ class JobValues:
     gpu_instance_type: str = ""
     """Instance type of the GPU node group (stack output GpuInstanceType); must match the profile."""
     gpu_node_count: int | None = None
-    """Nodes in the GPU node group (stack output GpuNodeCount); the Job may not ask for more."""
+    """Nodes the GPU node group runs now (stack output GpuNodeCount; 0 until capacity is there: infra's
+    capacity-safe default)."""
+    gpu_max_nodes: int | None = None
+    """Most nodes the GPU node group may scale to (stack output GpuMaxNodes); the Job may not ask for more.
+    Older outputs files without it bound the Job by GpuNodeCount."""
     node_selector: dict[str, str] = field(default_factory=dict)
     """Node labels the pods require (stack output GpuNodeLabels). Empty on GPU profiles: the instance type."""
     gpu_node_taint: str = ""

@@ -43,6 +43,7 @@ OUTPUT_FIELDS: Mapping[str, str] = types.MappingProxyType(
         "GpuNodeTaint": "gpu_node_taint",
         "GpuInstanceType": "gpu_instance_type",
         "GpuNodeCount": "gpu_node_count",
+        "GpuMaxNodes": "gpu_max_nodes",
         "FsxPvcName": "fsx_pvc",
         "FsxPvcNamespace": "fsx_pvc_namespace",
         "FsxStorageGiB": "fsx_storage_gib",
@@ -111,7 +112,7 @@ def values_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
         raw = outputs[key]
         if name == "node_selector":
             found[name] = _parse_labels(raw)
-        elif name in ("gpu_node_count", "fsx_storage_gib", "gpus_per_node", "efa_per_node"):
+        elif name in ("gpu_node_count", "gpu_max_nodes", "fsx_storage_gib", "gpus_per_node", "efa_per_node"):
             try:
                 found[name] = int(raw)
             except (TypeError, ValueError):

@@ -234,12 +234,14 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             v.procs_per_node,
             f"must equal the {profile.gpus} GPUs of {profile.instance_type} (one rank per GPU)",
         )
-    if v.gpu_node_count and profile.requires_image and v.nodes > v.gpu_node_count:
+    bound = v.gpu_max_nodes or v.gpu_node_count
+    if bound and profile.requires_image and v.nodes > bound:
+        what = "may scale to" if v.gpu_max_nodes else "has"
         _fail(
             "NODES",
             v.nodes,
-            f"the GPU node group has {v.gpu_node_count} nodes; ask for at most that many "
-            "or scale the node group",
+            f"the GPU node group {what} {bound} nodes; ask for at most that many or raise gpu.max_nodes "
+            "and redeploy",
         )
     if profile.requires_image:
         if not v.image:
@@ -384,5 +386,11 @@ def advice(v: JobValues) -> list[str]:
             f"NODES={v.nodes}: {world_size(v)} ranks, and without stack outputs the node group's size is "
             f"unknown (more than {UNCHECKED_NODES_MAX} nodes is rarely meant); check NODES, or pass "
             "OUTPUTS=<file> so GpuNodeCount bounds it"
+        )
+    if v.gpu_node_count is not None and get_profile(v.profile).requires_image and v.gpu_node_count < v.nodes:
+        notes.append(
+            f"NODES={v.nodes}: the GPU node group runs {v.gpu_node_count} nodes now (GpuNodeCount), so pods "
+            f"wait until it runs {v.nodes}: make deploy CDK_ARGS='-c gpu.desired_nodes={v.nodes}' (after "
+            "getting p5 capacity: a Capacity Block or an ODCR, docs/infra.md)"
         )
     return notes

@@ -29,6 +29,7 @@ OUTPUT_KEYS = (
     "GpuNodeTaint",
     "GpuInstanceType",
     "GpuNodeCount",
+    "GpuMaxNodes",
     "GpusPerNode",
     "EfaDevicesPerNode",
     "KubernetesObjectsByCdk",
@@ -134,6 +135,7 @@ class ClusterStack(KitStack):
             "GpuNodeTaint": (GPU_TAINT, "GPU node taint, key=value:Effect"),
             "GpuInstanceType": (cfg.gpu.instance_type, "GPU instance type"),
             "GpuNodeCount": (str(cfg.gpu.effective_desired_nodes), "desired GPU nodes"),
+            "GpuMaxNodes": (str(cfg.gpu.max_nodes), "most GPU nodes the node group may scale to"),
             "GpusPerNode": (str(spec.gpus), "nvidia.com/gpu per node"),
             "EfaDevicesPerNode": (str(spec.efa_devices), "vpc.amazonaws.com/efa per node"),
             "KubernetesObjectsByCdk": (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from k8s.outputs import OutputsError, load_stack_outputs, merge_stack_outputs
-from k8s.values import ValuesError, build_values, shm_gib, staging_gib
+from k8s.values import ValuesError, advice, build_values, shm_gib, staging_gib
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -322,6 +322,20 @@ def test_k8s_nodes_beyond_the_node_group(stack_outputs: dict) -> None:
     with pytest.raises(
         ValuesError, match=r"^NODES=5: the GPU node group has 4 nodes; ask for at most that many"
     ):
+        build_values(outputs=outputs, overrides=["NODES=5", "RUN_ID=t"])
+
+
+def test_k8s_capacity_safe_stack_bounds_by_its_maximum_and_warns_about_idle_nodes(
+    stack_outputs: dict,
+) -> None:
+    """infra's default GPU group runs 0 nodes (GpuNodeCount=0) and may scale to GpuMaxNodes."""
+    stack_outputs["Kit-Cluster"] |= {"GpuNodeCount": "0", "GpuMaxNodes": "4"}
+    outputs = merge_stack_outputs(stack_outputs)
+    values = build_values(outputs=outputs, overrides=["RUN_ID=t", "NODES=2"])
+    (note,) = [n for n in advice(values) if "GpuNodeCount" in n]
+    assert note.startswith("NODES=2: the GPU node group runs 0 nodes now") and "gpu.desired_nodes=2" in note
+    assert build_values(outputs=outputs, overrides=["RUN_ID=t"]).nodes == 2  # 0 running: the default 2
+    with pytest.raises(ValuesError, match=r"^NODES=5: the GPU node group may scale to 4 nodes"):
         build_values(outputs=outputs, overrides=["NODES=5", "RUN_ID=t"])
 
 
