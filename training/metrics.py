@@ -17,6 +17,8 @@ Conventions, chosen once and documented here:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import statistics
 from collections import defaultdict
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.events import events_dir, read_events
+from training.events import events_dir
 
 Event = Mapping[str, Any]
 
@@ -365,4 +367,42 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
         raise MetricsError(
             f"{str(path)!r} has no events/*.jsonl: pass a run folder that training.train wrote"
         )
-    return compute_metrics(read_events(path))
+    return compute_metrics(load_events(path))
+
+
+def load_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A run's events sorted by time, checked line by line: MetricsError names the file and line of the
+    first line that is not UTF-8, not a JSON object, or has no numeric `ts` or no `kind`. Only a file's
+    torn last line (its writer was killed mid-write) is skipped, as `training.events.read_events` does."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(events_dir(run_dir).glob("*.jsonl")):
+        lines = path.read_bytes().split(b"\n")
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MetricsError(
+                    f"{where}: byte {exc.start} is not UTF-8; the file is damaged: remove that line"
+                ) from None
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                if number == len(lines):  # no newline after it: torn by a kill
+                    continue
+                raise MetricsError(f"{where}: not a JSON line; remove or repair that line") from None
+            if not isinstance(event, dict):
+                raise MetricsError(f"{where}: not a JSON object; remove or repair that line")
+            ts = event.get("ts")
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+                raise MetricsError(
+                    f"{where}: event without a numeric 'ts' (got {ts!r}); every event needs its wall-clock "
+                    "time: remove or repair that line"
+                )
+            if not isinstance(event.get("kind"), str):
+                raise MetricsError(f"{where}: event without a 'kind'; remove or repair that line")
+            events.append(event)
+    events.sort(key=lambda e: e["ts"])
+    return events

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
@@ -50,6 +50,24 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
     return code
 
 
+def rendezvous_setup_error(endpoint: str, exc: BaseException) -> str:
+    """One line for a rendezvous store that cannot be hosted or reached (torch chains the real cause)."""
+    causes = []
+    while exc is not None:
+        causes.append(" ".join(str(exc).split()))
+        exc = exc.__cause__ or exc.__context__
+    text = "; ".join(causes)
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return (
+            f"--rdzv-endpoint {endpoint}: the port is already in use on this host; pick a free port "
+            "or stop what holds it"
+        )
+    return (
+        f"--rdzv-endpoint {endpoint}: cannot host or reach the rendezvous store ({causes[-1]}); "
+        "check HOST:PORT"
+    )
+
+
 def _run_agent(
     args: LaunchArgs, entrypoint: str, worker_args: list[str], events: EventLog
 ) -> tuple[int, str]:
@@ -78,12 +96,18 @@ def _run_agent(
     )
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    try:
+        rdzv_handler = rdzv_registry.get_rendezvous_handler(params)  # hosts or joins the store now
+    except (RendezvousError, RuntimeError, ValueError) as exc:
+        message = rendezvous_setup_error(args.rdzv_endpoint, exc)
+        log.error("kit-launch: error: %s", message)
+        return exitcodes.USAGE, message
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(worker_args),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=rdzv_handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         master_addr=master_addr,
@@ -118,7 +142,9 @@ def _run_agent(
     finally:
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
-    if not result.is_failed():
+    # Only SUCCEEDED means every worker finished: the inherited loop also returns an UNHEALTHY result (a hang)
+    # when no restart is left, and `RunResult.is_failed()` is False for it.
+    if result.state == WorkerState.SUCCEEDED:
         log.info("kit-launch: workers finished after %d restart(s); exiting 0", max(agent.attempt, 0))
         return exitcodes.OK, "workers finished"
     if agent.fatal:

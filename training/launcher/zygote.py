@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from training.launcher.shim import ZYGOTE_SOCKET_ENV
+from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
 
@@ -66,7 +66,7 @@ class Zygote:
     """Launcher-side handle: forks the zygote now; `close()` (or the launcher's exit) ends it."""
 
     def __init__(self, folder: str | os.PathLike[str], *, prewarm: list[str]) -> None:
-        self.socket_path = str(Path(folder) / "zygote.sock")
+        self.socket_path = str(Path(folder) / ZYGOTE_SOCKET_NAME)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.socket_path)  # bound before the fork: shims may connect at once
         listener.listen(64)
