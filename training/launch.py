@@ -292,6 +292,10 @@ def _prepare_environment(workdir: str) -> None:
     from training.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
+    from training.launcher.blame import STACKS_DIR_ENV
+
+    os.environ[STACKS_DIR_ENV] = os.path.join(workdir, "stacks")
+    os.makedirs(os.environ[STACKS_DIR_ENV])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,8 +132,12 @@ class HeartbeatMonitor:
 
     def check(self, now: float | None = None) -> Stale | None:
         """Read every rank's beat; learn from it; return the stalest rank past its allowance, if any."""
-        now = time.time() if now is None else now
-        worst: Stale | None = None
+        silent = self.silent(time.time() if now is None else now)
+        return silent[0] if silent and silent[0].stale_s > silent[0].timeout_s else None
+
+    def silent(self, now: float) -> list[Stale]:
+        """Every rank not done, with its silence and allowance, the most overdue first."""
+        out = []
         for rank in self._ranks:
             seen = self._read(rank)
             if seen is None:
@@ -145,10 +149,13 @@ class HeartbeatMonitor:
                 continue
             steady = phase == "train" and rhythm
             timeout = self.step_timeout_s() if steady else self.settings.load_timeout_s
-            stale = now - last
-            if stale > timeout and (worst is None or stale - timeout > worst.stale_s - worst.timeout_s):
-                worst = Stale(rank=rank, phase=phase, step=step, stale_s=stale, timeout_s=timeout)
-        return worst
+            out.append(Stale(rank=rank, phase=phase, step=step, stale_s=now - last, timeout_s=timeout))
+        return sorted(out, key=lambda s: s.timeout_s - s.stale_s)
+
+    def pid(self, rank: int) -> int | None:
+        """The worker's own pid, from its beats (under the zygote the agent only knows the shim's)."""
+        seen = self._seen.get(rank)
+        return seen.pid if seen is not None else None
 
     def last_beat(self, rank: int) -> float | None:
         seen = self._seen.get(rank)

@@ -24,6 +24,7 @@ from training.events import EventLog
 from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launch import LaunchArgs
 from training.launcher.agent import KitElasticAgent
+from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
 
@@ -126,6 +127,7 @@ def _run_agent(
         config.logs_specs,  # type: ignore[arg-type]
         monitor=monitor,
         events=events,
+        stacks_dir=os.environ[STACKS_DIR_ENV],
         shutdown_timeout=config.shutdown_timeout or 30,
     )
     close_rendezvous = True
@@ -140,6 +142,7 @@ def _run_agent(
         log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
         return exitcodes.BUDGET_EXHAUSTED, message
     finally:
+        agent.exits.close()
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
     # Only SUCCEEDED means every worker finished: the inherited loop also returns an UNHEALTHY result (a hang)
