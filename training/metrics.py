@@ -61,6 +61,8 @@ class FaultMetrics:
     never resumed."""
     detected_by: str | None = None
     """`worker_failed`, `hang_detected`, `inprocess` or None."""
+    blamed_rank: int | None = None
+    """The rank the launcher named as the first to fail (None for in-process or undetected faults)."""
     downtime_s: float | None = None
     """Seconds from the fault until training restarted (start of the first step after the resume): the study's
     shutdown + startup, used by infra goodput."""
@@ -188,18 +190,19 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         restart_begin = begin if restart_begin is None else max(restart_begin, begin)
 
     horizon = _ts(first_resume) if first_resume is not None else float("inf")
-    detection = next(
-        (
-            e
-            for e in events
-            if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
-        ),
-        None,
-    )
+    detections = [
+        e
+        for e in events
+        if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
+    ]
+    # The launcher marks the rank that failed first (`first`); its peers' failures follow it.
+    detection = next((e for e in detections if e.get("first", True)), detections[0] if detections else None)
     detect_s: float | None = None
     detected_by: str | None = None
+    blamed: int | None = None
     if detection is not None:
         detect_s, detected_by = _ts(detection) - t0, str(detection["kind"])
+        blamed = _int(detection.get("global_rank"))
     else:
         # In-process: the restart began (ts - duration_s of its `inprocess_restart` event, which may come
         # after the `resume` it contains) within this fault's recovery.
@@ -230,6 +233,7 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         detect_s=detect_s,
         recovery_s=None if recovery_end is None else recovery_end - t0,
         detected_by=detected_by,
+        blamed_rank=blamed,
         downtime_s=None if restart_begin is None else max(0.0, restart_begin - t0),
         resume_step=resume_step,
         resume_source=None if first_resume is None else first_resume.get("source"),

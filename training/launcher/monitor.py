@@ -46,7 +46,7 @@ class HeartbeatSettings:
 
 
 class TimeoutLearner:
-    """Turns observed step times into a step timeout (see the module docstring)."""
+    """Turns observed step times into step timeouts (see the module docstring)."""
 
     MIN_STEPS = 20
     PROVISIONAL_STEPS = 3
@@ -57,25 +57,43 @@ class TimeoutLearner:
         self.safety_factor = safety_factor
         self.min_timeout_s = min_timeout_s
         self._samples: deque[float] = deque(maxlen=self.WINDOW)
+        self._after_checkpoint: deque[float] = deque(maxlen=self.WINDOW)
         self._steps_by_rank: dict[int, int] = {}
 
-    def observe(self, interval_s: float, *, rank: int) -> None:
+    def observe(self, interval_s: float, *, rank: int, after_checkpoint: bool = False) -> None:
+        """One step time; `after_checkpoint`: the first step after a save, which overlaps its background
+        write (learned apart, so its slowness does not widen every other step's timeout)."""
         if interval_s > 0 and math.isfinite(interval_s):
-            self._samples.append(interval_s)
+            (self._after_checkpoint if after_checkpoint else self._samples).append(interval_s)
             self._steps_by_rank[rank] = self._steps_by_rank.get(rank, 0) + 1
 
     @property
     def samples(self) -> int:
-        return len(self._samples)
+        return len(self._samples) + len(self._after_checkpoint)
 
-    @property
-    def timeout_s(self) -> float | None:
-        """The learned timeout (provisional before MIN_STEPS), or None while too few steps were seen."""
+    def _factor(self) -> float | None:
         steps = max(self._steps_by_rank.values(), default=0)
         if steps < self.PROVISIONAL_STEPS:
             return None
-        factor = self.safety_factor * (1.0 if steps >= self.MIN_STEPS else self.PROVISIONAL_MULTIPLIER)
-        return max(self.min_timeout_s, factor * max(self._samples))
+        return self.safety_factor * (1.0 if steps >= self.MIN_STEPS else self.PROVISIONAL_MULTIPLIER)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Timeout of an ordinary step (provisional before MIN_STEPS), or None while too few were seen."""
+        factor = self._factor()
+        if factor is None:
+            return None
+        ordinary = self._samples or self._after_checkpoint
+        return max(self.min_timeout_s, factor * max(ordinary))
+
+    @property
+    def after_checkpoint_timeout_s(self) -> float | None:
+        """Timeout of the first step after a save: never below the ordinary one."""
+        ordinary = self.timeout_s
+        factor = self._factor()
+        if ordinary is None or factor is None or not self._after_checkpoint:
+            return ordinary
+        return max(ordinary, factor * max(self._after_checkpoint))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +131,7 @@ class HeartbeatMonitor:
         self._ranks: list[int] = []
         self._started_at = 0.0
         self._seen: dict[int, _Seen] = {}
+        self._after_checkpoint: dict[int, tuple[int, int]] = {}  # rank -> (pid, number of its next sample)
 
     def reset(self, ranks: list[int]) -> None:
         """A new attempt: forget the old beats (their files are removed) and start the clocks now."""
@@ -123,11 +142,12 @@ class HeartbeatMonitor:
         self._started_at = time.time()
         self._seen = {}
 
-    def step_timeout_s(self) -> float:
+    def step_timeout_s(self, *, after_checkpoint: bool = False) -> float:
         """The timeout in "train" right now (explicit, learned, or the load allowance while learning)."""
         if self.settings.timeout_s is not None:
             return self.settings.timeout_s
-        learned = self.learner.timeout_s
+        learner = self.learner
+        learned = learner.after_checkpoint_timeout_s if after_checkpoint else learner.timeout_s
         return learned if learned is not None else self.settings.load_timeout_s
 
     def check(self, now: float | None = None) -> Stale | None:
@@ -148,7 +168,9 @@ class HeartbeatMonitor:
             if phase == "done":
                 continue
             steady = phase == "train" and rhythm
-            timeout = self.step_timeout_s() if steady else self.settings.load_timeout_s
+            # The beat that ended a save is the rank's last word: it is in the step that overlaps the write.
+            after = seen is not None and seen.ts == seen.since
+            timeout = self.step_timeout_s(after_checkpoint=after) if steady else self.settings.load_timeout_s
             out.append(Stale(rank=rank, phase=phase, step=step, stale_s=now - last, timeout_s=timeout))
         return sorted(out, key=lambda s: s.timeout_s - s.stale_s)
 
@@ -185,5 +207,9 @@ class HeartbeatMonitor:
         self._seen[rank] = seen
         known = before.n if before is not None and before.pid == seen.pid else 0
         new = min(seen.n - known, len(seen.recent))
-        for interval in seen.recent[len(seen.recent) - new :] if new > 0 else []:
-            self.learner.observe(interval, rank=rank)
+        marked = self._after_checkpoint.get(rank)
+        for index, interval in enumerate(seen.recent[len(seen.recent) - new :] if new > 0 else []):
+            number = (seen.pid, seen.n - new + 1 + index)
+            self.learner.observe(interval, rank=rank, after_checkpoint=number == marked)
+        if seen.phase == "train" and seen.rhythm and seen.ts == seen.since:
+            self._after_checkpoint[rank] = (seen.pid, seen.n + 1)  # the next sample overlaps the write
