@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--heartbeat-min-timeout",
         type=_positive_float("--heartbeat-min-timeout"),
-        default=0.5,
-        help="floor of the auto timeout, seconds (default 0.5)",
+        default=0.3,
+        help="floor of the auto timeout, seconds (default 0.3)",
     )
     _add(
         p,

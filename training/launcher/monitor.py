@@ -88,11 +88,12 @@ class TimeoutLearner:
 
     @property
     def after_checkpoint_timeout_s(self) -> float | None:
-        """Timeout of the first step after a save: never below the ordinary one."""
+        """Timeout of the first step after a save (never below the ordinary one); None until such a step
+        was seen: how much a background write slows a step is not known before, so the load allowance."""
         ordinary = self.timeout_s
         factor = self._factor()
         if ordinary is None or factor is None or not self._after_checkpoint:
-            return ordinary
+            return None
         return max(ordinary, factor * max(self._after_checkpoint))
 
 
