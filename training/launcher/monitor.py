@@ -8,14 +8,15 @@ A rank's allowance depends on its announced phase (training/heartbeat.py):
 - "done": never stale.
 
 Learning (`auto`): the step times the workers measure and carry in their beat files (beat to beat, or
-beat to a "checkpoint" announcement; never the load or the save) are the samples. The timeout is
-max(floor, safety factor x the slowest of the last 200 samples), like NVRx's timeout calculator (5 x the
-maximum) but with a smaller default factor (1.5): the slowest recent step already includes the slow ones
-(e.g. steps that overlap a background checkpoint write, ~1.7 x the median on the 2-core test machine), so a
-rank is restarted only when it is 50 % slower than any step seen lately, and a hang is found within about
-1.5 x the slowest step. Until some rank has measured 20 steps (long enough to see a few checkpoint cycles in
-the tests and benchmarks) the timeout is provisional: twice that, from the third measured step on, and the
-load allowance before. What was learned survives restarts of the group.
+beat to a "checkpoint" announcement; never the load or the save) are the samples, in two sets. The first step
+after a save overlaps its background write and runs slow (~1.7-4 x the median on the 2-core test machine); the
+monitor knows it by the beat that ended the "checkpoint" phase (`ts == since`) and learns it apart. An
+ordinary step's timeout is max(floor, safety factor x the slowest of the last 200 ordinary samples), like
+NVRx's timeout calculator (5 x the maximum) with a smaller default factor (1.5); the step after a save gets
+the same over its own samples (never less, and the load allowance until one was seen). So the slow overlapped
+steps never widen the timeout of the others, and a hang in an ordinary step is found within about 1.5 x the
+slowest ordinary step. Until some rank has measured 20 steps the timeouts are provisional: twice that, from
+the third measured step on, and the load allowance before. What was learned survives restarts of the group.
 """
 
 from __future__ import annotations
