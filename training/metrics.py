@@ -380,7 +380,10 @@ def load_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     torn last line (its writer was killed mid-write) is skipped, as `training.events.read_events` does."""
     events: list[dict[str, Any]] = []
     for path in sorted(events_dir(run_dir).glob("*.jsonl")):
-        lines = path.read_bytes().split(b"\n")
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except OSError as exc:
+            raise MetricsError(f"{path}: cannot be read ({exc.strerror}); check its permissions") from None
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
