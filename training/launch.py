@@ -6,9 +6,10 @@ code, SIGKILL restarts of a broken group, and warm workers forked from a zygote 
 torch (a restart does not pay the 2-2.6 s import again). Flags keep torchrun's names where they mean the
 same thing; see docs/launcher.md.
 
-Exit codes (training/exitcodes.py): 0 the workers finished; 75 the restart budget is spent (a new pod may
-succeed); 78 a worker exited 78 (bad config: never retried); 2 a bad command line; 128+N the launcher got
-signal N.
+Exit codes (training/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart left is 75);
+75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never retried), or
+the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked before anything
+starts); 2 a bad command line or a rendezvous port in use; 128+N the launcher got signal N.
 """
 
 from __future__ import annotations
