@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from cliargs import parse_float, parse_int
+from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
 from training.checkpoint import CheckpointConfig
 from training.faults import FaultConfig, FaultConfigError
@@ -241,10 +241,11 @@ def _coerce(key: str, tp: Any, value: Any, *, from_cli: bool) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if from_cli and str(value).lower() in ("true", "1", "yes", "on"):
-            return True
-        if from_cli and str(value).lower() in ("false", "0", "no", "off"):
-            return False
+        if from_cli:
+            try:
+                return parse_bool(str(value), key)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
