@@ -20,9 +20,10 @@ from typing import Any, Literal
 
 import yaml
 
+from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
 from training.checkpoint import CheckpointConfig
-from training.faults import FaultConfig
+from training.faults import FaultConfig, FaultConfigError
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,9 @@ class ConfigError(ValueError):
 
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+MAX_SECONDS = 7 * 24 * 3600.0
+"""Ceiling of every duration field (`*_s`): a week."""
 
 ModelName = Literal["tiny", "small", "llama3.1-8b"]
 
@@ -256,29 +260,35 @@ def _coerce(key: str, tp: Any, value: Any, *, from_cli: bool) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if from_cli and str(value).lower() in ("true", "1", "yes", "on"):
-            return True
-        if from_cli and str(value).lower() in ("false", "0", "no", "off"):
-            return False
+        if from_cli:
+            try:
+                return parse_bool(str(value), key)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if from_cli:
             try:
-                return int(str(value))
+                return parse_int(str(value), key)
             except ValueError:
                 pass
         raise ConfigError(f"{key} must be an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if from_cli or isinstance(value, str):
-            try:
-                return float(str(value))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
+        # Every float of every section passes here, from the CLI and from YAML (`.nan`, `.inf`): nan and
+        # inf are refused once, before any section's own range check can misread them.
+        if isinstance(value, bool) or not (
+            isinstance(value, (int, float)) or from_cli or isinstance(value, str)
+        ):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        # A duration (`*_s`) also has a ceiling: timedelta and the collectives overflow long before 1e300.
+        hi = MAX_SECONDS if key.endswith("_s") else None
+        try:
+            return parse_float(value, key, hi=hi)
+        except ValueError as exc:
+            hint = "; pass a number" if "not a number" in str(exc) else ""
+            raise ConfigError(f"{exc}{hint}") from None
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -400,6 +410,15 @@ def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
     from training.model import MODEL_CONFIGS
 
     margs = MODEL_CONFIGS[cfg.model.name]
+    world = env.get("WORLD_SIZE", "1")
+    try:
+        world_size = parse_int(world, "WORLD_SIZE", lo=1)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: the launcher sets it; unset it to run one process") from None
+    try:  # the whole fault plan, before any process group: a bad one must fail the Job (78), not retry
+        cfg.fault.plan(world_size=world_size, max_steps=cfg.training.steps)
+    except FaultConfigError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.data.seq_len > margs.max_seq_len:
         raise ConfigError(
             f"data.seq_len={cfg.data.seq_len} exceeds model {cfg.model.name}'s "

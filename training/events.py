@@ -21,8 +21,10 @@ Kinds and their own fields:
     inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:
-    worker_failed local_rank, global_rank, exitcode (negative = signal number), reason
-    hang_detected global_rank, stale_s, timeout_s, phase, step
+    worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that
+                  failed first, by exit time; the others died after it)
+    hang_detected global_rank (the rank that hung), stale_s, timeout_s, phase, step, ranks ({rank: "stopped" |
+                  "elsewhere" | "collective" | "unknown"}: where each silent rank's main thread was), where
     restart       attempt, reason, remaining (restart budget left)
     exit          code, reason
 """

@@ -6,14 +6,16 @@ code, SIGKILL restarts of a broken group, and warm workers forked from a zygote 
 torch (a restart does not pay the 2-2.6 s import again). Flags keep torchrun's names where they mean the
 same thing; see docs/launcher.md.
 
-Exit codes (training/exitcodes.py): 0 the workers finished; 75 the restart budget is spent (a new pod may
-succeed); 78 a worker exited 78 (bad config: never retried); 2 a bad command line; 128+N the launcher got
-signal N.
+Exit codes (training/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart left is 75);
+75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never retried), or
+the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked before anything
+starts); 2 a bad command line or a rendezvous port in use; 128+N the launcher got signal N.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import math
 import os
@@ -22,11 +24,14 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from training import exitcodes
+from training.launcher.shim import ZYGOTE_SOCKET_NAME
 
 log = logging.getLogger("kit.launch")
+UNIX_PATH_MAX = 107
+"""sun_path holds 108 bytes on Linux, the terminating NUL included."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--heartbeat-min-timeout",
         type=_positive_float("--heartbeat-min-timeout"),
-        default=0.5,
-        help="floor of the auto timeout, seconds (default 0.5)",
+        default=0.3,
+        help="floor of the auto timeout, seconds (default 0.3)",
     )
     _add(
         p,
@@ -179,6 +184,9 @@ class LaunchArgs:
     shutdown_timeout: int
     entrypoint: str
     argv: list[str]
+    target_kind: Literal["module", "script", "program"]
+    target: str
+    """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
 
 
 def parse_args(argv: list[str]) -> LaunchArgs:
@@ -236,7 +244,40 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         shutdown_timeout=a.shutdown_timeout,
         entrypoint=entrypoint,
         argv=worker_argv,
+        target_kind="program" if a.no_python else "module" if a.module else "script",
+        target=a.training_script,
     )
+
+
+def check_target(args: LaunchArgs) -> str | None:
+    """Why the workers' target cannot start (one line), or None. A missing module would fail every restart."""
+    if args.target_kind == "module":
+        try:
+            found = importlib.util.find_spec(args.target) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return (
+                f"-m {args.target}: no such module on the Python path (from {os.getcwd()!r}); "
+                "check its spelling, the working directory or PYTHONPATH"
+            )
+    elif args.target_kind == "script" and not os.path.isfile(args.target):
+        return f"script {args.target!r} not found; pass an existing file, or -m MODULE"
+    elif args.target_kind == "program" and shutil.which(args.target) is None:
+        return f"--no-python program {args.target!r} not found or not executable; pass a program on PATH"
+    return None
+
+
+def check_socket_folder(workdir: str) -> str | None:
+    """The zygote's Unix socket lives in the launcher's temp folder; a long TMPDIR cannot hold one."""
+    path = os.fsencode(os.path.join(workdir, ZYGOTE_SOCKET_NAME))
+    if len(path) > UNIX_PATH_MAX:
+        return (
+            f"TMPDIR={tempfile.gettempdir()!r} is too long for the warm workers' Unix socket "
+            f"({len(path)} > {UNIX_PATH_MAX} bytes); set TMPDIR to a shorter folder (e.g. /tmp) "
+            "or pass --worker-start exec"
+        )
+    return None
 
 
 def _prepare_environment(workdir: str) -> None:
@@ -252,6 +293,10 @@ def _prepare_environment(workdir: str) -> None:
     from training.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
+    from training.launcher.blame import STACKS_DIR_ENV
+
+    os.environ[STACKS_DIR_ENV] = os.path.join(workdir, "stacks")
+    os.makedirs(os.environ[STACKS_DIR_ENV])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,8 +309,24 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"kit-launch: error: cannot create --run-dir {args.run_dir!r}: {exc}", file=sys.stderr)
             return exitcodes.USAGE
-    workdir = tempfile.mkdtemp(prefix="kit-launch-")
+    problem = check_target(args)
+    if problem is not None:
+        print(f"kit-launch: error: {problem}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG  # the same on every restart and every pod: fail the Job at once
     try:
+        workdir = tempfile.mkdtemp(prefix="kit-launch-")
+    except OSError as exc:
+        print(
+            f"kit-launch: error: cannot create a temp folder in {tempfile.gettempdir()!r}: {exc.strerror}; "
+            "set TMPDIR to a writable folder",
+            file=sys.stderr,
+        )
+        return exitcodes.FATAL_CONFIG
+    try:
+        problem = check_socket_folder(workdir) if args.zygote else None
+        if problem is not None:
+            print(f"kit-launch: error: {problem}", file=sys.stderr)
+            return exitcodes.FATAL_CONFIG
         _prepare_environment(workdir)
         from training.launcher.runner import run  # imports torch: after the env is set
 

@@ -7,13 +7,13 @@ Shards hold at most --shard-tokens tokens each and are named shard_00000.bin, ..
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from cliargs import OneLineParser, int_arg
 from training import exitcodes
 from training.data import shard_files, write_shard
 
@@ -67,24 +67,33 @@ def make_shards(files: list[Path], out: Path, *, shard_tokens: int) -> list[Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.make_shards", description=__doc__.splitlines()[0]
-    )
+    parser = OneLineParser(prog="python -m training.make_shards", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="UTF-8 (or any) text files; one document each")
     parser.add_argument("--out", required=True, type=Path, help="output folder for shard_*.bin")
     parser.add_argument(
-        "--shard-tokens", type=int, default=100_000_000, help="max tokens per shard (default 1e8)"
+        "--shard-tokens", type=int_arg(lo=1), default=100_000_000, help="max tokens per shard (default 1e8)"
     )
     args = parser.parse_args(argv)
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
         print(f"error: input file(s) not found: {', '.join(missing)}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
-    if args.shard_tokens <= 0:
-        print(f"error: --shard-tokens must be > 0, got {args.shard_tokens}", file=sys.stderr)
+    if args.out.exists() and not args.out.is_dir():
+        print(
+            f"error: --out {str(args.out)!r} is a file, not a folder: pick a new or empty folder",
+            file=sys.stderr,
+        )
         return exitcodes.FATAL_CONFIG
-    if args.out.exists() and shard_files(args.out):
+    if args.out.is_dir() and shard_files(args.out):
         print(f"error: {args.out} already holds shards: pick an empty --out folder", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"error: cannot create --out {str(args.out)!r}: {exc.strerror}; pick a folder you can write",
+            file=sys.stderr,
+        )
         return exitcodes.FATAL_CONFIG
     written = make_shards(args.files, args.out, shard_tokens=args.shard_tokens)
     print(f"wrote {len(written)} shard(s) to {args.out} (vocab {VOCAB_SIZE}, byte-level tokenizer)")

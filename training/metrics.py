@@ -17,6 +17,8 @@ Conventions, chosen once and documented here:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import statistics
 from collections import defaultdict
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.events import events_dir, read_events
+from training.events import events_dir
 
 Event = Mapping[str, Any]
 
@@ -59,6 +61,8 @@ class FaultMetrics:
     never resumed."""
     detected_by: str | None = None
     """`worker_failed`, `hang_detected`, `inprocess` or None."""
+    blamed_rank: int | None = None
+    """The rank the launcher named as the first to fail (None for in-process or undetected faults)."""
     downtime_s: float | None = None
     """Seconds from the fault until training restarted (start of the first step after the resume): the study's
     shutdown + startup, used by infra goodput."""
@@ -186,18 +190,19 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         restart_begin = begin if restart_begin is None else max(restart_begin, begin)
 
     horizon = _ts(first_resume) if first_resume is not None else float("inf")
-    detection = next(
-        (
-            e
-            for e in events
-            if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
-        ),
-        None,
-    )
+    detections = [
+        e
+        for e in events
+        if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
+    ]
+    # The launcher marks the rank that failed first (`first`); its peers' failures follow it.
+    detection = next((e for e in detections if e.get("first", True)), detections[0] if detections else None)
     detect_s: float | None = None
     detected_by: str | None = None
+    blamed: int | None = None
     if detection is not None:
         detect_s, detected_by = _ts(detection) - t0, str(detection["kind"])
+        blamed = _int(detection.get("global_rank"))
     else:
         # In-process: the restart began (ts - duration_s of its `inprocess_restart` event, which may come
         # after the `resume` it contains) within this fault's recovery.
@@ -228,6 +233,7 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         detect_s=detect_s,
         recovery_s=None if recovery_end is None else recovery_end - t0,
         detected_by=detected_by,
+        blamed_rank=blamed,
         downtime_s=None if restart_begin is None else max(0.0, restart_begin - t0),
         resume_step=resume_step,
         resume_source=None if first_resume is None else first_resume.get("source"),
@@ -365,4 +371,45 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
         raise MetricsError(
             f"{str(path)!r} has no events/*.jsonl: pass a run folder that training.train wrote"
         )
-    return compute_metrics(read_events(path))
+    return compute_metrics(load_events(path))
+
+
+def load_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A run's events sorted by time, checked line by line: MetricsError names the file and line of the
+    first line that is not UTF-8, not a JSON object, or has no numeric `ts` or no `kind`. Only a file's
+    torn last line (its writer was killed mid-write) is skipped, as `training.events.read_events` does."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(events_dir(run_dir).glob("*.jsonl")):
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except OSError as exc:
+            raise MetricsError(f"{path}: cannot be read ({exc.strerror}); check its permissions") from None
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MetricsError(
+                    f"{where}: byte {exc.start} is not UTF-8; the file is damaged: remove that line"
+                ) from None
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                if number == len(lines):  # no newline after it: torn by a kill
+                    continue
+                raise MetricsError(f"{where}: not a JSON line; remove or repair that line") from None
+            if not isinstance(event, dict):
+                raise MetricsError(f"{where}: not a JSON object; remove or repair that line")
+            ts = event.get("ts")
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+                raise MetricsError(
+                    f"{where}: event without a numeric 'ts' (got {ts!r}); every event needs its wall-clock "
+                    "time: remove or repair that line"
+                )
+            if not isinstance(event.get("kind"), str):
+                raise MetricsError(f"{where}: event without a 'kind'; remove or repair that line")
+            events.append(event)
+    events.sort(key=lambda e: e["ts"])
+    return events

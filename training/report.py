@@ -6,7 +6,6 @@ timeline shows steps per rank over time, checkpoint stalls, faults, launcher det
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -18,9 +17,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cliargs import OneLineParser
 from training import exitcodes
-from training.events import read_events
-from training.metrics import DETECTION_KINDS, MetricsError, RunMetrics, load_run_metrics
+from training.metrics import DETECTION_KINDS, MetricsError, RunMetrics, load_events, load_run_metrics
 
 DEFAULT_PNG = "timeline.png"
 """Written inside the run folder unless --png says otherwise."""
@@ -73,6 +72,7 @@ def faults_table(m: RunMetrics) -> Table:
         "step",
         "rank",
         "detected by",
+        "blamed",
         "detect",
         "recovery",
         "downtime",
@@ -88,6 +88,7 @@ def faults_table(m: RunMetrics) -> Table:
             str(f.step),
             str(f.rank),
             f.detected_by or "-",
+            "-" if f.blamed_rank is None else str(f.blamed_rank),
             _s(f.detect_s),
             _s(f.recovery_s),
             _s(f.downtime_s),
@@ -208,7 +209,7 @@ def _as_json(m: RunMetrics, png: Path | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m training.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder: <run.root>/<run.id>")
     parser.add_argument(
         "--png", type=Path, help=f"where to write the timeline (default RUN_DIR/{DEFAULT_PNG})"
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         png = (
             None
             if args.no_png
-            else write_timeline(read_events(run_dir), m, args.png or run_dir / DEFAULT_PNG)
+            else write_timeline(load_events(run_dir), m, args.png or run_dir / DEFAULT_PNG)
         )
     except MetricsError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+import types
 from pathlib import Path
 
 import pytest
 
+import training.heartbeat
 from training.heartbeat import HEARTBEAT_DIR_ENV, HeartbeatClient, heartbeat_path
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings, TimeoutLearner
 
@@ -121,3 +123,65 @@ def test_explicit_timeout_and_leftovers_of_an_old_attempt(
     assert monitor.check(now=now + 2.9) is None
     stale = monitor.check(now=now + 3.2)
     assert stale is not None and stale.timeout_s == 3.0 and stale.step == 4
+
+
+def test_the_step_after_a_save_is_learned_and_allowed_apart(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The first step after a save overlaps its background write and runs slow; it gets its own allowance,
+    so the ordinary steps' timeout (and with it the time to find a real hang) does not follow it."""
+    clock = types.SimpleNamespace(now=time.time())
+    monkeypatch.setattr(training.heartbeat, "time", types.SimpleNamespace(time=lambda: clock.now))
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monitor = HeartbeatMonitor(tmp_path, _settings(min_timeout_s=0.01))
+    monitor.reset([0])
+    client = HeartbeatClient.from_env()
+    client.phase("train")
+
+    def after(seconds: float) -> float:
+        clock.now += seconds
+        return clock.now
+
+    step = 0
+    while step < 29:
+        step += 1
+        after(0.1)
+        if step % 5 == 0:  # a save: announced, handed off, then one slow step that overlaps the write
+            client.phase("checkpoint")
+            after(0.05)
+            client.beat(step)
+            record = json.loads(heartbeat_path(tmp_path, 0).read_text())
+            assert record["ts"] == record["since"]  # what tells the launcher "the next step overlaps a write"
+            if step == 5:  # nothing learned about such steps yet: the load allowance
+                assert monitor.check(now=clock.now + 59) is None
+            assert monitor.check(now=clock.now + 0.05) is None  # the launcher polls during that step
+            step += 1
+            after(0.4)  # 4 x an ordinary step
+        client.beat(step)
+        assert monitor.check(now=clock.now + 0.05) is None
+    learner = monitor.learner
+    assert learner.timeout_s == pytest.approx(1.5 * 0.1)  # ordinary steps only: a hang is found in 1.5 steps
+    assert learner.after_checkpoint_timeout_s == pytest.approx(1.5 * 0.4)
+    last = clock.now
+    assert monitor.check(now=last + 0.14) is None
+    stale = monitor.check(now=last + 0.16)  # an ordinary step past 1.5 x the slowest ordinary one: a hang
+    assert stale is not None and stale.timeout_s == pytest.approx(0.15)
+    client.phase("checkpoint")
+    client.beat(30)
+    assert monitor.check(now=clock.now + 0.5) is None  # the step after this save has its own allowance
+    stale = monitor.check(now=clock.now + 0.61)
+    assert stale is not None and stale.timeout_s == pytest.approx(0.6)
+
+
+def test_learner_keeps_after_checkpoint_steps_out_of_the_ordinary_timeout() -> None:
+    learner = TimeoutLearner(safety_factor=1.5, min_timeout_s=0.1)
+    for _ in range(TimeoutLearner.MIN_STEPS):
+        learner.observe(0.2, rank=0)
+    learner.observe(0.9, rank=0, after_checkpoint=True)
+    assert learner.timeout_s == pytest.approx(0.3)
+    assert learner.after_checkpoint_timeout_s == pytest.approx(1.35)
+    only_after = TimeoutLearner(safety_factor=1.5, min_timeout_s=0.1)
+    for _ in range(TimeoutLearner.MIN_STEPS):
+        only_after.observe(0.5, rank=0, after_checkpoint=True)
+    assert only_after.timeout_s == pytest.approx(0.75)  # nothing else seen: the only evidence there is

@@ -74,11 +74,14 @@ def launcher_events(run: Path, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize("start", ["zygote", "exec"])
 def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, start: str) -> None:
-    proc, run = launch(tmp_path, ["--worker-start", start], steps=14, faults="kill:step=7:rank=1")
+    proc, run = launch(tmp_path, ["--worker-start", start], steps=14, faults="kill:step=6:rank=1")
     assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
     assert final_value(run) == expected_value(14, 2)
-    failed = launcher_events(run, "worker_failed")
-    assert any(e["global_rank"] == 1 and e["exitcode"] == -9 for e in failed)
+    # Rank 0 dies of the broken collective a few ms after rank 1: the launcher names rank 1, the first.
+    (first,) = [e for e in launcher_events(run, "worker_failed") if e["first"]]
+    assert (first["global_rank"], first["exitcode"]) == (1, -9)
+    assert "kit-launch: worker failed: rank 1 (local 1," in proc.stderr
+    assert launcher_events(run, "restart")[0]["reason"] == "rank 1 signal SIGKILL (-9)"
     (restart,) = launcher_events(run, "restart")
     assert restart["attempt"] == 1 and restart["remaining"] == 2
     assert launcher_events(run, "exit")[0]["code"] == 0
@@ -86,13 +89,13 @@ def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, st
     assert "after detection" in proc.stderr
 
 
-@pytest.mark.parametrize("kind", ["hang", "sigstop"])
-def test_hung_rank_is_detected_by_heartbeat_and_recovered(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "rank"), [("hang", 0), ("sigstop", 1)])
+def test_hung_rank_is_detected_by_heartbeat_and_recovered(tmp_path: Path, kind: str, rank: int) -> None:
     proc, run = launch(
         tmp_path,
         ["--heartbeat-load-timeout", "60", "--heartbeat-min-timeout", "0.3"],
         steps=30,
-        faults=f"{kind}:step=24:rank=1",  # after the launcher has learned 20 steps
+        faults=f"{kind}:step=24:rank={rank}",  # after the launcher has learned 20 steps
     )
     assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
     assert final_value(run) == expected_value(30, 2)
@@ -100,8 +103,29 @@ def test_hung_rank_is_detected_by_heartbeat_and_recovered(tmp_path: Path, kind: 
     assert hang["stale_s"] > hang["timeout_s"]
     assert hang["timeout_s"] < 60  # the learned step timeout, not the load allowance
     assert hang["phase"] == "train" and hang["step"] == 23
-    assert "kit-launch: hang detected: rank" in proc.stderr and "heartbeat stale for" in proc.stderr
-    assert launcher_events(run, "restart")[0]["reason"].startswith("hang of rank")
+    # Both ranks stop beating; the peer waits in a collective, the hung rank is elsewhere (or stopped).
+    assert hang["global_rank"] == rank
+    assert hang["ranks"] == {
+        str(rank): "elsewhere" if kind == "hang" else "stopped",
+        str(1 - rank): "collective",
+    }
+    assert f"kit-launch: hang detected: rank {rank} heartbeat stale for" in proc.stderr
+    assert f"rank {1 - rank} waits in a collective" in proc.stderr
+    assert launcher_events(run, "restart")[0]["reason"] == f"hang of rank {rank}"
+
+
+@pytest.mark.parametrize("kind", ["hang", "sigstop"])
+def test_a_hang_with_no_restart_left_exits_75_never_0(tmp_path: Path, kind: str) -> None:
+    proc, run = launch(
+        tmp_path,
+        ["--max-restarts", "0", "--heartbeat-load-timeout", "60"],
+        steps=30,
+        faults=f"{kind}:step=10:rank=1",
+    )
+    assert proc.returncode == exitcodes.BUDGET_EXHAUSTED, proc.stderr[-3000:]
+    assert "last failure: hang of rank 1; raise --max-restarts or fix the cause" in proc.stderr
+    assert "exiting 0" not in proc.stderr and not (run / "final.json").exists()
+    assert [e["code"] for e in launcher_events(run, "exit")] == [exitcodes.BUDGET_EXHAUSTED]
 
 
 def test_restart_budget_exhausted_exits_75_with_its_message(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
 from training.events import EventLog
-from training.launcher.monitor import HeartbeatMonitor
+from training.launcher.blame import ExitClock, Probe, culprit, probe
+from training.launcher.monitor import HeartbeatMonitor, Stale
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10
@@ -52,6 +53,7 @@ class KitElasticAgent(LocalElasticAgent):
         *,
         monitor: HeartbeatMonitor,
         events: EventLog,
+        stacks_dir: str,
         shutdown_timeout: int = 30,
     ) -> None:
         super().__init__(
@@ -59,6 +61,8 @@ class KitElasticAgent(LocalElasticAgent):
         )
         self.monitor = monitor
         self.events = events
+        self.stacks_dir = stacks_dir
+        self.exits = ExitClock()
         self.fatal = False
         self.attempt = -1
         self.last_failure = ""
@@ -74,24 +78,42 @@ class KitElasticAgent(LocalElasticAgent):
             return self._on_failed(worker_group, result)
         if result.state != WorkerState.HEALTHY:
             return result
-        stale = self.monitor.check()
+        now = time.time()
+        stale = self.monitor.check(now)
         if stale is None:
             return result
+        stale, probes = self._blame_hang(stale, now)
         reason = (
             f"rank {stale.rank} heartbeat stale for {stale.stale_s:.2f} s "
             f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step})"
         )
-        log.warning("kit-launch: hang detected: %s", reason)
+        log.warning("kit-launch: hang detected: %s%s", reason, _describe_probes(probes))
         self.events.emit(
             "hang_detected",
+            ts=now,
             global_rank=stale.rank,
             stale_s=round(stale.stale_s, 4),
             timeout_s=round(stale.timeout_s, 4),
             phase=stale.phase,
             step=stale.step,
+            ranks={str(p.rank): p.state for p in probes},
+            where=next((p.where for p in probes if p.rank == stale.rank), ""),
         )
         self._mark_broken(f"hang of rank {stale.rank}")
         return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _blame_hang(self, detected: Stale, now: float) -> tuple[Stale, list[Probe]]:
+        """The rank that hung among the silent ones (its peers wait for it in a collective), with the probes.
+
+        Every rank silent for at least half the detected allowance is asked where its main thread is."""
+        silent = [s for s in self.monitor.silent(now) if s.stale_s >= detected.timeout_s / 2]
+        probes = []
+        for item in silent:
+            pid = self.monitor.pid(item.rank)
+            if pid is not None:
+                probes.append(probe(self.stacks_dir, item.rank, pid))
+        rank = culprit(probes, default=detected.rank)
+        return next((s for s in silent if s.rank == rank), detected), probes
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.attempt += 1
@@ -114,7 +136,9 @@ class KitElasticAgent(LocalElasticAgent):
         self._pending_reason = None
         self._broken = False
         self.monitor.reset([w.global_rank for w in worker_group.workers])
-        return super()._start_workers(worker_group)
+        pids = super()._start_workers(worker_group)
+        self.exits.watch(list(pids.values()))
+        return pids
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         if self._broken:
@@ -124,7 +148,12 @@ class KitElasticAgent(LocalElasticAgent):
     # --- helpers -----------------------------------------------------------------------------
 
     def _on_failed(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
-        first = min(result.failures.values(), key=lambda f: f.timestamp)
+        # The earliest exit, to the millisecond (torchelastic's own stamps are whole seconds, taken when it
+        # polls): the peers of a killed rank die of the broken collective a few ms after it.
+        first = min(
+            result.failures.values(),
+            key=lambda f: (self.exits.exit_time(f.pid) or float("inf"), f.timestamp, f.local_rank),
+        )
         for global_rank, failure in sorted(result.failures.items()):
             worker = next(w for w in worker_group.workers if w.global_rank == global_rank)
             last = self.monitor.last_beat(global_rank)
@@ -145,6 +174,7 @@ class KitElasticAgent(LocalElasticAgent):
                 global_rank=global_rank,
                 exitcode=failure.exitcode,
                 reason=reason,
+                first=failure is first,
             )
         first_rank = next(r for r, f in result.failures.items() if f is first)
         self.last_failure = f"rank {first_rank} {describe_exit(first.exitcode)}"
@@ -164,3 +194,14 @@ class KitElasticAgent(LocalElasticAgent):
         self._detected_at = time.time()
         if reason.startswith("hang"):
             self.last_failure = reason
+
+
+def _describe_probes(probes: list[Probe]) -> str:
+    """'; rank 1 is at faults.py:290 in _act, outside any collective; rank 0 waits in a collective (...)'."""
+    words = {
+        "stopped": "is stopped (SIGSTOP or a debugger)",
+        "elsewhere": "is at {where}, outside any collective",
+        "collective": "waits in a collective ({where})",
+    }
+    parts = [f"rank {p.rank} {words[p.state].format(where=p.where)}" for p in probes if p.state in words]
+    return "".join(f"; {part}" for part in parts)

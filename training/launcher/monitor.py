@@ -8,14 +8,15 @@ A rank's allowance depends on its announced phase (training/heartbeat.py):
 - "done": never stale.
 
 Learning (`auto`): the step times the workers measure and carry in their beat files (beat to beat, or
-beat to a "checkpoint" announcement; never the load or the save) are the samples. The timeout is
-max(floor, safety factor x the slowest of the last 200 samples), like NVRx's timeout calculator (5 x the
-maximum) but with a smaller default factor (1.5): the slowest recent step already includes the slow ones
-(e.g. steps that overlap a background checkpoint write, ~1.7 x the median on the 2-core test machine), so a
-rank is restarted only when it is 50 % slower than any step seen lately, and a hang is found within about
-1.5 x the slowest step. Until some rank has measured 20 steps (long enough to see a few checkpoint cycles in
-the tests and benchmarks) the timeout is provisional: twice that, from the third measured step on, and the
-load allowance before. What was learned survives restarts of the group.
+beat to a "checkpoint" announcement; never the load or the save) are the samples, in two sets. The first step
+after a save overlaps its background write and runs slow (~1.7-4 x the median on the 2-core test machine); the
+monitor knows it by the beat that ended the "checkpoint" phase (`ts == since`) and learns it apart. An
+ordinary step's timeout is max(floor, safety factor x the slowest of the last 200 ordinary samples), like
+NVRx's timeout calculator (5 x the maximum) with a smaller default factor (1.5); the step after a save gets
+the same over its own samples (never less, and the load allowance until one was seen). So the slow overlapped
+steps never widen the timeout of the others, and a hang in an ordinary step is found within about 1.5 x the
+slowest ordinary step. Until some rank has measured 20 steps the timeouts are provisional: twice that, from
+the third measured step on, and the load allowance before. What was learned survives restarts of the group.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class HeartbeatSettings:
 
 
 class TimeoutLearner:
-    """Turns observed step times into a step timeout (see the module docstring)."""
+    """Turns observed step times into step timeouts (see the module docstring)."""
 
     MIN_STEPS = 20
     PROVISIONAL_STEPS = 3
@@ -57,25 +58,44 @@ class TimeoutLearner:
         self.safety_factor = safety_factor
         self.min_timeout_s = min_timeout_s
         self._samples: deque[float] = deque(maxlen=self.WINDOW)
+        self._after_checkpoint: deque[float] = deque(maxlen=self.WINDOW)
         self._steps_by_rank: dict[int, int] = {}
 
-    def observe(self, interval_s: float, *, rank: int) -> None:
+    def observe(self, interval_s: float, *, rank: int, after_checkpoint: bool = False) -> None:
+        """One step time; `after_checkpoint`: the first step after a save, which overlaps its background
+        write (learned apart, so its slowness does not widen every other step's timeout)."""
         if interval_s > 0 and math.isfinite(interval_s):
-            self._samples.append(interval_s)
+            (self._after_checkpoint if after_checkpoint else self._samples).append(interval_s)
             self._steps_by_rank[rank] = self._steps_by_rank.get(rank, 0) + 1
 
     @property
     def samples(self) -> int:
-        return len(self._samples)
+        return len(self._samples) + len(self._after_checkpoint)
 
-    @property
-    def timeout_s(self) -> float | None:
-        """The learned timeout (provisional before MIN_STEPS), or None while too few steps were seen."""
+    def _factor(self) -> float | None:
         steps = max(self._steps_by_rank.values(), default=0)
         if steps < self.PROVISIONAL_STEPS:
             return None
-        factor = self.safety_factor * (1.0 if steps >= self.MIN_STEPS else self.PROVISIONAL_MULTIPLIER)
-        return max(self.min_timeout_s, factor * max(self._samples))
+        return self.safety_factor * (1.0 if steps >= self.MIN_STEPS else self.PROVISIONAL_MULTIPLIER)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Timeout of an ordinary step (provisional before MIN_STEPS), or None while too few were seen."""
+        factor = self._factor()
+        if factor is None:
+            return None
+        ordinary = self._samples or self._after_checkpoint
+        return max(self.min_timeout_s, factor * max(ordinary))
+
+    @property
+    def after_checkpoint_timeout_s(self) -> float | None:
+        """Timeout of the first step after a save (never below the ordinary one); None until such a step
+        was seen: how much a background write slows a step is not known before, so the load allowance."""
+        ordinary = self.timeout_s
+        factor = self._factor()
+        if ordinary is None or factor is None or not self._after_checkpoint:
+            return None
+        return max(ordinary, factor * max(self._after_checkpoint))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +133,7 @@ class HeartbeatMonitor:
         self._ranks: list[int] = []
         self._started_at = 0.0
         self._seen: dict[int, _Seen] = {}
+        self._after_checkpoint: dict[int, tuple[int, int]] = {}  # rank -> (pid, number of its next sample)
 
     def reset(self, ranks: list[int]) -> None:
         """A new attempt: forget the old beats (their files are removed) and start the clocks now."""
@@ -123,17 +144,22 @@ class HeartbeatMonitor:
         self._started_at = time.time()
         self._seen = {}
 
-    def step_timeout_s(self) -> float:
+    def step_timeout_s(self, *, after_checkpoint: bool = False) -> float:
         """The timeout in "train" right now (explicit, learned, or the load allowance while learning)."""
         if self.settings.timeout_s is not None:
             return self.settings.timeout_s
-        learned = self.learner.timeout_s
+        learner = self.learner
+        learned = learner.after_checkpoint_timeout_s if after_checkpoint else learner.timeout_s
         return learned if learned is not None else self.settings.load_timeout_s
 
     def check(self, now: float | None = None) -> Stale | None:
         """Read every rank's beat; learn from it; return the stalest rank past its allowance, if any."""
-        now = time.time() if now is None else now
-        worst: Stale | None = None
+        silent = self.silent(time.time() if now is None else now)
+        return silent[0] if silent and silent[0].stale_s > silent[0].timeout_s else None
+
+    def silent(self, now: float) -> list[Stale]:
+        """Every rank not done, with its silence and allowance, the most overdue first."""
+        out = []
         for rank in self._ranks:
             seen = self._read(rank)
             if seen is None:
@@ -144,11 +170,16 @@ class HeartbeatMonitor:
             if phase == "done":
                 continue
             steady = phase == "train" and rhythm
-            timeout = self.step_timeout_s() if steady else self.settings.load_timeout_s
-            stale = now - last
-            if stale > timeout and (worst is None or stale - timeout > worst.stale_s - worst.timeout_s):
-                worst = Stale(rank=rank, phase=phase, step=step, stale_s=stale, timeout_s=timeout)
-        return worst
+            # The beat that ended a save is the rank's last word: it is in the step that overlaps the write.
+            after = seen is not None and seen.ts == seen.since
+            timeout = self.step_timeout_s(after_checkpoint=after) if steady else self.settings.load_timeout_s
+            out.append(Stale(rank=rank, phase=phase, step=step, stale_s=now - last, timeout_s=timeout))
+        return sorted(out, key=lambda s: s.timeout_s - s.stale_s)
+
+    def pid(self, rank: int) -> int | None:
+        """The worker's own pid, from its beats (under the zygote the agent only knows the shim's)."""
+        seen = self._seen.get(rank)
+        return seen.pid if seen is not None else None
 
     def last_beat(self, rank: int) -> float | None:
         seen = self._seen.get(rank)
@@ -178,5 +209,9 @@ class HeartbeatMonitor:
         self._seen[rank] = seen
         known = before.n if before is not None and before.pid == seen.pid else 0
         new = min(seen.n - known, len(seen.recent))
-        for interval in seen.recent[len(seen.recent) - new :] if new > 0 else []:
-            self.learner.observe(interval, rank=rank)
+        marked = self._after_checkpoint.get(rank)
+        for index, interval in enumerate(seen.recent[len(seen.recent) - new :] if new > 0 else []):
+            number = (seen.pid, seen.n - new + 1 + index)
+            self.learner.observe(interval, rank=rank, after_checkpoint=number == marked)
+        if seen.phase == "train" and seen.rhythm and seen.ts == seen.since:
+            self._after_checkpoint[rank] = (seen.pid, seen.n + 1)  # the next sample overlaps the write

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
@@ -24,6 +24,7 @@ from training.events import EventLog
 from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launch import LaunchArgs
 from training.launcher.agent import KitElasticAgent
+from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
 
@@ -48,6 +49,24 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
     events.emit("exit", code=code, reason=reason)
     events.close()
     return code
+
+
+def rendezvous_setup_error(endpoint: str, exc: BaseException) -> str:
+    """One line for a rendezvous store that cannot be hosted or reached (torch chains the real cause)."""
+    causes = []
+    while exc is not None:
+        causes.append(" ".join(str(exc).split()))
+        exc = exc.__cause__ or exc.__context__
+    text = "; ".join(causes)
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return (
+            f"--rdzv-endpoint {endpoint}: the port is already in use on this host; pick a free port "
+            "or stop what holds it"
+        )
+    return (
+        f"--rdzv-endpoint {endpoint}: cannot host or reach the rendezvous store ({causes[-1]}); "
+        "check HOST:PORT"
+    )
 
 
 def _run_agent(
@@ -78,12 +97,18 @@ def _run_agent(
     )
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    try:
+        rdzv_handler = rdzv_registry.get_rendezvous_handler(params)  # hosts or joins the store now
+    except (RendezvousError, RuntimeError, ValueError) as exc:
+        message = rendezvous_setup_error(args.rdzv_endpoint, exc)
+        log.error("kit-launch: error: %s", message)
+        return exitcodes.USAGE, message
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(worker_args),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=rdzv_handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         master_addr=master_addr,
@@ -102,6 +127,7 @@ def _run_agent(
         config.logs_specs,  # type: ignore[arg-type]
         monitor=monitor,
         events=events,
+        stacks_dir=os.environ[STACKS_DIR_ENV],
         shutdown_timeout=config.shutdown_timeout or 30,
     )
     close_rendezvous = True
@@ -116,9 +142,12 @@ def _run_agent(
         log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
         return exitcodes.BUDGET_EXHAUSTED, message
     finally:
+        agent.exits.close()
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
-    if not result.is_failed():
+    # Only SUCCEEDED means every worker finished: the inherited loop also returns an UNHEALTHY result (a hang)
+    # when no restart is left, and `RunResult.is_failed()` is False for it.
+    if result.state == WorkerState.SUCCEEDED:
         log.info("kit-launch: workers finished after %d restart(s); exiting 0", max(agent.attempt, 0))
         return exitcodes.OK, "workers finished"
     if agent.fatal:

@@ -27,6 +27,7 @@ import struct
 import sys
 
 ZYGOTE_SOCKET_ENV = "KIT_ZYGOTE_SOCKET"
+ZYGOTE_SOCKET_NAME = "zygote.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 

@@ -31,7 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
-from training.launcher.shim import ZYGOTE_SOCKET_ENV
+from training.launcher import blame
+from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
 
@@ -66,7 +67,7 @@ class Zygote:
     """Launcher-side handle: forks the zygote now; `close()` (or the launcher's exit) ends it."""
 
     def __init__(self, folder: str | os.PathLike[str], *, prewarm: list[str]) -> None:
-        self.socket_path = str(Path(folder) / "zygote.sock")
+        self.socket_path = str(Path(folder) / ZYGOTE_SOCKET_NAME)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.socket_path)  # bound before the fork: shims may connect at once
         listener.listen(64)
@@ -217,6 +218,7 @@ class _Server:
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
+            blame.install()  # stacks on request: tells a hung rank from the peers that wait for it
             code = _run_python_argv(request["argv"])
         except SystemExit as exc:
             code = _exit_code(exc)

@@ -1,0 +1,211 @@
+"""Which rank failed first: the others die of (or wait in) the broken collective after it.
+
+Two kinds of evidence, both taken by the launcher without trusting the workers' own story:
+
+- **Exits** (`ExitClock`): torchelastic stamps a failure with whole seconds, and only when it polls, so a
+  killed rank and the peer that dies of the broken collective 50 ms later look simultaneous. A thread
+  here waits on a pidfd per worker (it wakes the moment the process exits, without reaping it) and
+  records the time to the millisecond. The earliest exit is the first failure.
+- **Hangs** (`probe`): a hung rank and its peers all stop beating, within a step of each other. The peers
+  are blocked inside a collective waiting for it; the hung rank is somewhere else (or SIGSTOPped). On
+  request each worker's faulthandler writes every thread's Python stack to a file, from C, so it works
+  while the main thread is blocked in gloo or NCCL (`install`, called by the zygote and the trainer).
+  A rank whose main thread is outside `torch.distributed`, or that is stopped, is the one that hung.
+
+Standard library only: workers import `install` without pulling in the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import re
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+STACKS_DIR_ENV = "KIT_STACKS_DIR"
+STACK_SIGNAL = signal.SIGUSR2
+COLLECTIVE_PATH = f"{os.sep}torch{os.sep}distributed{os.sep}"
+"""A main-thread frame under this path means the rank waits in a collective (FSDP hooks, c10d, DCP)."""
+
+_stack_file: TextIO | None = None
+
+
+def stack_path(directory: str | os.PathLike[str], rank: int, pid: int) -> Path:
+    return Path(directory) / f"rank_{rank}_{pid}.txt"
+
+
+def install() -> None:
+    """In a worker: dump every thread's stack to the launcher's folder on STACK_SIGNAL. No-op without it."""
+    global _stack_file
+    directory, rank = os.environ.get(STACKS_DIR_ENV), os.environ.get("RANK")
+    if not directory or rank is None or not rank.isdigit():
+        return
+    path = stack_path(directory, int(rank), os.getpid())
+    if _stack_file is not None and _stack_file.name == str(path):
+        return
+    try:
+        stream = open(path, "w", encoding="utf-8")  # noqa: SIM115 - held open for the signal handler
+    except OSError:
+        return  # no dump; the launcher falls back to the stalest heartbeat
+    stream.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
+    stream.flush()
+    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
+    _stack_file = stream
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    """Where a silent rank's main thread is."""
+
+    rank: int
+    state: str
+    """"stopped" (SIGSTOP), "collective" (waits in torch.distributed), "elsewhere", or "unknown"."""
+    where: str = ""
+    """The innermost frame of the main thread, e.g. "faults.py:283 in _act"."""
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<id>0x[0-9a-f]+) ")
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def probe(directory: str | os.PathLike[str], rank: int, pid: int, *, timeout_s: float = 1.0) -> Probe:
+    """Ask one worker for its stacks (only if it installed the dump: the signal would kill it otherwise)."""
+    if _process_state(pid) in ("T", "t"):
+        return Probe(rank=rank, state="stopped", where="stopped by a signal")
+    path = stack_path(directory, rank, pid)
+    try:
+        before = path.stat().st_size
+        os.kill(pid, STACK_SIGNAL)
+    except OSError:
+        return Probe(rank=rank, state="unknown")
+    text = _read_new(path, before, timeout_s)
+    main = re.search(r"^main thread (0x[0-9a-f]+)$", path.read_text(encoding="utf-8", errors="replace"), re.M)
+    frames = _main_thread_frames(text, main.group(1) if main else "")
+    if not frames:
+        return Probe(rank=rank, state="unknown")
+    path_top, line, func = frames[0]
+    where = f"{os.path.basename(path_top)}:{line} in {func}"
+    waiting = any(COLLECTIVE_PATH in frame[0] for frame in frames)
+    return Probe(rank=rank, state="collective" if waiting else "elsewhere", where=where)
+
+
+def culprit(probes: list[Probe], *, default: int) -> int:
+    """The rank that hung: stopped first, then outside any collective (in the given order), else `default`."""
+    for state in ("stopped", "elsewhere"):
+        for item in probes:
+            if item.state == state:
+                return item.rank
+    return default
+
+
+def _process_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[0] if ")" in stat else ""
+
+
+def _read_new(path: Path, offset: int, timeout_s: float) -> str:
+    """What the worker appended after `offset`, once it stops growing (deadline poll)."""
+    deadline = time.monotonic() + timeout_s
+    size, stable = offset, 0
+    while time.monotonic() < deadline and stable < 2:
+        time.sleep(0.01)
+        now = path.stat().st_size
+        stable = stable + 1 if now == size and now > offset else 0
+        size = now
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        fh.seek(offset)
+        return fh.read()
+
+
+def _main_thread_frames(text: str, main_id: str) -> list[tuple[str, str, str]]:
+    """Frames (path, line, function) of the main thread's section, innermost first."""
+    frames: list[tuple[str, str, str]] = []
+    inside = False
+    for line in text.splitlines():
+        header = _THREAD.match(line)
+        if header:
+            inside = header["id"] == main_id
+            continue
+        match = _FRAME.match(line)
+        if inside and match:
+            frames.append((match["path"], match["line"], match["func"]))
+    return frames
+
+
+class ExitClock:
+    """Exit times of worker processes to the millisecond, from pidfds watched by one daemon thread."""
+
+    def __init__(self) -> None:
+        self._times: dict[int, float] = {}
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        self._lock = threading.Lock()
+        self._poll = select.poll()
+        self._wake_r, self._wake_w = os.pipe()
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kit-exit-clock", daemon=True)
+        self._thread.start()
+
+    def watch(self, pids: list[int]) -> None:
+        """Start timing these processes (a new worker group); forgets the old ones."""
+        with self._lock:
+            for fd in list(self._fds):
+                self._forget(fd)
+            self._times.clear()
+            for pid in pids:
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:  # already reaped, or no pidfd support: no time for this one
+                    continue
+                self._fds[fd] = pid
+                self._poll.register(fd, select.POLLIN)
+        os.write(self._wake_w, b"x")
+
+    def exit_time(self, pid: int) -> float | None:
+        with self._lock:
+            return self._times.get(pid)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for fd in list(self._fds):
+                self._forget(fd)
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=1)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _forget(self, fd: int) -> None:
+        self._fds.pop(fd, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._poll.unregister(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def _run(self) -> None:
+        while True:
+            ready = self._poll.poll()
+            now = time.time()
+            with self._lock:
+                if self._closed:
+                    return
+                for fd, _ in ready:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 64)
+                        continue
+                    pid = self._fds.get(fd)
+                    if pid is not None:
+                        self._times.setdefault(pid, now)
+                        self._forget(fd)
