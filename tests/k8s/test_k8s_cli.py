@@ -296,7 +296,7 @@ TRAINER_REFUSES = [
     ),
     (
         ["TRAIN.optim.lr=abc", "DRY_RUN=1"],
-        "error: the trainer refuses this config: optim.lr must be a number, got 'abc'\n",
+        "error: the trainer refuses this config: optim.lr='abc': not a number; pass a number\n",
     ),
     (
         ["TRAIN.training.stop_at=50", "STEPS=20", "DRY_RUN=1"],

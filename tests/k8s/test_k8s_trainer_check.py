@@ -55,7 +55,7 @@ def test_check_config_accepts_a_good_config_without_a_process_group(tmp_path: Pa
 def test_check_config_refuses_with_the_trainers_message_and_78(tmp_path: Path) -> None:
     proc = _check_config(tmp_path, _config("TRAIN.optim.lr=abc"), "--elsewhere")
     assert (proc.returncode, proc.stdout) == (78, "")
-    assert proc.stderr == "error: optim.lr must be a number, got 'abc'\n"
+    assert proc.stderr == "error: optim.lr='abc': not a number; pass a number\n"
 
 
 def test_check_config_elsewhere_leaves_the_pods_machine_checks_to_the_pod(tmp_path: Path) -> None:
