@@ -230,7 +230,7 @@ def test_k8s_cli_status_and_delete(tmp_path: Path, fake_kubectl) -> None:
         ["get", "jobs", "-n", "kit-training", "-l", "app.kubernetes.io/managed-by=kit", "-o", "wide"],
         [
             "delete",
-            "job,service,configmap",
+            "job,deployment,service,configmap",
             "-n",
             "ml",
             "-l",

@@ -11,13 +11,20 @@ It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-
 - `_shutdown`: a broken group (failed or hung) is SIGKILLed at once: a hung or SIGSTOPped rank never
   honours SIGTERM, and its peers are stuck in collectives anyway. A clean stop (signal to the launcher,
   end of run) keeps torchelastic's SIGTERM-then-wait.
+
+A node that keeps failing by itself (`NodeFailures`: a local worker killed by a signal, or a hang whose
+culprit is a local rank, not one waiting in a collective for a peer) is given up: the agent stops
+retrying, says which node and why in one line and a `node_given_up` event, and the launcher exits without
+closing the rendezvous, so a spare or the replacement pod takes its place.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import time
+from collections import deque
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
@@ -43,6 +50,24 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+class NodeFailures:
+    """This node's own failures in a sliding window; `add` says when the node must be given up."""
+
+    def __init__(self, *, limit: int, window_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def add(self, now: float) -> int | None:
+        """Record one failure; the count within the window when it reached the limit, else None."""
+        self._times.append(now)
+        while self._times and self._times[0] < now - self.window_s:
+            self._times.popleft()
+        if self.limit and len(self._times) >= self.limit:
+            return len(self._times)
+        return None
+
+
 class KitElasticAgent(LocalElasticAgent):
     """LocalElasticAgent with heartbeat hang detection, a never-retry exit code and SIGKILL restarts."""
 
@@ -55,6 +80,9 @@ class KitElasticAgent(LocalElasticAgent):
         events: EventLog,
         stacks_dir: str,
         shutdown_timeout: int = 30,
+        node_failures: NodeFailures | None = None,
+        node_name: str = "",
+        rejoin_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             spec=spec, logs_specs=logs_specs, start_method="spawn", shutdown_timeout=shutdown_timeout
@@ -69,6 +97,10 @@ class KitElasticAgent(LocalElasticAgent):
         self._broken = False
         self._pending_reason: str | None = None
         self._detected_at = 0.0
+        self.node_failures = node_failures or NodeFailures(limit=0, window_s=1.0)
+        self.node_name = node_name or socket.gethostname()
+        self.rejoin_timeout_s = rejoin_timeout_s
+        self.given_up: str | None = None
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -99,6 +131,9 @@ class KitElasticAgent(LocalElasticAgent):
             ranks={str(p.rank): p.state for p in probes},
             where=next((p.where for p in probes if p.rank == stale.rank), ""),
         )
+        culprit_probe = next((p for p in probes if p.rank == stale.rank), None)
+        if culprit_probe is None or culprit_probe.state in ("stopped", "elsewhere"):
+            self._count_own_failure(now, f"hang of rank {stale.rank}")
         self._mark_broken(f"hang of rank {stale.rank}")
         return RunResult(state=WorkerState.UNHEALTHY)
 
@@ -185,8 +220,35 @@ class KitElasticAgent(LocalElasticAgent):
                 "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
                 exitcodes.FATAL_CONFIG,
             )
+        own = [f for f in result.failures.values() if f.exitcode < 0]
+        if own and not self.fatal:
+            self._count_own_failure(time.time(), f"rank {first_rank} {describe_exit(own[0].exitcode)}")
         self._mark_broken(self.last_failure)
         return result
+
+    def _count_own_failure(self, now: float, reason: str) -> None:
+        """One failure of this node's own; past the limit the node is given up (no restart left)."""
+        count = self.node_failures.add(now)
+        if count is None or self.given_up is not None:
+            return
+        self.given_up = (
+            f"node {self.node_name} failed {count} times in {self.node_failures.window_s:g} s "
+            f"(last: {reason})"
+        )
+        self._remaining_restarts = 0
+        log.error(
+            "kit-launch: giving up node %s: %s; a spare or the Job's replacement pod takes its place "
+            "(on EKS, node auto-repair replaces the instance)",
+            self.node_name,
+            self.given_up,
+        )
+        self.events.emit(
+            "node_given_up",
+            node=self.node_name,
+            failures=count,
+            window_s=self.node_failures.window_s,
+            reason=reason,
+        )
 
     def _mark_broken(self, reason: str) -> None:
         self._broken = True
@@ -194,6 +256,12 @@ class KitElasticAgent(LocalElasticAgent):
         self._detected_at = time.time()
         if reason.startswith("hang"):
             self.last_failure = reason
+        if self.rejoin_timeout_s is not None and self._remaining_restarts > 0:
+            log.warning(
+                "kit-launch: the group re-forms: waiting up to %g s for every node (a spare, the lost "
+                "node's replacement pod or the same nodes) before giving up (rendezvous join_timeout)",
+                self.rejoin_timeout_s,
+            )
 
 
 def _describe_probes(probes: list[Probe]) -> str:
