@@ -37,6 +37,8 @@ def check_trainer_config(
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
         }
+        if memory:  # the job's world size, as the launcher will set it: the fault plan is checked against it
+            env["WORLD_SIZE"] = str(memory[0])
         try:
             proc = subprocess.run(
                 [python, "-m", "training.check_config", "--elsewhere", "--config", str(path), *extra],

@@ -94,6 +94,18 @@ class Fault:
         return f"{self.kind}:{when}:{self.target}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeFaultTarget:
+    """Where this process sits: which pod (node index) and its local rank there."""
+
+    node: int
+    local_rank: int
+
+    def acts_on(self, fault: Fault) -> bool:
+        """A node-level fault is acted on once per pod: by local rank 0 of the named pod."""
+        return fault.node == self.node and self.local_rank == 0
+
+
 @dataclass(kw_only=True)
 class FaultConfig:
     """The trainer config's `fault` section; checked when built (bad input raises FaultConfigError)."""
@@ -287,10 +299,8 @@ class FaultInjector:
         self.rank = rank
         self._events = events
         plan = cfg.plan(world_size=world_size, max_steps=max_steps)
-        node = pod.pod_index() if node is None else node
-        self._faults = [
-            f for f in plan if (f.rank == rank if f.node is None else f.node == node and local_rank == 0)
-        ]
+        here = NodeFaultTarget(node=pod.pod_index() if node is None else node, local_rank=local_rank)
+        self._faults = [f for f in plan if (f.rank == rank if f.node is None else here.acts_on(f))]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
         self._marker_dir = Path(run_dir) / FAULTS_DIR if run_dir is not None else None
         self._fired: set[str] = set()

@@ -178,6 +178,7 @@ class Trainer:
             max_steps=cfg.training.steps,
             events=self.events,
             run_dir=cfg.run.run_dir,
+            local_rank=ctx.local_rank,
         )
         self.drain = DrainFlag.install()
         self._flops_token: float | None = None

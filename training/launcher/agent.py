@@ -172,6 +172,9 @@ class KitElasticAgent(LocalElasticAgent):
         self._broken = False
         self.monitor.reset([w.global_rank for w in worker_group.workers])
         pids = super()._start_workers(worker_group)
+        self.events.emit(
+            "group_started", attempt=self.attempt, ranks=[w.global_rank for w in worker_group.workers]
+        )
         self.exits.watch(list(pids.values()))
         return pids
 

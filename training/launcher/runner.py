@@ -36,6 +36,7 @@ log = logging.getLogger("kit.launch")
 def run(args: LaunchArgs, *, workdir: str) -> int:
     """Start the zygote (if any), run the agent, and return the launcher's exit code."""
     events = EventLog(args.run_dir, role="launcher", rank=None)
+    events.emit("launcher_start", node_rank=args.node_rank, nodes=args.max_nodes, spares=args.spares)
     entrypoint, worker_args = args.entrypoint, list(args.argv)
     zygote = None
     if args.zygote:
