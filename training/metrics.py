@@ -86,6 +86,9 @@ class RunMetrics:
 
     world_size: int
     """Number of trainer ranks (from the `start` events)."""
+    spare_nodes: int = 0
+    """Hot spare pods the job ran beside its training nodes (launcher `launcher_start` events): their
+    nodes are paid for while they wait, so the cost report counts them."""
     wall_s: float
     """Seconds from the first trainer start to the last trainer end (or last event if the run never ended)."""
     steps_completed: int
@@ -366,8 +369,10 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         if e["kind"] == "inprocess_restart":
             inprocess[int(e["rank"])] += 1
 
+    spares = [int(e.get("spares") or 0) for e in evs if e["kind"] == "launcher_start"]
     return RunMetrics(
         world_size=world_size,
+        spare_nodes=max(spares, default=0),
         wall_s=wall_s,
         steps_completed=steps_completed,
         steps_computed=steps_computed,

@@ -13,15 +13,20 @@ forms with it at once, so the world size never changes. The kit adds two things:
 It also builds the c10d handler itself (`c10d_handler`): torch parses `keep_alive_interval` as whole
 seconds, and an agent writes its keep-alive only when the last one is at least an interval old, so a
 timer of 1 s beats about every 2 s; under load a 2-3 s expiry then drops live nodes and every group
-restarts again and again. Half a second (beats about every second) times 5 (2.5 s expiry) detects a
-silently dead node in 2.5 s and keeps a margin of 1.5 s.
+restarts again and again. Half a second (beats about every second, every 0.5 s while waiting) times 4
+(2 s expiry) detects a silently dead node in 2 s and keeps a margin of 1 s.
 
 One gap in torch is closed (`SpareJoinOp`): a node that put itself on the wait list while the old round
 was emptying, and found the new round complete without it, stays on the wait list for good; every
 healthy agent then sees a node waiting and restarts its group, the next round again leaves one node
 waiting, and the job restarts in a loop. Such a node now moves to the redundancy list: a spare.
 
-`first_round_complete` and the join op use torch's private rendezvous state (torch is pinned; style.md §5).
+torch also polls the rendezvous state once a second while a node waits (a hard-coded 1 s sleep), so each
+membership step of a re-forming round (leave, move off the redundancy list, join, complete) costs up to a
+second; the kit polls every RDZV_POLL_S instead (`install_join_fix`), a few small reads a second per node.
+
+`first_round_complete`, the join op and the poll use torch's private rendezvous internals (torch is
+pinned; style.md §5).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 POLL_S = 0.2
+RDZV_POLL_S = 0.2
+"""Seconds between rendezvous state reads while a node waits (torch: 1)."""
 
 
 class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
@@ -55,9 +62,18 @@ class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
         return super().__call__(ctx, deadline)
 
 
+def _poll_delay(seconds: float | tuple[float, float]) -> None:
+    """torch's `_delay`, with its 1 s state poll shortened to RDZV_POLL_S (its random skews are kept)."""
+    _torch_delay(RDZV_POLL_S if seconds == 1 else seconds)
+
+
+_torch_delay = dynamic_rendezvous._delay
+
+
 def install_join_fix() -> None:
-    """Make torch's `next_rendezvous` use SpareJoinOp (it names the op class from its module)."""
+    """Make torch's rendezvous use SpareJoinOp and the shorter poll (it names both from its module)."""
     dynamic_rendezvous._RendezvousJoinOp = SpareJoinOp  # type: ignore[misc]
+    dynamic_rendezvous._delay = _poll_delay  # type: ignore[assignment]
 
 
 def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts: int) -> RendezvousHandler:
