@@ -149,8 +149,8 @@ def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOut
 def node_plan(quick: bool, *, nvrx: bool) -> list[NodeCase]:
     kit = [NodeCase(mechanism=m, fault=f, node=n) for m in ("kit+spare", "kit") for f, n in
            (("node", 1), ("node", 0), ("drain", 1))]  # fmt: skip
-    if quick:
-        kit = [c for c in kit if c.mechanism == "kit+spare"]
+    if quick:  # every spare case, and node loss without a spare
+        kit = [c for c in kit if c.mechanism == "kit+spare" or (c.fault, c.node) == ("node", 1)]
     baselines = ("torchrun", "ft_launcher") if nvrx else ("torchrun",)
     faults = (("node", 0),) if quick else (("node", 1), ("node", 0), ("drain", 1))
     return kit + [NodeCase(mechanism=m, fault=f, node=n) for m in baselines for f, n in faults]
