@@ -94,6 +94,7 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
     # the spare was started warm and either replaced the lost pod or, left over, exited 0 (the runner's
     # success means every index, spares included, ended with exit 0)
     assert _launcher_events(run_dir, "spare_waiting")
+    assert _launcher_events(run_dir, "spare_exit")  # 3 pods were left for 2 places: one exited 0 unused
     logs = tmp_path / run_id / "logs"
     lost = (logs / f"{run_id}-{node}-local.log").read_text()
     if kind == "node":
