@@ -72,13 +72,19 @@ def protected(resource: Resource, scope: Scope) -> str | None:
     return str(reason) if reason else None
 
 
+def kind_keeps(resource: Resource, scope: Scope) -> str | None:
+    """A reason the resource's kind gives for leaving it (no deleter, it goes with its group, ...)."""
+    reason = resource.detail.get("keep_reason")
+    return str(reason) if reason else None
+
+
 def data_kept(resource: Resource, scope: Scope) -> str | None:
     if resource.detail.get("is_data") and not scope.options.delete_data:
         return "data is kept by default; pass --delete-data to empty and delete it"
     return None
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, data_kept)
+DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, kind_keeps, data_kept)
 """Order matters only for the printed reason: ownership first, then the user's and AWS's protections."""
 
 

@@ -1,0 +1,55 @@
+"""The Resource Groups Tagging API: every resource of this region that carries `kit:project=<prefix>`.
+
+It is regional, but S3 answers with buckets of every region (callers check a bucket's own region), and it
+misses ECR repositories, EKS clusters and node groups (their kinds list them per service instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ops.aws import Aws
+from ops.tags import PROJECT_TAG
+from ops.teardown.model import Scope
+
+
+@dataclass(frozen=True)
+class TaggedArn:
+    arn: str
+    type: str
+    """`service:resource-type`, e.g. `ec2:vpc`, `s3:bucket`, `logs:log-group`."""
+    id: str
+    """What the service's own API calls it: `vpc-1`, the bucket or log group name; the ARN for ELB."""
+    tags: dict[str, str]
+
+
+def parse_arn(arn: str) -> tuple[str, str]:
+    """(`service:type`, id) of an ARN: `arn:aws:ec2:r:a:vpc/vpc-1` -> (`ec2:vpc`, `vpc-1`)."""
+    parts = arn.split(":", 5)
+    service, resource = parts[2], parts[5] if len(parts) > 5 else ""
+    if service == "s3":
+        return "s3:bucket", resource
+    if service == "logs" and resource.startswith("log-group:"):
+        return "logs:log-group", resource.removeprefix("log-group:").removesuffix(":*")
+    sep = "/" if "/" in resource else ":"
+    rtype, _, rid = resource.partition(sep)
+    if service in ("elasticloadbalancing", "cloudformation") or not rid:
+        rid = arn
+    elif service == "eks" and rtype == "nodegroup":
+        rid = "/".join(rid.split("/")[:2])
+    return f"{service}:{rtype}", rid
+
+
+def tagged(aws: Aws, scope: Scope, resource_types: tuple[str, ...] = ()) -> list[TaggedArn]:
+    """Everything tagged kit:project=<prefix> (of the given types; all types when empty)."""
+    kwargs: dict[str, object] = {"TagFilters": [{"Key": PROJECT_TAG, "Values": [scope.prefix]}]}
+    if resource_types:
+        kwargs["ResourceTypeFilters"] = list(resource_types)
+    pages = aws.client("resourcegroupstaggingapi").get_paginator("get_resources").paginate(**kwargs)
+    found = []
+    for page in pages:
+        for m in page["ResourceTagMappingList"]:
+            rtype, rid = parse_arn(m["ResourceARN"])
+            tags = {t["Key"]: t["Value"] for t in m.get("Tags", [])}
+            found.append(TaggedArn(arn=m["ResourceARN"], type=rtype, id=rid, tags=tags))
+    return found
