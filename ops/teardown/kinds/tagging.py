@@ -42,14 +42,19 @@ def parse_arn(arn: str) -> tuple[str, str]:
 
 def tagged(aws: Aws, scope: Scope, resource_types: tuple[str, ...] = ()) -> list[TaggedArn]:
     """Everything tagged kit:project=<prefix> (of the given types; all types when empty)."""
-    kwargs: dict[str, object] = {"TagFilters": [{"Key": PROJECT_TAG, "Values": [scope.prefix]}]}
-    if resource_types:
-        kwargs["ResourceTypeFilters"] = list(resource_types)
-    pages = aws.client("resourcegroupstaggingapi").get_paginator("get_resources").paginate(**kwargs)
+    # The types are filtered here from the ARNs, not with ResourceTypeFilters: endpoints disagree on the
+    # filter's spelling (moto returns nothing for `logs:log-group`), and one call answers every kind.
+    pages = (
+        aws.client("resourcegroupstaggingapi")
+        .get_paginator("get_resources")
+        .paginate(TagFilters=[{"Key": PROJECT_TAG, "Values": [scope.prefix]}])
+    )
     found = []
     for page in pages:
         for m in page["ResourceTagMappingList"]:
             rtype, rid = parse_arn(m["ResourceARN"])
+            if resource_types and rtype not in resource_types:
+                continue
             tags = {t["Key"]: t["Value"] for t in m.get("Tags", [])}
             found.append(TaggedArn(arn=m["ResourceARN"], type=rtype, id=rid, tags=tags))
     return found

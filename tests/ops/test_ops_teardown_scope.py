@@ -1,0 +1,116 @@
+"""Every kit-tagged resource is in the plan, found by its tag whatever its name, in this region only."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from ops_world import KIT, PREFIX, World, tags_list
+from test_ops_teardown import CONFIRM, plan_of, results_by_id, run
+
+from ops.teardown.__main__ import main
+
+
+def kit_vpc_and_p5_alone(world: World) -> None:
+    """No stack, no cluster: a VPC and a running p5 that carry the kit tag and nothing else (no prefix)."""
+    ec2 = world.client("ec2")
+    spec = lambda kind: [{"ResourceType": kind, "Tags": tags_list(KIT)}]  # noqa: E731
+    vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16", TagSpecifications=spec("vpc"))["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.60.1.0/24")["Subnet"]["SubnetId"]
+    world.ids["lone_vpc"] = vpc
+    world.ids["lone_p5"] = ec2.run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="p5.48xlarge",
+        SubnetId=subnet,
+        TagSpecifications=spec("instance"),
+    )["Instances"][0]["InstanceId"]
+
+
+def test_a_kit_tagged_vpc_and_instance_alone_are_planned_not_nothing_tagged(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kit_vpc_and_p5_alone(world)
+    code, doc = run(capsys)
+    assert code == 0, doc
+    plan = plan_of(doc)
+    p5, vpc = world.ids["lone_p5"], world.ids["lone_vpc"]
+    assert (
+        plan[p5]["action"] == "delete" and plan[p5]["reason"] == f"kit:project={PREFIX}; p5.48xlarge running"
+    )
+    assert plan[vpc]["action"] == "keep"
+    assert plan[vpc]["reason"] == "teardown has no deleter for ec2:vpc outside a stack; delete it yourself"
+    # confirmed: the p5 stops billing, the VPC stays and the run says so (exit 3: kept)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM)
+    assert code == 3, doc
+    res = results_by_id(doc)
+    assert res[p5]["status"] == "deleted" and res[vpc]["status"] == "kept"
+    assert p5 not in world.inventory()["instance"] and vpc in world.inventory()["vpc"]
+
+
+def test_a_protected_instance_is_kept_with_the_reason(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kit_vpc_and_p5_alone(world)
+    world.client("ec2").modify_instance_attribute(
+        InstanceId=world.ids["lone_p5"], DisableApiTermination={"Value": True}
+    )
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "instance")
+    assert code == 3, doc
+    res = results_by_id(doc)[world.ids["lone_p5"]]
+    assert res["status"] == "kept" and "termination protection" in res["reason"]
+    assert world.ids["lone_p5"] in world.inventory()["instance"]
+
+
+def test_every_tag_lookup_finds_names_without_the_prefix(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Log groups, buckets, volumes, security groups and ENIs named freely, outside any kit VPC."""
+    ec2, logs, s3 = world.client("ec2"), world.client("logs"), world.client("s3")
+    spec = lambda kind: [{"ResourceType": kind, "Tags": tags_list(KIT)}]  # noqa: E731
+    logs.create_log_group(logGroupName="/training/events", tags=KIT)
+    logs.create_log_group(logGroupName="/training/other")  # decoy: same name shape, no tag
+    s3.create_bucket(Bucket="ckpt-archive-42")
+    s3.put_bucket_tagging(Bucket="ckpt-archive-42", Tagging={"TagSet": tags_list(KIT)})
+    vol = ec2.create_volume(AvailabilityZone="us-east-1a", Size=5, TagSpecifications=spec("volume"))[
+        "VolumeId"
+    ]
+    vpc = ec2.create_vpc(CidrBlock="10.70.0.0/16")["Vpc"]["VpcId"]  # not the kit's
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.70.1.0/24")["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(
+        GroupName="web", Description="x", VpcId=vpc, TagSpecifications=spec("security-group")
+    )["GroupId"]
+    eni = ec2.create_network_interface(SubnetId=subnet, TagSpecifications=spec("network-interface"))[
+        "NetworkInterface"
+    ]["NetworkInterfaceId"]
+    decoy_sg = ec2.create_security_group(GroupName="web2", Description="x", VpcId=vpc)["GroupId"]
+    code, doc = run(capsys)
+    assert code == 0, doc
+    plan = plan_of(doc)
+    for rid in ("/training/events", vol, sg, eni):
+        assert plan[rid]["action"] == "delete" and plan[rid]["reason"] == f"kit:project={PREFIX}", rid
+    assert (
+        plan["ckpt-archive-42"]["action"] == "keep" and "--delete-data" in plan["ckpt-archive-42"]["reason"]
+    )
+    assert "/training/other" not in plan and decoy_sg not in plan and vpc not in plan
+
+
+def test_a_kit_bucket_in_another_region_is_planned_there_only(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    west = boto3.client("s3", endpoint_url=world.client("s3").meta.endpoint_url, region_name="eu-west-1")
+    west.create_bucket(Bucket="kit-west", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    west.put_bucket_tagging(Bucket="kit-west", Tagging={"TagSet": tags_list(KIT)})
+    s3 = world.client("s3")
+    s3.create_bucket(Bucket="kit-east")
+    s3.put_bucket_tagging(Bucket="kit-east", Tagging={"TagSet": tags_list(KIT)})
+    code, doc = run(capsys)
+    assert code == 0
+    assert "kit-east" in plan_of(doc) and "kit-west" not in plan_of(doc)
+    code, doc = run(capsys, "--region", "eu-west-1")
+    assert code == 0
+    assert "kit-west" in plan_of(doc) and "kit-east" not in plan_of(doc)
+    # deleting in us-east-1 never touches the other region's bucket
+    assert main(["--prefix", PREFIX, "--yes", "--confirm", CONFIRM, "--delete-data", "--only", "s3"]) == 0
+    names = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    assert "kit-west" in names and "kit-east" not in names
