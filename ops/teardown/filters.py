@@ -33,7 +33,7 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
         return f"{PROJECT_TAG}={scope.prefix}"
     if resource.id in scope.stack_resources:
         return "a resource of a kit stack"
-    owner = cluster_owner(tags, scope.clusters)
+    owner = cluster_owner(tags, scope.owner_clusters)
     if owner:
         return owner
     vpc = resource.detail.get("vpc_id")
@@ -49,7 +49,7 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
     if k8s_cluster and k8s_cluster in scope.clusters:
         return f"object in kit cluster {k8s_cluster}"
     log_prefixes = resource.detail.get("log_group_of")
-    if log_prefixes and log_prefixes in scope.clusters:
+    if log_prefixes and log_prefixes in scope.owner_clusters:
         return f"log group of kit cluster {log_prefixes}"
     return None
 

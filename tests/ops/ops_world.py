@@ -103,6 +103,18 @@ class World:
             "SubnetId"
         ]
 
+    def cluster_stack(self) -> None:
+        """The stack that records the cluster's name in its `ClusterName` output, as infra's cluster stack."""
+        template = {
+            "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+            "Outputs": {"ClusterName": {"Value": CLUSTER}},
+        }
+        self.client("cloudformation").create_stack(
+            StackName=f"{PREFIX}-Cluster",
+            TemplateBody=json.dumps(template),
+            Tags=tags_list({**KIT, "kit:stack": f"{PREFIX}-Cluster"}),
+        )
+
     def eks(self) -> None:
         eks = self.client("eks")
         vpc_cfg = {"subnetIds": [self.ids["subnet"]]}

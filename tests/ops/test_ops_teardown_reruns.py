@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from ops_realism import AwsRealism
-from ops_world import CLUSTER, PREFIX, World
+from ops_world import CLUSTER, PREFIX, ROLE, World
 from test_ops_teardown import CONFIRM, assert_decoys_survive, plan_of, results_by_id, run
 
 SHORT = ("--timeout", "0.5")
@@ -97,3 +97,37 @@ def test_full_order_through_aws_refusals_reaches_a_clean_end_on_rerun(
     assert f"{PREFIX}-Network" not in now["stack"] and world.ids["vpc"] not in now["vpc"]
     assert_decoys_survive(world)
     assert run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)[0] == 5  # nothing left
+
+
+def test_a_cluster_deleted_outside_teardown_still_owns_what_its_controllers_left(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cdk destroy` or the console removed the cluster and its stack: the deleted stack's `ClusterName`
+    output still says the cluster was the kit's, so its controllers' leftovers are planned."""
+    world.stacks()
+    world.cluster_stack()
+    world.eks()
+    world.controller_leftovers()
+    eks, cfn = world.client("eks"), world.client("cloudformation")
+    eks.delete_nodegroup(clusterName=CLUSTER, nodegroupName="gpu")
+    eks.delete_cluster(name=CLUSTER)
+    cfn.delete_stack(StackName=f"{PREFIX}-Cluster")
+    code, doc = run(capsys)
+    assert code == 0, doc
+    plan = plan_of(doc)
+    for key in ("lb", "tg", "ctl_sg"):
+        p = plan[world.ids[key]]
+        assert p["action"] == "delete" and p["reason"] == f"elbv2.k8s.aws/cluster={CLUSTER}", (key, p)
+    assert plan[world.ids["ebs"]]["reason"] == f"kubernetes.io/cluster/{CLUSTER}=owned"
+    for key in ("decoy_lb", "decoy_ebs"):
+        assert world.ids[key] not in plan or plan[world.ids[key]]["action"] == "keep"
+    assert doc["clusters"] == [] and doc["former_clusters"] == [CLUSTER]
+
+    # a new cluster of that name that is not the kit's: the old tags are no longer evidence
+    eks.create_cluster(
+        name=CLUSTER, roleArn=ROLE, resourcesVpcConfig={"subnetIds": [world.ids["other_subnet"]]}
+    )
+    code, doc = run(capsys)
+    assert doc["former_clusters"] == []
+    lb = plan_of(doc)[world.ids["lb"]]
+    assert lb["action"] == "keep" and lb["reason"].startswith("not owned")

@@ -27,8 +27,8 @@ def _candidates(aws: Aws, scope: Scope) -> dict[str, dict]:
     queries = [[{"Name": f"tag:{PROJECT_TAG}", "Values": [scope.prefix]}, live]]
     if scope.vpcs:
         queries.append([{"Name": "vpc-id", "Values": list(scope.vpcs)}, live])
-    if scope.clusters:
-        queries.append([{"Name": f"tag:{CLUSTER_TAG}", "Values": list(scope.clusters)}, live])
+    if scope.owner_clusters:
+        queries.append([{"Name": f"tag:{CLUSTER_TAG}", "Values": list(scope.owner_clusters)}, live])
     found: dict[str, dict] = {}
     for filters in queries:
         for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):

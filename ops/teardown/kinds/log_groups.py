@@ -21,15 +21,15 @@ def list_log_groups(aws: Aws, scope: Scope) -> list[Resource]:
     logs = aws.client("logs")
     # The tagging API is the fast path on AWS; a name sweep adds the groups that carry the prefix or a kit
     # cluster in their name (CDK names them after the stack) for endpoints whose tagging API misses logs.
-    needles = [scope.prefix.lower(), *(c.lower() for c in scope.clusters)]
+    needles = [scope.prefix.lower(), *(c.lower() for c in scope.owner_clusters)]
     for page in logs.get_paginator("describe_log_groups").paginate():
         for g in page["logGroups"]:
             name = g["logGroupName"]
             if name in found or not any(n in name.lower() for n in needles):
                 continue
+            clusters = scope.owner_clusters
             owner = next(
-                (c for c in scope.clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))),
-                None,
+                (c for c in clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))), None
             )
             tags = logs.list_tags_for_resource(resourceArn=g["logGroupArn"]).get("tags", {})
             found[name] = Resource(
