@@ -39,6 +39,11 @@ def test_rerun_after_the_cluster_is_gone_deletes_the_kept_load_balancer_and_its_
     assert network["status"] == "failed"
     assert "Subnet (AWS::EC2::Subnet): The subnet" in network["reason"]  # the LB is still in it
     assert realistic.refusals["DeleteSecurityGroup"] >= 1 and realistic.refusals["DeleteStack"] == 1
+    cluster_step = next(s for s in doc["steps"] if s["kind"] == "cluster")
+    assert cluster_step["actions"] == [
+        f"tagged 5 controller resource(s) of {CLUSTER} with kit:project={PREFIX} "
+        "so a rerun finds them after the cluster is gone"
+    ]
     now = world.inventory()
     assert (
         CLUSTER not in now["cluster"]

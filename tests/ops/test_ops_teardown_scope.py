@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import boto3
 import pytest
-from ops_world import KIT, PREFIX, World, tags_list
+from ops_world import KIT, PREFIX, ROLE, World, tags_list
 from test_ops_teardown import CONFIRM, plan_of, results_by_id, run
 
 from ops.teardown.__main__ import main
@@ -65,7 +67,8 @@ def test_a_protected_instance_is_kept_with_the_reason(
 def test_every_tag_lookup_finds_names_without_the_prefix(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Log groups, buckets, volumes, security groups and ENIs named freely, outside any kit VPC."""
+    """Log groups, buckets, volumes, security groups, ENIs (outside any kit VPC), repositories, clusters and
+    stacks named freely: each is found by its tag."""
     ec2, logs, s3 = world.client("ec2"), world.client("logs"), world.client("s3")
     spec = lambda kind: [{"ResourceType": kind, "Tags": tags_list(KIT)}]  # noqa: E731
     logs.create_log_group(logGroupName="/training/events", tags=KIT)
@@ -84,15 +87,24 @@ def test_every_tag_lookup_finds_names_without_the_prefix(
         "NetworkInterface"
     ]["NetworkInterfaceId"]
     decoy_sg = ec2.create_security_group(GroupName="web2", Description="x", VpcId=vpc)["GroupId"]
+    world.client("ecr").create_repository(repositoryName="trainer-images", tags=tags_list(KIT))
+    world.client("eks").create_cluster(
+        name="gpu-cluster", roleArn=ROLE, resourcesVpcConfig={"subnetIds": [subnet]}, tags=KIT
+    )
+    queue = json.dumps({"Resources": {"Q": {"Type": "AWS::SQS::Queue"}}})
+    world.client("cloudformation").create_stack(StackName="net-x", TemplateBody=queue, Tags=tags_list(KIT))
     code, doc = run(capsys)
     assert code == 0, doc
     plan = plan_of(doc)
-    for rid in ("/training/events", vol, sg, eni):
-        assert plan[rid]["action"] == "delete" and plan[rid]["reason"] == f"kit:project={PREFIX}", rid
+    for rid in ("/training/events", vol, sg, eni, "trainer-images", "gpu-cluster", "net-x"):
+        assert plan[rid]["action"] == "delete" and plan[rid]["reason"].startswith(f"kit:project={PREFIX}"), (
+            rid
+        )
     assert (
         plan["ckpt-archive-42"]["action"] == "keep" and "--delete-data" in plan["ckpt-archive-42"]["reason"]
     )
     assert "/training/other" not in plan and decoy_sg not in plan and vpc not in plan
+    assert [s["plan"] for s in doc["steps"] if s["kind"] == "tagged"] == [[]]  # nothing left without a step
 
 
 def test_a_kit_bucket_in_another_region_is_planned_there_only(
@@ -114,3 +126,30 @@ def test_a_kit_bucket_in_another_region_is_planned_there_only(
     assert main(["--prefix", PREFIX, "--yes", "--confirm", CONFIRM, "--delete-data", "--only", "s3"]) == 0
     names = {b["Name"] for b in s3.list_buckets()["Buckets"]}
     assert "kit-west" in names and "kit-east" not in names
+
+
+def test_the_realism_rules_refuse_as_aws_does(world: World, realistic, fake_aws) -> None:
+    """Guards the fake: through the proxy, a subnet or VPC with an ENI and a protected LB are refused."""
+    ec2 = boto3.client("ec2", endpoint_url=fake_aws.proxy.url, region_name="us-east-1")
+    elbv2 = boto3.client("elbv2", endpoint_url=fake_aws.proxy.url, region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.80.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.80.1.0/24")["Subnet"]["SubnetId"]
+    eni = ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"]
+    for call in (lambda: ec2.delete_subnet(SubnetId=subnet), lambda: ec2.delete_vpc(VpcId=vpc)):
+        with pytest.raises(ec2.exceptions.ClientError, match="DependencyViolation"):
+            call()
+    lb = elbv2.create_load_balancer(Name="p", Subnets=[subnet])["LoadBalancers"][0]["LoadBalancerArn"]
+    elbv2.modify_load_balancer_attributes(
+        LoadBalancerArn=lb, Attributes=[{"Key": "deletion_protection.enabled", "Value": "true"}]
+    )
+    with pytest.raises(elbv2.exceptions.ClientError, match="OperationNotPermitted"):
+        elbv2.delete_load_balancer(LoadBalancerArn=lb)
+    assert realistic.refusals == {"DeleteSubnet": 1, "DeleteVpc": 1, "DeleteLoadBalancer": 1}
+    elbv2.modify_load_balancer_attributes(
+        LoadBalancerArn=lb, Attributes=[{"Key": "deletion_protection.enabled", "Value": "false"}]
+    )
+    elbv2.delete_load_balancer(LoadBalancerArn=lb)
+    ec2.delete_network_interface(NetworkInterfaceId=eni)
+    ec2.delete_subnet(SubnetId=subnet)
+    ec2.delete_vpc(VpcId=vpc)  # nothing uses them any more: AWS (and the fake) delete them
+    assert vpc not in world.inventory()["vpc"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ops.aws import Aws
 from ops.tags import STACK_TAG
+from ops.teardown.kinds import CFN_STACK_TAG
 from ops.teardown.kinds.tagging import tagged
 from ops.teardown.model import DeleteFailed, Kind, Resource, Scope
 
@@ -42,7 +43,12 @@ KEPT_ON_PURPOSE = {
 def list_tagged(aws: Aws, scope: Scope) -> list[Resource]:
     found = []
     for t in tagged(aws, scope):
-        if t.type in HANDLED_TYPES or t.id in scope.stack_resources:
+        in_live_stack = (
+            t.id in scope.stack_resources
+            or t.arn in scope.stack_resources
+            or t.tags.get(CFN_STACK_TAG) in scope.stack_contents
+        )
+        if t.type in HANDLED_TYPES or in_live_stack:
             continue
         reason = KEPT_ON_PURPOSE.get(t.type) or (
             f"teardown has no deleter for {t.type} outside a stack"
