@@ -19,6 +19,7 @@ from rich.console import Console
 
 from cliargs import OneLineParser, float_arg
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
+from ops.cli import parse_once
 from ops.cost import prices
 from ops.cost.burn import get_burn
 from ops.cost.faults import fault_cost, load_metrics
@@ -96,7 +97,7 @@ def gpu_hour_price(args: argparse.Namespace, aws: Aws | None, region: str) -> tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_once(parser(), argv)
     try:
         if (why := prefix_error(args.prefix)) is not None:
             raise OpsError(why)

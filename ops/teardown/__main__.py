@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cliargs import OneLineParser, float_arg, int_arg
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
+from ops.cli import parse_once
 from ops.tags import PROJECT_TAG, prefix_error
 from ops.teardown import report, runner
 from ops.teardown.model import Options
@@ -110,7 +111,7 @@ def confirmed(args: argparse.Namespace, expected: str, err: Console) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_once(parser(), argv)
     out = Console(soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
     err = Console(stderr=True)
     try:

@@ -106,6 +106,9 @@ BAD_TEARDOWN_FLAGS = [
     (["--only", "vpc"], "argument --only: invalid choice: 'vpc'"),
     (["--retry-mode", "fast"], "argument --retry-mode: invalid choice: 'fast'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--region", "us-east-1", "--region", "eu-west-1"], "argument --region: given more than once"),
+    (["--timeout=5", "--timeout", "6"], "argument --timeout: given more than once"),
+    (["--fsx-backup", "--no-fsx-backup"], "argument --fsx-backup: given more than once"),
 ]
 BAD_COST_FLAGS = [
     (["--gpu-hour-price", "nan"], "argument --gpu-hour-price: 'nan': must be a finite number"),
@@ -113,6 +116,7 @@ BAD_COST_FLAGS = [
     (["--gpu-hour-price", "0"], "argument --gpu-hour-price: '0': must be greater than 0"),
     (["--gpu-hour-price", "1e6"], "argument --gpu-hour-price: '1e6': must be at most 1000"),
     (["--format", "xml"], "argument --format: invalid choice: 'xml'"),
+    (["--format", "md", "--format", "json"], "argument --format: given more than once"),
 ]
 
 
@@ -142,3 +146,11 @@ def test_a_missing_prefix_is_one_line_not_a_usage_block(module: str, subprocess_
     assert p.stderr.splitlines() == [
         f"python -m {module}: error: the following arguments are required: --prefix"
     ]
+
+
+def test_aws_region_alone_is_enough(world: World, subprocess_env: dict[str, str]) -> None:
+    """boto3's session reads AWS_DEFAULT_REGION only; the CLIs also honour AWS_REGION, as the docs say."""
+    world.stacks()
+    env = {k: v for k, v in subprocess_env.items() if k != "AWS_DEFAULT_REGION"}
+    p = cli("ops.teardown", env, "--prefix", "Nope")
+    assert_one_line_error(p, 5, "nothing tagged kit:project=Nope in us-east-1")
