@@ -13,6 +13,10 @@ from ops.tags import PROJECT_TAG
 from ops.teardown.model import Scope
 
 
+NAME_ONLY_TYPES = {"sns": "topic", "sqs": "queue"}
+"""Services whose ARNs end in the bare name, without a resource type."""
+
+
 @dataclass(frozen=True)
 class TaggedArn:
     arn: str
@@ -31,6 +35,8 @@ def parse_arn(arn: str) -> tuple[str, str]:
         return "s3:bucket", resource
     if service == "logs" and resource.startswith("log-group:"):
         return "logs:log-group", resource.removeprefix("log-group:").removesuffix(":*")
+    if "/" not in resource and ":" not in resource:  # `arn:aws:sns:r:a:my-topic`: the name alone
+        return f"{service}:{NAME_ONLY_TYPES.get(service, 'resource')}", arn
     sep = "/" if "/" in resource else ":"
     rtype, _, rid = resource.partition(sep)
     if service in ("elasticloadbalancing", "cloudformation") or not rid:
