@@ -12,7 +12,6 @@ from ops.aws import Aws
 from ops.tags import PROJECT_TAG
 from ops.teardown.model import Scope
 
-
 NAME_ONLY_TYPES = {"sns": "topic", "sqs": "queue"}
 """Services whose ARNs end in the bare name, without a resource type."""
 
