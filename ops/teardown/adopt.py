@@ -30,18 +30,19 @@ def controller_resources(aws: Aws, scope: Scope, clusters: set[str]) -> list[tup
         for r in module.KIND.list(aws, scope):
             if r.tags.get(PROJECT_TAG) == scope.prefix:
                 continue
-            evidence = cluster_owner(r.tags, tuple(sorted(clusters)))
-            if evidence is not None:
-                found.append((r, next(c for c in sorted(clusters) if c in evidence)))
+            owner = next((c for c in sorted(clusters) if cluster_owner(r.tags, (c,)) is not None), None)
+            if owner is not None:
+                found.append((r, owner))
     return found
 
 
 def adopt(aws: Aws, doomed: list[Resource], scope: Scope) -> list[str]:
     """Tag the doomed clusters' controller resources with the kit's tag; returns notes for the report."""
     clusters = {r.id for r in doomed}
+    made = controller_resources(aws, scope, clusters)
     notes = []
     for cluster in sorted(clusters):
-        items = [r for r, c in controller_resources(aws, scope, clusters) if c == cluster]
+        items = [r for r, c in made if c == cluster]
         if not items:
             continue
         tags = {PROJECT_TAG: scope.prefix, CLUSTER_TAG: cluster}
