@@ -15,7 +15,8 @@ CONFIRM = f"{PREFIX}/123456789012"
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
     # a flag given twice is refused, so a test's own --timeout replaces the fast default
-    fast = [x for flag, value in zip(FAST[::2], FAST[1::2]) if flag not in args for x in (flag, value)]
+    pairs = zip(FAST[::2], FAST[1::2], strict=True)
+    fast = [x for flag, value in pairs if flag not in args for x in (flag, value)]
     code = main(["--prefix", PREFIX, "--json", *fast, *args])
     out = capsys.readouterr().out
     return code, json.loads(out) if out.strip() else {}
