@@ -144,6 +144,11 @@ def test_without_kubectl_the_kubernetes_step_is_skipped_with_a_reason(
             "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/app/web/abc",
         ),
         ("arn:aws:eks:us-east-1:1:nodegroup/c/gpu/uuid", "eks:nodegroup", "c/gpu"),
+        (
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+            "elasticloadbalancing:classic-loadbalancer",
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+        ),
         ("arn:aws:sns:us-east-1:1:alerts", "sns:topic", "arn:aws:sns:us-east-1:1:alerts"),
         ("arn:aws:ec2:us-east-1:1:launch-template/lt-1", "ec2:launch-template", "lt-1"),
     ],

@@ -13,6 +13,8 @@ from ops.tags import PROJECT_TAG
 from ops.teardown.model import Scope
 
 NAME_ONLY_TYPES = {"sns": "topic", "sqs": "queue"}
+ELBV2_KINDS = ("app/", "net/", "gwy/")
+"""ELBv2 load balancer ARNs say which kind; a classic ELB's ARN is `loadbalancer/<name>`."""
 """Services whose ARNs end in the bare name, without a resource type."""
 
 
@@ -38,6 +40,8 @@ def parse_arn(arn: str) -> tuple[str, str]:
         return f"{service}:{NAME_ONLY_TYPES.get(service, 'resource')}", arn
     sep = "/" if "/" in resource else ":"
     rtype, _, rid = resource.partition(sep)
+    if service == "elasticloadbalancing" and rtype == "loadbalancer" and not rid.startswith(ELBV2_KINDS):
+        rtype = "classic-loadbalancer"  # the in-tree provider's; the ELBv2 API does not list it
     if service in ("elasticloadbalancing", "cloudformation") or not rid:
         rid = arn
     elif service == "eks" and rtype == "nodegroup":
