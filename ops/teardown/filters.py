@@ -33,7 +33,7 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
         return f"{PROJECT_TAG}={scope.prefix}"
     if resource.id in scope.stack_resources:
         return "a resource of a kit stack"
-    owner = cluster_owner(tags, scope.clusters)
+    owner = cluster_owner(tags, scope.owner_clusters)
     if owner:
         return owner
     vpc = resource.detail.get("vpc_id")
@@ -49,7 +49,7 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
     if k8s_cluster and k8s_cluster in scope.clusters:
         return f"object in kit cluster {k8s_cluster}"
     log_prefixes = resource.detail.get("log_group_of")
-    if log_prefixes and log_prefixes in scope.clusters:
+    if log_prefixes and log_prefixes in scope.owner_clusters:
         return f"log group of kit cluster {log_prefixes}"
     return None
 
@@ -72,13 +72,19 @@ def protected(resource: Resource, scope: Scope) -> str | None:
     return str(reason) if reason else None
 
 
+def kind_keeps(resource: Resource, scope: Scope) -> str | None:
+    """A reason the resource's kind gives for leaving it (no deleter, it goes with its group, ...)."""
+    reason = resource.detail.get("keep_reason")
+    return str(reason) if reason else None
+
+
 def data_kept(resource: Resource, scope: Scope) -> str | None:
     if resource.detail.get("is_data") and not scope.options.delete_data:
         return "data is kept by default; pass --delete-data to empty and delete it"
     return None
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, data_kept)
+DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, kind_keeps, data_kept)
 """Order matters only for the printed reason: ownership first, then the user's and AWS's protections."""
 
 

@@ -64,13 +64,24 @@ class Scope:
     """Names of EKS clusters tagged kit:project=<prefix>; their controllers' tags mark owned resources."""
     cluster_endpoints: Mapping[str, str] = field(default_factory=dict)
     """API server URL per kit cluster (to find the kubeconfig context)."""
+    former_clusters: tuple[str, ...] = ()
+    """Kit clusters that no longer exist, named by the kit's stacks (live, or deleted: CloudFormation keeps a
+    deleted stack readable for 90 days) and not reused by a cluster alive now: what their controllers left
+    is still the kit's, after the cluster is gone (deleted by a first run, `cdk destroy` or the console)."""
     vpcs: tuple[str, ...] = ()
     """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
     subnets: tuple[str, ...] = ()
     """Subnet ids of those VPCs (FSx reports subnets, not VPCs)."""
     stack_resources: frozenset[str] = frozenset()
     """Physical ids of the resources in the kit's stacks (owned even if a tag is missing)."""
+    stack_contents: Mapping[str, str] = field(default_factory=dict)
+    """Stack name -> the resources it deletes with it, by type (for the plan)."""
     options: Options = field(default_factory=Options)
+
+    @property
+    def owner_clusters(self) -> tuple[str, ...]:
+        """Clusters whose controllers' tags mean "the kit's": live kit clusters and former ones."""
+        return self.clusters + self.former_clusters
 
 
 @dataclass(frozen=True, kw_only=True)

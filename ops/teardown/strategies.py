@@ -38,6 +38,7 @@ DEPENDENCY_CODES = frozenset(
 NOT_FOUND_CODES = frozenset(
     {
         "InvalidVolume.NotFound",
+        "InvalidInstanceID.NotFound",
         "InvalidNetworkInterfaceID.NotFound",
         "InvalidGroup.NotFound",
         "LoadBalancerNotFound",

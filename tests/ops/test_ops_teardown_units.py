@@ -14,6 +14,7 @@ from test_ops_teardown import CONFIRM, run
 from ops.tags import PROJECT_TAG, STACK_TAG
 from ops.teardown.filters import plan
 from ops.teardown.kinds.s3 import MAX_DELETE_BATCH, batches
+from ops.teardown.kinds.tagging import parse_arn
 from ops.teardown.model import Options, Resource, Scope
 
 SCOPE = Scope(
@@ -128,3 +129,29 @@ def test_without_kubectl_the_kubernetes_step_is_skipped_with_a_reason(
     assert code == 0
     k8s = next(s for s in doc["steps"] if s["kind"] == "k8s")
     assert k8s["note"].startswith("skipped:") and "not found" in k8s["note"] and not k8s["error"]
+
+
+@pytest.mark.parametrize(
+    ("arn", "rtype", "rid"),
+    [
+        ("arn:aws:ec2:us-east-1:1:vpc/vpc-1", "ec2:vpc", "vpc-1"),
+        ("arn:aws:s3:::my-bucket", "s3:bucket", "my-bucket"),
+        ("arn:aws:logs:us-east-1:1:log-group:/aws/eks/c/cluster:*", "logs:log-group", "/aws/eks/c/cluster"),
+        ("arn:aws:fsx:us-east-1:1:backup/backup-1", "fsx:backup", "backup-1"),
+        (
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/app/web/abc",
+            "elasticloadbalancing:loadbalancer",
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/app/web/abc",
+        ),
+        ("arn:aws:eks:us-east-1:1:nodegroup/c/gpu/uuid", "eks:nodegroup", "c/gpu"),
+        (
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+            "elasticloadbalancing:classic-loadbalancer",
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+        ),
+        ("arn:aws:sns:us-east-1:1:alerts", "sns:topic", "arn:aws:sns:us-east-1:1:alerts"),
+        ("arn:aws:ec2:us-east-1:1:launch-template/lt-1", "ec2:launch-template", "lt-1"),
+    ],
+)
+def test_tagging_arns_map_to_the_ids_each_service_uses(arn: str, rtype: str, rid: str) -> None:
+    assert parse_arn(arn) == (rtype, rid)

@@ -9,34 +9,39 @@ VPC).
 from __future__ import annotations
 
 from ops.aws import Aws
-from ops.tags import tag_dict
+from ops.tags import PROJECT_TAG, tag_dict
 from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope
 
 
 def list_enis(aws: Aws, scope: Scope) -> list[Resource]:
-    if not scope.vpcs:
-        return []
     ec2 = aws.client("ec2")
-    filters = [{"Name": "vpc-id", "Values": list(scope.vpcs)}, {"Name": "status", "Values": ["available"]}]
+    available = {"Name": "status", "Values": ["available"]}
+    queries = [[{"Name": f"tag:{PROJECT_TAG}", "Values": [scope.prefix]}, available]]
+    if scope.vpcs:
+        queries.append([{"Name": "vpc-id", "Values": list(scope.vpcs)}, available])
     found = []
-    for page in ec2.get_paginator("describe_network_interfaces").paginate(Filters=filters):
-        for eni in page["NetworkInterfaces"]:
-            if eni.get("RequesterManaged"):
-                continue  # AWS services own these (ELB, FSx, Lambda); they go with their owner
-            t = tag_dict(eni.get("TagSet"))
-            if managed_by_stack(eni["NetworkInterfaceId"], t, scope.stack_resources):
-                continue
-            found.append(
-                Resource(
-                    kind="eni",
-                    id=eni["NetworkInterfaceId"],
-                    name=eni.get("Description", ""),
-                    tags=t,
-                    detail={"vpc_id": eni.get("VpcId"), "subnet_ids": (eni.get("SubnetId"),)},
-                )
-            )
-    return found
+    seen: set[str] = set()
+    for filters in queries:
+        for page in ec2.get_paginator("describe_network_interfaces").paginate(Filters=filters):
+            found += [e for e in page["NetworkInterfaces"] if e["NetworkInterfaceId"] not in seen]
+            seen |= {e["NetworkInterfaceId"] for e in page["NetworkInterfaces"]}
+    return [r for eni in found if (r := _resource(eni, scope)) is not None]
+
+
+def _resource(eni: dict, scope: Scope) -> Resource | None:
+    if eni.get("RequesterManaged"):
+        return None  # AWS services own these (ELB, FSx, Lambda); they go with their owner
+    t = tag_dict(eni.get("TagSet"))
+    if managed_by_stack(eni["NetworkInterfaceId"], t, scope.stack_resources):
+        return None
+    return Resource(
+        kind="eni",
+        id=eni["NetworkInterfaceId"],
+        name=eni.get("Description", ""),
+        tags=t,
+        detail={"vpc_id": eni.get("VpcId"), "subnet_ids": (eni.get("SubnetId"),)},
+    )
 
 
 def delete_eni(aws: Aws, r: Resource, scope: Scope) -> None:

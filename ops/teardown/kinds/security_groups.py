@@ -10,20 +10,24 @@ from __future__ import annotations
 import botocore.exceptions
 
 from ops.aws import Aws, describe_error
-from ops.tags import tag_dict
+from ops.tags import PROJECT_TAG, tag_dict
 from ops.teardown.filters import ownership
 from ops.teardown.kinds import managed_by_stack
 from ops.teardown.model import Kind, Resource, Scope
 
 
 def _groups(aws: Aws, scope: Scope) -> list[dict]:
-    if not scope.vpcs:
-        return []
+    """Every group in a kit VPC, plus kit-tagged groups elsewhere."""
     ec2 = aws.client("ec2")
-    pages = ec2.get_paginator("describe_security_groups").paginate(
-        Filters=[{"Name": "vpc-id", "Values": list(scope.vpcs)}]
-    )
-    return [g for page in pages for g in page["SecurityGroups"]]
+    queries = [[{"Name": f"tag:{PROJECT_TAG}", "Values": [scope.prefix]}]]
+    if scope.vpcs:
+        queries.append([{"Name": "vpc-id", "Values": list(scope.vpcs)}])
+    found: dict[str, dict] = {}
+    for filters in queries:
+        for page in ec2.get_paginator("describe_security_groups").paginate(Filters=filters):
+            for g in page["SecurityGroups"]:
+                found.setdefault(g["GroupId"], g)
+    return [found[k] for k in sorted(found)]
 
 
 def list_security_groups(aws: Aws, scope: Scope) -> list[Resource]:

@@ -1,0 +1,138 @@
+"""A rerun finishes what a first run left, with AWS's refusals injected where moto would let it through.
+
+`realistic` (ops_realism.AwsRealism) answers as AWS does: an in-use security group, subnet or VPC gives
+DependencyViolation, a protected load balancer OperationNotPermitted, and a stack whose VPC, subnet or group
+is still used from outside ends DELETE_FAILED with the reasons in its events.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ops_realism import AwsRealism
+from ops_world import CLUSTER, PREFIX, ROLE, World
+from test_ops_teardown import CONFIRM, assert_decoys_survive, plan_of, results_by_id, run
+
+SHORT = ("--timeout", "0.5")
+"""Refusals that never clear are retried until the step's deadline: keep it short."""
+
+
+def protect(world: World, on: bool) -> None:
+    world.client("elbv2").modify_load_balancer_attributes(
+        LoadBalancerArn=world.ids["lb"],
+        Attributes=[{"Key": "deletion_protection.enabled", "Value": str(on).lower()}],
+    )
+
+
+def test_rerun_after_the_cluster_is_gone_deletes_the_kept_load_balancer_and_its_target_group(
+    world: World, realistic: AwsRealism, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.full()
+    protect(world, True)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    assert code == 4, doc
+    first = results_by_id(doc)
+    lb, tg, sg = world.ids["lb"], world.ids["tg"], world.ids["ctl_sg"]
+    assert first[lb]["status"] == "kept" and "deletion protection" in first[lb]["reason"]
+    assert first[tg]["status"] == "failed" and "ResourceInUse" in first[tg]["reason"]  # the LB's listener
+    assert first[sg]["status"] == "failed" and "DependencyViolation" in first[sg]["reason"]  # the LB uses it
+    network = first[f"{PREFIX}-Network"]
+    assert network["status"] == "failed"
+    assert "Subnet (AWS::EC2::Subnet): The subnet" in network["reason"]  # the LB is still in it
+    assert realistic.refusals["DeleteSecurityGroup"] >= 1 and realistic.refusals["DeleteStack"] == 1
+    cluster_step = next(s for s in doc["steps"] if s["kind"] == "cluster")
+    assert cluster_step["actions"] == [
+        f"tagged 5 controller resource(s) of {CLUSTER} with kit:project={PREFIX} "
+        "so a rerun finds them after the cluster is gone"
+    ]
+    now = world.inventory()
+    assert (
+        CLUSTER not in now["cluster"]
+    )  # the cluster went: its controllers' tags name a cluster that is gone
+    assert {lb, tg, sg} <= now["load-balancer"] | now["target-group"] | now["security-group"]
+
+    protect(world, False)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    assert code == 0, doc
+    assert doc["clusters"] == []
+    second = results_by_id(doc)
+    for arn in (lb, tg, sg):
+        assert second[arn]["status"] == "deleted", second[arn]
+    assert plan_of(doc)[lb]["reason"].startswith(f"kit:project={PREFIX}")
+    now = world.inventory()
+    assert (
+        lb not in now["load-balancer"] and tg not in now["target-group"] and sg not in now["security-group"]
+    )
+    assert f"{PREFIX}-Network" not in now["stack"] and world.ids["vpc"] not in now["vpc"]
+    assert_decoys_survive(world)
+
+
+def test_full_order_through_aws_refusals_reaches_a_clean_end_on_rerun(
+    world: World, realistic: AwsRealism, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone's untagged ENI and security group in the kit VPC: kept (not owned), so the network stack
+    ends DELETE_FAILED with AWS's reasons; once their owner removes them, the rerun converges."""
+    world.full(untagged_in_kit_vpc=True)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    assert code == 4, doc
+    res = results_by_id(doc)
+    for key in ("stray_eni", "stray_sg"):
+        assert res[world.ids[key]]["status"] == "kept" and res[world.ids[key]]["reason"].startswith(
+            "not owned"
+        )
+    network = res[f"{PREFIX}-Network"]["reason"]
+    assert network.startswith("DELETE_FAILED: ")
+    assert f"The subnet '{world.ids['subnet']}' has dependencies" in network
+    assert f"The vpc '{world.ids['vpc']}' has dependencies" in network
+    assert res[f"{PREFIX}-Storage"]["status"] == "deleted"
+    owned = world.owned()
+    now = world.inventory()
+    for kind, ids in owned.items():
+        if kind != "stack":
+            assert not (ids & now[kind]), (kind, ids & now[kind])
+    assert_decoys_survive(world)
+
+    # their owner cleans up; teardown is run again
+    ec2 = world.client("ec2")
+    ec2.delete_network_interface(NetworkInterfaceId=world.ids.pop("stray_eni"))
+    ec2.delete_security_group(GroupId=world.ids.pop("stray_sg"))
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    assert code == 0, doc
+    assert results_by_id(doc)[f"{PREFIX}-Network"]["status"] == "deleted"
+    now = world.inventory()
+    assert f"{PREFIX}-Network" not in now["stack"] and world.ids["vpc"] not in now["vpc"]
+    assert_decoys_survive(world)
+    assert run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)[0] == 5  # nothing left
+
+
+def test_a_cluster_deleted_outside_teardown_still_owns_what_its_controllers_left(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cdk destroy` or the console removed the cluster and its stack: the deleted stack's `ClusterName`
+    output still says the cluster was the kit's, so its controllers' leftovers are planned."""
+    world.stacks()
+    world.cluster_stack()
+    world.eks()
+    world.controller_leftovers()
+    eks, cfn = world.client("eks"), world.client("cloudformation")
+    eks.delete_nodegroup(clusterName=CLUSTER, nodegroupName="gpu")
+    eks.delete_cluster(name=CLUSTER)
+    cfn.delete_stack(StackName=f"{PREFIX}-Cluster")
+    code, doc = run(capsys)
+    assert code == 0, doc
+    plan = plan_of(doc)
+    for key in ("lb", "tg", "ctl_sg"):
+        p = plan[world.ids[key]]
+        assert p["action"] == "delete" and p["reason"] == f"elbv2.k8s.aws/cluster={CLUSTER}", (key, p)
+    assert plan[world.ids["ebs"]]["reason"] == f"kubernetes.io/cluster/{CLUSTER}=owned"
+    for key in ("decoy_lb", "decoy_ebs"):
+        assert world.ids[key] not in plan or plan[world.ids[key]]["action"] == "keep"
+    assert doc["clusters"] == [] and doc["former_clusters"] == [CLUSTER]
+
+    # a new cluster of that name that is not the kit's: the old tags are no longer evidence
+    eks.create_cluster(
+        name=CLUSTER, roleArn=ROLE, resourcesVpcConfig={"subnetIds": [world.ids["other_subnet"]]}
+    )
+    code, doc = run(capsys)
+    assert doc["former_clusters"] == []
+    lb = plan_of(doc)[world.ids["lb"]]
+    assert lb["action"] == "keep" and lb["reason"].startswith("not owned")
