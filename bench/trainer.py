@@ -202,7 +202,14 @@ def _write_doc(rows, result, *, model: str, seq_len: int, batch: int, steps: int
             f"| {mode} | {r['peak'] / 2**20:.1f} | {r['plan'] / 2**20:.1f} | {r['error']:.3f} | "
             f"{r['activation'] / 2**20:.1f} | {r['step_s']:.3f} |"
         )
-    lines += ["", "RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()), ""]
+    lines += [
+        "",
+        "Memory is the kernel's resident high-water mark less the memory before the model was built; it does "
+        "not depend on load. Step times do: read ac_step_ratio as indicative on a busy machine.",
+        "",
+        "RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()),
+        "",
+    ]
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text("\n".join(lines))
 
