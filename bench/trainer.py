@@ -133,14 +133,10 @@ def measure(
 
 
 def planned(mode: str, *, model: str, seq_len: int, batch: int) -> int:
-    from training.memory_plan import Shape, plan
-    from training.model import MODEL_CONFIGS
+    from training.memory_plan import plan
+    from training.shapes import MODEL_CONFIGS
 
-    a = MODEL_CONFIGS[model]
-    shape = Shape(
-        vocab_size=a.vocab_size, dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
-        n_kv_heads=a.n_kv_heads, ffn_dim=a.ffn_dim,
-    )  # fmt: skip
+    shape = MODEL_CONFIGS[model]
     p = plan(
         shape, world_size=WORLD, ranks_per_node=WORLD, seq_len=seq_len, micro_batch=batch, ac=mode,
         device_capacity=1 << 40, host_capacity=1 << 40, on_gpu=False,

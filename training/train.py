@@ -30,7 +30,8 @@ from training.distributed import DistContext, init_distributed, seed_everything,
 from training.events import EventLog
 from training.faults import FaultInjector
 from training.heartbeat import HeartbeatClient
-from training.model import MODEL_CONFIGS, build_model, loss_fn
+from training.model import build_model, loss_fn
+from training.shapes import MODEL_CONFIGS
 from training.state import TrainState
 
 
@@ -274,7 +275,7 @@ def check_memory(cfg: TrainConfig) -> str:
         capacity = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
     else:
         capacity = host // max(1, local)
-    shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
+    shape = MODEL_CONFIGS[cfg.model.name]
     try:
         return memory_plan.plan_line(
             cfg, shape, world=world, ranks_per_node=local, device_capacity=capacity, host_capacity=host,

@@ -37,13 +37,13 @@ def _free_port() -> int:
 
 def largest_shape(mode: str, *, capacity: int, seq_len: int, on_gpu: bool, base) -> tuple[object, object]:
     """(ModelArgs, plan) with the most layers of `base`'s widths that fit `capacity` by the plan."""
-    from training.memory_plan import Shape, plan
+    from training.memory_plan import plan
 
     best = None
     for layers in range(1, base.n_layers + 1):
         args = dataclasses.replace(base, n_layers=layers, max_seq_len=max(base.max_seq_len, seq_len))
         p = plan(
-            Shape.of(args), world_size=1, ranks_per_node=1, seq_len=seq_len, micro_batch=1, ac=mode,
+            args, world_size=1, ranks_per_node=1, seq_len=seq_len, micro_batch=1, ac=mode,
             device_capacity=capacity, host_capacity=1 << 50, on_gpu=on_gpu, staging=False,
         )  # fmt: skip
         if not p.fits:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.distributed import init_distributed, shutdown
     from training.memory_plan import GIB
-    from training.model import MODEL_CONFIGS, ModelArgs
+    from training.shapes import MODEL_CONFIGS, ModelArgs
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device visible to torch; use --dry-run on a CPU machine", file=sys.stderr)
