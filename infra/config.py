@@ -207,9 +207,10 @@ class GpuConfig:
     min_nodes: int = 0
     """Minimum GPU nodes (>= 0)."""
     desired_nodes: int | None = None
-    """GPU nodes to run now (min_nodes .. max_nodes). Unset: max_nodes with an ODCR (reserved capacity
-    exists), else min_nodes (0): a deploy without p5 capacity still builds cluster, FSx and ECR. Set it to
-    scale (`-c gpu.desired_nodes=2`); with a Capacity Block, once the block is active."""
+    """GPU nodes to run now (min_nodes .. max_nodes). Unset: min_nodes (0) in every capacity mode, so a
+    deploy without capacity (no quota, an ODCR that is short, inactive or in another AZ, a block not yet
+    active) still builds cluster, FSx and ECR. Set it to scale (`-c gpu.desired_nodes=2`): with an ODCR up to
+    the reservation's count, with a Capacity Block once the block is active."""
     max_nodes: int = 2
     """Maximum GPU nodes (1 or more)."""
     capacity: Capacity = "on_demand"
@@ -361,10 +362,11 @@ class GpuConfig:
 
     @property
     def effective_desired_nodes(self) -> int:
-        """Nodes the group asks for: desired_nodes, else max_nodes with an ODCR, else min_nodes."""
-        if self.desired_nodes is not None:
-            return self.desired_nodes
-        return self.max_nodes if self.capacity == "odcr" else self.min_nodes
+        """Nodes the group asks for: desired_nodes, else min_nodes in every capacity mode.
+
+        Synth cannot see whether an ODCR holds max_nodes, is active, in the AZ or of the type; a node group
+        that fails to fill rolls back the whole cluster stack, so nodes start only when asked for."""
+        return self.desired_nodes if self.desired_nodes is not None else self.min_nodes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

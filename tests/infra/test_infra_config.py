@@ -32,12 +32,13 @@ def test_committed_cdk_json_is_a_valid_config_with_documented_defaults() -> None
     assert cfg.kubernetes.deploy_objects is True
 
 
-def test_default_gpu_capacity_is_zero_nodes_until_reserved_or_scaled() -> None:
+def test_default_gpu_capacity_is_min_nodes_in_every_capacity_mode() -> None:
     assert load().gpu.desired_nodes is None
     assert load().gpu.effective_desired_nodes == 0
     assert load(**{"gpu.desired_nodes": "2"}).gpu.effective_desired_nodes == 2
     odcr = {"gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0", "gpu.max_nodes": "4"}
-    assert load(**odcr).gpu.effective_desired_nodes == 4
+    assert load(**odcr).gpu.effective_desired_nodes == 0, "synth cannot check the ODCR holds max_nodes"
+    assert load(**{**odcr, "gpu.min_nodes": "1"}).gpu.effective_desired_nodes == 1
     assert load(**{**odcr, "gpu.desired_nodes": "1"}).gpu.effective_desired_nodes == 1
     assert load(**{**CB, "gpu.max_nodes": "4"}).gpu.effective_desired_nodes == 0
 

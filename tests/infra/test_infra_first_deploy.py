@@ -68,8 +68,10 @@ def test_default_gpu_group_starts_empty_and_nothing_waits_for_gpu_nodes(synth: S
     assert template["Outputs"]["GpuNodeCount"]["Value"] == "0"
 
 
-def test_odcr_without_desired_count_fills_the_reservation(synth: Synth) -> None:
-    assert gpu_nodegroup(synth, "grouped")["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 3, "MaxSize": 3}
+def test_odcr_without_desired_count_starts_empty(synth: Synth) -> None:
+    """An ODCR may be short, inactive or elsewhere; a node group that cannot fill rolls back the stack."""
+    assert gpu_nodegroup(synth, "grouped")["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 3}
+    assert synth.template("grouped", "cluster")["Outputs"]["GpuNodeCount"]["Value"] == "0"
 
 
 def test_synth_says_what_gpu_capacity_the_user_gets() -> None:
@@ -81,6 +83,14 @@ def test_synth_says_what_gpu_capacity_the_user_gets() -> None:
     scaled = load_config({**cdk_context(), "gpu.desired_nodes": "2"})
     assert capacity_line(scaled).startswith("gpu: 2 x p5.48xlarge (set; max 2")
     assert synth_notices(cfg, dt.date(2026, 12, 1)) == [capacity_line(cfg)]
+    odcr = load_config(
+        {**cdk_context(), "gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0"}
+    )
+    assert capacity_line(odcr) == (
+        "gpu: 0 x p5.48xlarge (default; max 2, from the On-Demand Capacity Reservation); cluster, FSx and "
+        "ECR deploy either way; start nodes with -c gpu.desired_nodes=N (N at most the reservation's "
+        "instance count, once it is active in gpu.availability_zone)"
+    )
 
 
 # --- add-on configuration ---------------------------------------------------------------------------
