@@ -24,9 +24,18 @@ LUSTRE_CLIENT_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 access control with Amazon VPC": https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html)."""
 
 
-def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_id: str) -> None:
+def allow_lustre_callbacks(
+    scope: Construct, *, client_group_id: str, fsx_group_id: str, references_digest: str | None = None
+) -> None:
     """Inbound LUSTRE_CLIENT_PORTS on a client group from the file system's group (L1 rules in `scope`'s
-    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle)."""
+    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle).
+
+    From another stack, pass `references_digest` (of the FSx group, `infra.references`): it goes into the
+    rules' description, so a replaced FSx group changes them and the deploy points them at the new group.
+    """
+    description = "Lustre server callbacks to clients"
+    if references_digest is not None:
+        description += f" (fsx-sg {references_digest})"
     for low, high in LUSTRE_CLIENT_PORTS:
         ec2.CfnSecurityGroupIngress(
             scope,
@@ -36,7 +45,7 @@ def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_
             ip_protocol="tcp",
             from_port=low,
             to_port=high,
-            description="Lustre server callbacks to clients",
+            description=description,
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import aws_cdk as cdk
 import jsonschema
 import pytest
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 
 from infra import references, sizing
@@ -19,6 +20,7 @@ from infra.constructs.gpu_nodegroup import REFERENCES_TAG
 from infra.constructs.storage import LUSTRE_CLIENT_PORTS
 from infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
 from infra.notices import capacity_line, synth_notices
+from infra.stacks import build_kit
 from tests.infra.conftest import VARIANTS, Synth, cdk_context, only, resources
 
 ALL = list(VARIANTS)
@@ -138,6 +140,46 @@ def test_digest_follows_replacing_properties_only() -> None:
     base = _fsx_digest("PERSISTENT_2", 2400)
     assert _fsx_digest("PERSISTENT_2", 4800) == base, "a resize updates in place; no PV churn"
     assert _fsx_digest("PERSISTENT_1", 2400) != base, "a new deployment type replaces the file system"
+
+
+def _cascade_digest(*, group_description: str = "fsx", subnet_cidr: str = "10.0.0.0/24") -> str:
+    """Digest of a file system whose security group and subnet live in its own stack."""
+    stack = cdk.Stack(cdk.App(), "Storage")
+    vpc = ec2.CfnVPC(stack, "Vpc", cidr_block="10.0.0.0/16")
+    subnet = ec2.CfnSubnet(stack, "Subnet", vpc_id=vpc.ref, cidr_block=subnet_cidr)
+    group = ec2.CfnSecurityGroup(stack, "Group", group_description=group_description, vpc_id=vpc.ref)
+    fs = fsx.CfnFileSystem(
+        stack,
+        "Fs",
+        file_system_type="LUSTRE",
+        subnet_ids=[subnet.ref],
+        security_group_ids=[group.attr_group_id],
+        storage_capacity=2400,
+    )
+    return references.digest(references.replacing_inputs(fs))
+
+
+def test_digest_follows_replacements_that_cascade_within_the_stack() -> None:
+    base = _cascade_digest()
+    assert _cascade_digest(group_description="fsx v2") != base, "a new group replaces the file system"
+    assert _cascade_digest(subnet_cidr="10.0.1.0/24") != base, "a new subnet replaces the file system"
+    assert _cascade_digest() == base
+
+
+@pytest.mark.parametrize("variant", ["default", "grouped"])
+def test_cluster_lustre_callback_rules_carry_the_fsx_group_digest(synth: Synth, variant: str) -> None:
+    # Computed on an unsynthesized copy, as the app does: synth later rewrites cross-stack values.
+    fresh = build_kit(cdk.App(context=cdk_context()), synth.configs[variant])
+    group = fresh.storage.storage.file_system.connections.security_groups[0]
+    expected = references.digest(references.replacing_inputs(group.node.default_child))
+    template = synth.template(variant, "cluster")
+    rules = [
+        r["Properties"]
+        for k, r in resources(template, "AWS::EC2::SecurityGroupIngress").items()
+        if k.startswith("LustreCallbacks")
+    ]
+    assert len(rules) == len(LUSTRE_CLIENT_PORTS)
+    assert {r["Description"] for r in rules} == {f"Lustre server callbacks to clients (fsx-sg {expected})"}
 
 
 @pytest.mark.parametrize("type_name", sorted(references.REPLACING_PROPERTIES))
