@@ -420,7 +420,8 @@ class StorageConfig:
     (unset: 200); SCRATCH_2: leave unset (fixed)."""
     efa_enabled: bool = False
     """EFA-enabled file system (PERSISTENT_2 only; GPUDirect Storage clients); set only at creation
-    (changing it replaces the file system). Adds the EFA security group to the file system."""
+    (changing it replaces the file system). Adds the EFA security group to the file system and opens the
+    file system's own group to all traffic within itself (FSx guide, EFA-enabled file systems)."""
     checkpoint_gb: int = 97
     """Size of one full checkpoint in GB that the file system must absorb (llama3.1-8b: 8.03e9 params x 12
     bytes = 96.4 GB)."""

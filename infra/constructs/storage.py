@@ -57,9 +57,10 @@ class Storage(Construct):
     """Encrypted, LZ4-compressed Lustre 2.15 file system for checkpoints and data.
 
     Kept when the stack is deleted (it holds checkpoints); `make teardown` removes it on confirmation.
-    Clients reach it through the EFA security group (egress there, ingress on the file system's group), and
-    accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2 gets an
-    automatic metadata configuration and, with `efa_enabled`, EFA (the EFA group then joins the file system).
+    Clients reach it through the EFA security group (egress there, ingress on the file system's group),
+    and accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2
+    gets an automatic metadata configuration and, with `efa_enabled`, EFA: the EFA group then joins the file
+    system, and the file system's group allows all traffic within itself (the FSx guide's rule for EFA).
     `overrides` records the escape-hatch properties for `infra.references`.
     """
 
@@ -118,6 +119,11 @@ class Storage(Construct):
         if cfg.deployment_type == "PERSISTENT_2":
             self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}
         if cfg.efa_enabled:
+            # FSx guide, EFA-enabled file systems: every group of the file system allows all traffic within
+            # itself (the EFA group already does; egress here is open to all).
+            fsx_group.connections.allow_internally(
+                ec2.Port.all_traffic(), "EFA-enabled FSx: all traffic within the group"
+            )
             self.overrides["LustreConfiguration.EfaEnabled"] = True
             self.overrides["SecurityGroupIds"] = [
                 fsx_group.security_group_id,

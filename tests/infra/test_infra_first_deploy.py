@@ -107,10 +107,26 @@ def test_addon_configuration_uses_only_published_schema_keys(synth: Synth, varia
         jsonschema.validate(json.loads(props["ConfigurationValues"]), schema)
 
 
-def test_schema_fixtures_reject_the_old_fsx_setting_shape() -> None:
-    schema = json.loads((SCHEMAS / "aws-fsx-csi-driver.json").read_text(encoding="utf-8"))
-    with pytest.raises(jsonschema.ValidationError, match="'tolerateEverything' was unexpected"):
-        jsonschema.validate({"node": {"tolerateEverything": True}}, schema)
+def _cloudwatch_agent_schema() -> dict[str, Any]:
+    return json.loads((SCHEMAS / "cloudwatch-agent-config.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_cloudwatch_agent_config_keys_follow_the_agents_documented_structure(
+    synth: Synth, variant: str
+) -> None:
+    """`agent.config` is free-form in the add-on schema; the agent ignores keys it does not know."""
+    cw = json.loads(addons(synth, variant)["amazon-cloudwatch-observability"]["ConfigurationValues"])
+    jsonschema.validate(cw["agent"]["config"], _cloudwatch_agent_schema())
+
+
+def test_cloudwatch_agent_schema_catches_a_misspelt_kubernetes_key() -> None:
+    typo = {"logs": {"metrics_collected": {"kubernetes": {"accelerated_compute_metric": False}}}}
+    with pytest.raises(jsonschema.ValidationError, match="'accelerated_compute_metric' was unexpected"):
+        jsonschema.validate(typo, _cloudwatch_agent_schema())
+    misplaced = {"logs": {"kubernetes": {"accelerated_compute_metrics": False}}}
+    with pytest.raises(jsonschema.ValidationError, match="'kubernetes' was unexpected"):
+        jsonschema.validate(misplaced, _cloudwatch_agent_schema())
 
 
 def test_one_dcgm_on_the_gpu_nodes(synth: Synth) -> None:
@@ -291,6 +307,48 @@ def test_fsx_metadata_logging_and_efa(synth: Synth, variant: str) -> None:
     if cfg.efa_enabled:
         network = f"{synth.configs[variant].prefix}-network"
         assert groups[1]["Fn::GetStackOutput"]["StackName"] == network, "the EFA group joins the file system"
+
+
+def _group_of(synth: Synth, variant: str, stack: str, group_id: dict[str, Any]) -> tuple[str, str]:
+    """(stack, logical id) of the security group a `GroupId` value names, through a weak reference too."""
+    if "Fn::GetStackOutput" in group_id:
+        ref = group_id["Fn::GetStackOutput"]
+        producer = ref["StackName"].removeprefix(f"{synth.configs[variant].prefix}-")
+        value = synth.template(variant, producer)["Outputs"][ref["OutputName"]]["Value"]
+        return _group_of(synth, variant, producer, value)
+    return stack, group_id["Fn::GetAtt"][0]
+
+
+def _all_traffic_rules(synth: Synth, variant: str, kind: str, peer: str) -> set[tuple[str, str, str]]:
+    """(stack, group, peer group) of every all-protocol `kind` (Ingress/Egress) rule in network, storage."""
+    found = set()
+    for stack in ("network", "storage"):
+        for rule in resources(synth.template(variant, stack), f"AWS::EC2::SecurityGroup{kind}").values():
+            props = rule["Properties"]
+            if props["IpProtocol"] == "-1" and peer in props:
+                owner = _group_of(synth, variant, stack, props["GroupId"])
+                found.add((*owner, _group_of(synth, variant, stack, props[peer])[1]))
+    return found
+
+
+@pytest.mark.parametrize("variant", [v for v in ALL if VARIANTS[v].get("storage.efa_enabled") == "true"])
+def test_every_group_of_an_efa_file_system_allows_all_traffic_within_itself(
+    synth: Synth, variant: str
+) -> None:
+    """FSx guide, EFA-enabled file systems: their security groups allow all inbound and outbound traffic
+    within the group (https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html)."""
+    template = synth.template(variant, "storage")
+    (fs,) = resources(template, "AWS::FSx::FileSystem").values()
+    groups = [_group_of(synth, variant, "storage", g) for g in fs["Properties"]["SecurityGroupIds"]]
+    ingress = _all_traffic_rules(synth, variant, "Ingress", "SourceSecurityGroupId")
+    egress = _all_traffic_rules(synth, variant, "Egress", "DestinationSecurityGroupId")
+    for stack, group in groups:
+        assert (stack, group, group) in ingress, f"{group} lets not all traffic in from itself"
+        inline = synth.template(variant, stack)["Resources"][group]["Properties"].get(
+            "SecurityGroupEgress", []
+        )
+        open_egress = {"CidrIp": "0.0.0.0/0", "IpProtocol": "-1"}
+        assert (stack, group, group) in egress or any(open_egress.items() <= e.items() for e in inline), group
 
 
 def test_default_fsx_size_and_throughput(synth: Synth) -> None:
