@@ -15,13 +15,18 @@ from aws_cdk import aws_fsx as fsx
 
 from infra import references, sizing
 from infra.config import ClusterConfig, load_config
+from infra.constructs.addons import (
+    CLOUDWATCH_CONFIGURATION,
+    CLOUDWATCH_DEFAULT_AGENT_CONFIG,
+    CLOUDWATCH_DROPPED_DEFAULTS,
+)
 from infra.constructs.device_plugins import efa_plugin_repository
 from infra.constructs.gpu_nodegroup import REFERENCES_TAG
 from infra.constructs.storage import LUSTRE_CLIENT_PORTS
 from infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
 from infra.notices import capacity_line, synth_notices
 from infra.stacks import build_kit
-from tests.infra.conftest import VARIANTS, Synth, cdk_context, only, resources
+from tests.infra.conftest import REPO, VARIANTS, Synth, cdk_context, only, resources
 
 ALL = list(VARIANTS)
 SCHEMAS = Path(__file__).parent / "fixtures" / "addon_schemas"
@@ -127,6 +132,25 @@ def test_cloudwatch_agent_schema_catches_a_misspelt_kubernetes_key() -> None:
     misplaced = {"logs": {"kubernetes": {"accelerated_compute_metrics": False}}}
     with pytest.raises(jsonschema.ValidationError, match="'kubernetes' was unexpected"):
         jsonschema.validate(misplaced, _cloudwatch_agent_schema())
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted paths of the leaves (non-dict values and empty dicts) of a nested dict."""
+    paths: set[str] = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths |= _leaf_paths(value, f"{path}.") if isinstance(value, dict) and value else {path}
+    return paths
+
+
+def test_what_replacing_the_cloudwatch_default_config_drops_is_documented() -> None:
+    kit = _leaf_paths(CLOUDWATCH_CONFIGURATION["agent"]["config"])
+    default = _leaf_paths(CLOUDWATCH_DEFAULT_AGENT_CONFIG)
+    assert default - kit == set(CLOUDWATCH_DROPPED_DEFAULTS)
+    doc = (REPO / "docs" / "infra.md").read_text(encoding="utf-8")
+    assert "replaces the agent's default" in doc
+    for path in CLOUDWATCH_DROPPED_DEFAULTS:
+        assert f"`{path}`" in doc
 
 
 def test_one_dcgm_on_the_gpu_nodes(synth: Synth) -> None:
