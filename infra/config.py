@@ -352,8 +352,16 @@ class GpuConfig:
 
     def _check_repair(self) -> None:
         """Repair overrides parse; the unhealthy-node threshold fits the node group."""
+        seen: dict[tuple[str, str], str] = {}
         for entry in self.repair_overrides:
-            parse_repair_override(entry)
+            parsed = parse_repair_override(entry)
+            pair = (parsed.condition, parsed.reason)
+            _need(
+                pair not in seen,
+                "gpu.repair_overrides",
+                f"{seen.get(pair)!r} and {entry!r} both set {pair[0]}:{pair[1]}; keep one of them",
+            )
+            seen[pair] = entry
         _need(
             1 <= self.repair_max_unhealthy_nodes <= self.max_nodes,
             "gpu.repair_max_unhealthy_nodes",

@@ -241,6 +241,16 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "gpu.repair_overrides: 'KernelReady:Reboot' is not Condition:Reason:Action:WaitMinutes",
     ),
     (
+        "repair override given twice for one condition and reason",
+        {
+            "gpu.repair_overrides": "AcceleratedHardwareReady:DCGMError:NoAction:10,"
+            "AcceleratedHardwareReady:DCGMError:Replace:5"
+        },
+        "gpu.repair_overrides: 'AcceleratedHardwareReady:DCGMError:NoAction:10' and "
+        "'AcceleratedHardwareReady:DCGMError:Replace:5' both set AcceleratedHardwareReady:DCGMError; "
+        "keep one of them",
+    ),
+    (
         "unhealthy threshold above the group",
         {"gpu.repair_max_unhealthy_nodes": "3"},
         "gpu.repair_max_unhealthy_nodes: 3 is not allowed; use 1 .. gpu.max_nodes (2)",
