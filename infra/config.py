@@ -324,6 +324,13 @@ class GpuConfig:
             return
         if self.capacity == "capacity_block":
             _need(
+                GPU_INSTANCES[self.instance_type].capacity_blocks,
+                "gpu.capacity",
+                f"'capacity_block' is not offered for {self.instance_type}; use on_demand or odcr, "
+                "or one of: "
+                + ", ".join(sorted(n for n, spec in GPU_INSTANCES.items() if spec.capacity_blocks)),
+            )
+            _need(
                 self.reservation_id is not None,
                 "gpu.reservation_id",
                 "required when gpu.capacity is 'capacity_block'; "

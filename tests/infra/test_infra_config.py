@@ -251,6 +251,13 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "keep one of them",
     ),
     (
+        "Capacity Block on a type Capacity Blocks do not offer",
+        {**CB, "gpu.instance_type": "g6e.48xlarge"},
+        "gpu.capacity: 'capacity_block' is not offered for g6e.48xlarge; use on_demand or odcr, or one of: "
+        "p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge, "
+        "p6-b300.48xlarge",
+    ),
+    (
         "unhealthy threshold above the group",
         {"gpu.repair_max_unhealthy_nodes": "3"},
         "gpu.repair_max_unhealthy_nodes: 3 is not allowed; use 1 .. gpu.max_nodes (2)",
