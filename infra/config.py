@@ -37,7 +37,7 @@ _ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _INSTANCE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
 _RESOURCE_GROUP_RE = re.compile(r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/[\w.-]{1,128}$")
-_PLACEMENT_GROUP_RE = re.compile(r"^[\w .:/+=@-]{1,255}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^[\w.:/+=@-][\w .:/+=@-]{0,254}$")
 RepairAction = Literal["Replace", "Reboot", "NoAction"]
 REPAIR_ACTIONS: tuple[str, ...] = typing.get_args(RepairAction)
 REPAIR_CONDITIONS = (
@@ -307,7 +307,7 @@ class GpuConfig:
                 bool(_PLACEMENT_GROUP_RE.match(self.placement_group_name)),
                 "gpu.placement_group_name",
                 f"{self.placement_group_name!r} is not a placement group name "
-                "(1-255 letters, digits, spaces, ._-)",
+                "(1-255 letters, digits, spaces, ._-, not starting with a space)",
             )
             _need(
                 not self.placement_group,
@@ -621,6 +621,8 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
+        if isinstance(raw, str) and raw and not raw.strip():
+            raise ConfigError(key, f"{raw!r} is only whitespace; give a value, or null to unset it")
         if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NULLS):
             return None
         return _parse(key, raw, inner[0])

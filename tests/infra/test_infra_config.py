@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from infra.config import KitConfig, known_keys, load_config
+from infra.config import GpuConfig, KitConfig, known_keys, load_config
 from infra.docs import settings_rows, settings_table
 from infra.errors import ConfigError
 from tests.infra.conftest import REPO, cdk_context
@@ -87,6 +87,21 @@ def test_null_unsets_an_optional_value() -> None:
     )
     assert cfg.storage.throughput_per_tib is None
     assert cfg.storage.effective_throughput_per_tib is None
+
+
+def test_a_name_must_not_start_with_a_space() -> None:
+    with pytest.raises(ConfigError) as err:
+        GpuConfig(availability_zone="us-west-2a", placement_group_name=" ")
+    assert str(err.value) == (
+        "gpu.placement_group_name: ' ' is not a placement group name (1-255 letters, digits, spaces, ._-, "
+        "not starting with a space)"
+    )
+    with pytest.raises(ConfigError, match="not a placement group name"):
+        GpuConfig(availability_zone="us-west-2a", placement_group_name=" my-pg")
+    assert (
+        GpuConfig(availability_zone="us-west-2a", placement_group_name="my pg").placement_group_name
+        == "my pg"
+    )
 
 
 def test_cdk_own_context_keys_are_not_mistaken_for_settings() -> None:
@@ -256,6 +271,11 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "gpu.capacity: 'capacity_block' is not offered for g6e.48xlarge; use on_demand or odcr, or one of: "
         "p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge, "
         "p6-b300.48xlarge",
+    ),
+    (
+        "placement group name that is only whitespace",
+        {"gpu.placement_group_name": " "},
+        "gpu.placement_group_name: ' ' is only whitespace; give a value, or null to unset it",
     ),
     (
         "unhealthy threshold above the group",
