@@ -65,6 +65,13 @@ FSX_DEFAULT_THROUGHPUT_PER_TIB: dict[str, int | None] = {
 }
 
 
+MANAGED_NODE_GROUP_MAX_NODES = 450
+"""EKS quota "Nodes per managed node group" (not adjustable):
+https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html."""
+CHECKPOINT_WRITE_S_MAX = 3600
+"""Longest checkpoint write the kit sizes FSx for: beyond an hour a checkpoint no longer bounds lost work."""
+
+
 def _need(cond: bool, key: str, problem: str) -> None:
     """Raise ConfigError(key, problem) unless cond holds."""
     if not cond:
@@ -212,7 +219,7 @@ class GpuConfig:
     active) still builds cluster, FSx and ECR. Set it to scale (`-c gpu.desired_nodes=2`): with an ODCR up to
     the reservation's count, with a Capacity Block once the block is active."""
     max_nodes: int = 2
-    """Maximum GPU nodes (1 or more)."""
+    """Maximum GPU nodes (1 .. 450, EKS's limit for one managed node group)."""
     capacity: Capacity = "on_demand"
     """Where instances come from: `on_demand`, `odcr` (On-Demand Capacity Reservation) or `capacity_block`."""
     reservation_id: str | None = None
@@ -254,7 +261,12 @@ class GpuConfig:
             f"{self.instance_type!r} has no EFA network-card layout in the kit; use one of: "
             + ", ".join(sorted(GPU_INSTANCES)),
         )
-        _need(self.max_nodes >= 1, "gpu.max_nodes", f"{self.max_nodes} is not allowed; use 1 or more")
+        _need(
+            1 <= self.max_nodes <= MANAGED_NODE_GROUP_MAX_NODES,
+            "gpu.max_nodes",
+            f"{self.max_nodes} is not allowed; use 1 .. {MANAGED_NODE_GROUP_MAX_NODES} "
+            "(the most nodes one EKS managed node group holds)",
+        )
         _need(self.min_nodes >= 0, "gpu.min_nodes", f"{self.min_nodes} is not allowed; use 0 or more")
         _need(
             self.min_nodes <= self.max_nodes,
@@ -441,8 +453,8 @@ class StorageConfig:
     """Size of one full checkpoint in GB that the file system must absorb (llama3.1-8b: 8.03e9 params x 12
     bytes = 96.4 GB)."""
     checkpoint_write_s: int = 120
-    """Longest acceptable write of one checkpoint, seconds (keep below the checkpoint interval); sizes
-    that cannot meet it are refused with the smallest size that can."""
+    """Longest acceptable write of one checkpoint, seconds (1 .. 3600; keep below the checkpoint interval);
+    sizes that cannot meet it are refused with the smallest size that can."""
     s3_bucket: str | None = None
     """Existing S3 bucket to link at /data (auto import and export); unset for no link."""
 
@@ -477,9 +489,9 @@ class StorageConfig:
             f"{self.checkpoint_gb} is not allowed; use 1 or more",
         )
         _need(
-            self.checkpoint_write_s >= 1,
+            1 <= self.checkpoint_write_s <= CHECKPOINT_WRITE_S_MAX,
             "storage.checkpoint_write_s",
-            f"{self.checkpoint_write_s} is not allowed; use 1 or more",
+            f"{self.checkpoint_write_s} is not allowed; use 1 .. {CHECKPOINT_WRITE_S_MAX} seconds",
         )
         if self.s3_bucket is not None:
             _need(

@@ -139,7 +139,21 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         {"gpu.instance_type": "g5.8xlarge"},
         f"gpu.instance_type: 'g5.8xlarge' has no EFA network-card layout in the kit; use one of: {INSTANCES}",
     ),
-    ("zero GPU nodes", {"gpu.max_nodes": "0"}, "gpu.max_nodes: 0 is not allowed; use 1 or more"),
+    (
+        "zero GPU nodes",
+        {"gpu.max_nodes": "0"},
+        "gpu.max_nodes: 0 is not allowed; use 1 .. 450 (the most nodes one EKS managed node group holds)",
+    ),
+    (
+        "more GPU nodes than a managed node group holds",
+        {"gpu.max_nodes": "451"},
+        "gpu.max_nodes: 451 is not allowed; use 1 .. 450 (the most nodes one EKS managed node group holds)",
+    ),
+    (
+        "checkpoint write longer than an hour",
+        {"storage.checkpoint_write_s": "3601"},
+        "storage.checkpoint_write_s: 3601 is not allowed; use 1 .. 3600 seconds",
+    ),
     ("negative minimum", {"gpu.min_nodes": "-1"}, "gpu.min_nodes: -1 is not allowed; use 0 or more"),
     (
         "desired above max",
