@@ -104,6 +104,18 @@ def test_a_name_must_not_start_with_a_space() -> None:
     )
 
 
+def test_a_region_outside_the_image_table_needs_no_table_without_kubernetes_objects() -> None:
+    cfg = load(
+        **{
+            "region": "ap-east-2",
+            "network.availability_zones": "ap-east-2a,ap-east-2b",
+            "gpu.availability_zone": "ap-east-2a",
+            "kubernetes.deploy_objects": "false",
+        }
+    )
+    assert cfg.region == "ap-east-2"
+
+
 def test_cdk_own_context_keys_are_not_mistaken_for_settings() -> None:
     cfg = load_config({**BASE, "aws:cdk:enable-path-metadata": True, "acknowledged-issue-numbers": [1]})
     assert cfg.prefix == "fsdp-kit"
@@ -290,6 +302,18 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "placement group name that is only whitespace",
         {"gpu.placement_group_name": " "},
         "gpu.placement_group_name: ' ' is only whitespace; give a value, or null to unset it",
+    ),
+    (
+        "region missing from the EKS image registry table",
+        {
+            "region": "ap-east-2",
+            "network.availability_zones": "ap-east-2a,ap-east-2b",
+            "gpu.availability_zone": "ap-east-2a",
+        },
+        "region: 'ap-east-2' has no EKS image registry account in the kit's table (copied 2026-12-01); "
+        "add it "
+        "to infra/eks_images.py from https://docs.aws.amazon.com/eks/latest/userguide/add-ons-images.html, "
+        "or set kubernetes.deploy_objects=false",
     ),
     (
         "unhealthy threshold above the group",

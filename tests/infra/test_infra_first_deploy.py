@@ -23,6 +23,7 @@ from infra.constructs.addons import (
 from infra.constructs.device_plugins import efa_plugin_repository
 from infra.constructs.gpu_nodegroup import REFERENCES_TAG
 from infra.constructs.storage import LUSTRE_CLIENT_PORTS
+from infra.errors import ConfigError
 from infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
 from infra.notices import capacity_line, synth_notices
 from infra.stacks import build_kit
@@ -421,6 +422,16 @@ def test_device_plugin_values(synth: Synth) -> None:
     assert repo == "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin"
 
 
+def test_efa_plugin_chart_in_another_region_pulls_from_that_regions_registry(synth: Synth) -> None:
+    assert synth.configs["placed"].region == "ap-southeast-3"
+    charts = {
+        r["Properties"]["Chart"]: json.loads(r["Properties"]["Values"])
+        for r in resources(synth.template("placed", "cluster"), "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    repo = charts["aws-efa-k8s-device-plugin"]["image"]["repository"]
+    assert repo == "296578399912.dkr.ecr.ap-southeast-3.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+
+
 @pytest.mark.parametrize(
     ("region", "registry"),
     [
@@ -431,6 +442,11 @@ def test_device_plugin_values(synth: Synth) -> None:
 )
 def test_efa_plugin_image_follows_the_region(region: str, registry: str) -> None:
     assert efa_plugin_repository(region) == f"{registry}/eks/aws-efa-k8s-device-plugin"
+
+
+def test_efa_plugin_image_refuses_a_region_outside_the_table() -> None:
+    with pytest.raises(ConfigError, match=r"^region: 'ap-east-2' has no EKS image registry account"):
+        efa_plugin_repository("ap-east-2")
 
 
 @pytest.mark.parametrize(
