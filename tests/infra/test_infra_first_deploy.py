@@ -517,3 +517,11 @@ def test_reservation_resource_group_inside_an_existing_placement_group(synth: Sy
     assert data["Placement"] == {"GroupName": "my-cluster-pg"}
     assert resources(synth.template("grouped", "cluster"), "AWS::EC2::PlacementGroup") == {}
     assert gpu_nodegroup(synth, "grouped")["CapacityType"] == "ON_DEMAND"
+
+
+def test_docs_say_next_to_make_deploy_that_jobs_and_teardown_need_the_tunnel() -> None:
+    doc = (REPO / "docs" / "infra.md").read_text(encoding="utf-8")
+    deploy = doc.index("and `make deploy`: it deploys the four stacks")
+    nearby = doc[deploy : deploy + 1200]
+    for needed in ("SSM", "`make train-job`", "`make teardown`", "cluster.endpoint_access=private"):
+        assert needed in nearby, needed
