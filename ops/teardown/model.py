@@ -119,6 +119,17 @@ class Result:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What a kind's `prepare` did before its deletes."""
+
+    notes: list[str] = field(default_factory=list)
+    """Side actions taken (rules revoked, tags written), for the report."""
+    keep: Mapping[str, str] = field(default_factory=dict)
+    """Resource id -> why it must not be deleted after all (e.g. its controllers' resources could not be
+    tagged, so deleting the cluster would leave them unclaimable); reported as kept."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Kind:
     """One resource kind: a name, its list/delete/state functions and how it is ordered inside its step."""
 
@@ -130,5 +141,5 @@ class Kind:
     """Polled after delete until "gone"; None when the delete call is synchronous."""
     waves: Callable[[Aws, list[Resource]], list[list[Resource]]] | None = None
     """Groups deleted one after the other (stacks: importers before exporters); None = one group."""
-    prepare: Callable[[Aws, list[Resource], Scope], list[str]] | None = None
-    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs); returns notes."""
+    prepare: Callable[[Aws, list[Resource], Scope], Prepared] | None = None
+    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs)."""

@@ -136,3 +136,38 @@ def test_a_cluster_deleted_outside_teardown_still_owns_what_its_controllers_left
     assert doc["former_clusters"] == []
     lb = plan_of(doc)[world.ids["lb"]]
     assert lb["action"] == "keep" and lb["reason"].startswith("not owned")
+
+
+def test_a_cluster_whose_controller_resources_cannot_be_tagged_is_kept_and_the_rerun_converges(
+    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deleting the cluster anyway would leave its leftovers unclaimable; kept, a rerun finishes."""
+    world.full()
+    protect(world, True)  # the LB survives the first run: only the kit tag can claim it later
+    denied = fake_aws.proxy.fail(
+        "elasticloadbalancing",
+        "AddTags",
+        "AccessDenied",
+        status=403,
+        times=None,
+        message="not authorized to perform: elasticloadbalancing:AddTags",
+    )
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    res = results_by_id(doc)
+    assert code == 4, doc  # the protected LB's listener holds its target group
+    assert res[world.ids["tg"]]["status"] == "failed" and "ResourceInUse" in res[world.ids["tg"]]["reason"]
+    kept = res[CLUSTER]
+    assert kept["status"] == "kept", kept
+    assert "AccessDenied" in kept["reason"] and "rerun" in kept["reason"]
+    assert denied.hits == 1 and CLUSTER in world.inventory()["cluster"]
+    assert res[world.ids["lb"]]["status"] == "kept"
+
+    fake_aws.proxy.rules.remove(denied)
+    protect(world, False)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--delete-data", *SHORT)
+    assert code == 0, doc
+    res = results_by_id(doc)
+    assert res[CLUSTER]["status"] == "deleted" and res[world.ids["lb"]]["status"] == "deleted"
+    now = world.inventory()
+    assert CLUSTER not in now["cluster"] and world.ids["lb"] not in now["load-balancer"]
+    assert_decoys_survive(world)
