@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class Scope:
     """Kit clusters that no longer exist, named by the kit's stacks (live, or deleted: CloudFormation keeps a
     deleted stack readable for 90 days) and not reused by a cluster alive now: what their controllers left
     is still the kit's, after the cluster is gone (deleted by a first run, `cdk destroy` or the console)."""
+    former_deleted_at: Mapping[str, datetime] = field(default_factory=dict)
+    """Former cluster -> when the kit stack that named it was deleted: a resource made after that (by a later
+    cluster reusing the name) is not the kit's. Absent: no bound known (a live stack still names it)."""
     vpcs: tuple[str, ...] = ()
     """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
     subnets: tuple[str, ...] = ()
@@ -95,7 +99,8 @@ class Resource:
     """A human label (Name tag, stack name); may be empty."""
     tags: Mapping[str, str] = field(default_factory=dict)
     detail: Mapping[str, Any] = field(default_factory=dict)
-    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, ..."""
+    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, created
+    (a datetime, where the service says when it was made), ..."""
 
     @property
     def label(self) -> str:

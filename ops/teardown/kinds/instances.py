@@ -61,6 +61,7 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
             "subnet_ids": (i.get("SubnetId"),),
             "type": i.get("InstanceType", ""),
             "state": i["State"]["Name"],
+            "created": i.get("LaunchTime"),
             "note": f"{i.get('InstanceType', '')} {i['State']['Name']}",
         }
         r = Resource(kind="instance", id=iid, name=t.get("Name", ""), tags=t, detail=detail)
