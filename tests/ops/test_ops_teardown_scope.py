@@ -203,3 +203,43 @@ def test_a_kit_tagged_node_group_in_another_cluster_is_planned_as_kept(
     assert f"{OTHER_CLUSTER}/ng" not in res  # not kit-tagged, not in a kit cluster: not the kit's business
     now = world.inventory()["nodegroup"]
     assert {f"{OTHER_CLUSTER}/kit-gpu", f"{OTHER_CLUSTER}/ng"} <= now and f"{CLUSTER}/gpu" not in now
+
+
+def test_instances_of_an_auto_scaling_group_in_a_kit_stack_are_left_to_the_stack(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They used to be kept ("delete the group"), so a run that deletes the group's stack exited 3."""
+    ec2 = world.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.95.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.95.1.0/24", AvailabilityZone="us-east-1a")["Subnet"][
+        "SubnetId"
+    ]
+    template = {
+        "Resources": {
+            "Lt": {
+                "Type": "AWS::EC2::LaunchTemplate",
+                "Properties": {
+                    "LaunchTemplateData": {"ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"}
+                },
+            },
+            "Asg": {
+                "Type": "AWS::AutoScaling::AutoScalingGroup",
+                "Properties": {
+                    "MinSize": "1",
+                    "MaxSize": "1",
+                    "VPCZoneIdentifier": [subnet],
+                    "LaunchTemplate": {"LaunchTemplateId": {"Ref": "Lt"}, "Version": "1"},
+                    "Tags": [{"Key": "kit:project", "Value": PREFIX, "PropagateAtLaunch": True}],
+                },
+            },
+        }
+    }
+    world.client("cloudformation").create_stack(
+        StackName=f"{PREFIX}-Nodes", TemplateBody=json.dumps(template), Tags=tags_list(KIT)
+    )
+    member = world.inventory()["instance"]
+    assert len(member) == 1
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "instance", "--only", "stack")
+    assert code == 0, doc
+    assert [s["plan"] for s in doc["steps"] if s["kind"] == "instance"] == [[]]
+    assert results_by_id(doc)[f"{PREFIX}-Nodes"]["status"] == "deleted"

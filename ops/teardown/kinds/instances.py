@@ -2,7 +2,9 @@
 kit's tags): they bill by the hour, hold ENIs in the kit's subnets and use its security groups.
 
 Instances of a node group that still exists, or of an Auto Scaling group, are kept with that reason: their
-group replaces what is terminated and deletes them itself (node groups go in the step before). Termination
+group replaces what is terminated and deletes them itself (node groups go in the step before). Instances of
+an Auto Scaling group that a live kit stack holds are left out: the stack step deletes the group later in the
+order, and the group its instances. Termination
 protection is respected, never switched off.
 """
 
@@ -54,8 +56,8 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
     found = []
     for iid, i in sorted(_candidates(aws, scope).items()):
         t = tag_dict(i.get("Tags"))
-        if managed_by_stack(iid, t, scope.stack_resources):
-            continue
+        if managed_by_stack(iid, t, scope.stack_resources) or t.get(ASG_TAG) in scope.stack_resources:
+            continue  # a kit stack deletes it, or deletes its Auto Scaling group (which terminates it)
         detail: dict[str, object] = {
             "vpc_id": i.get("VpcId"),
             "subnet_ids": (i.get("SubnetId"),),
@@ -81,7 +83,7 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
         attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="disableApiTermination")
         if attr.get("DisableApiTermination", {}).get("Value"):
             detail["protected"] = "termination protection is on; turn it off yourself if you mean it"
-        found.append(Resource(kind="instance", id=iid, name=r.name, tags=t, detail=detail))
+        found.append(r)  # `detail` is r's own dict: the keep reasons above are already in it
     return found
 
 
