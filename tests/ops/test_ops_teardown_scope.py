@@ -191,9 +191,25 @@ def test_a_kit_tagged_node_group_in_another_cluster_is_planned_as_kept(
         subnets=[world.ids["other_subnet"]],
         tags=KIT,
     )
-    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "nodegroup")
+    node = world.client("ec2").run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=world.ids["other_subnet"],
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": tags_list(
+                    {**KIT, "eks:cluster-name": OTHER_CLUSTER, "eks:nodegroup-name": "kit-gpu"}
+                ),
+            }
+        ],
+    )["Instances"][0]["InstanceId"]
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "nodegroup", "--only", "instance")
     assert code == 3, doc
     res = results_by_id(doc)
+    # its node: the group would replace it, so it is kept with the group (it was terminated before)
+    assert res[node]["status"] == "kept" and f"node group {OTHER_CLUSTER}/kit-gpu" in res[node]["reason"]
     ours, theirs = res[f"{CLUSTER}/gpu"], res[f"{OTHER_CLUSTER}/kit-gpu"]
     assert ours["status"] == "deleted"
     assert (

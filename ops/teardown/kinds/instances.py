@@ -40,19 +40,19 @@ def _candidates(aws: Aws, scope: Scope) -> dict[str, dict]:
     return found
 
 
-def _live_nodegroups(aws: Aws, scope: Scope) -> set[str]:
+def _nodegroup_exists(aws: Aws, cluster: str, name: str) -> bool:
+    """Whether the node group still exists, in any cluster (a kit-tagged group may sit in someone's)."""
     eks = aws.client("eks")
-    return {
-        f"{c}/{name}"
-        for c in scope.clusters
-        for page in eks.get_paginator("list_nodegroups").paginate(clusterName=c)
-        for name in page["nodegroups"]
-    }
+    try:
+        eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)
+    except eks.exceptions.ResourceNotFoundException:
+        return False
+    return True
 
 
 def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
     ec2 = aws.client("ec2")
-    nodegroups: set[str] | None = None
+    nodegroups: dict[str, bool] = {}
     found = []
     for iid, i in sorted(_candidates(aws, scope).items()):
         t = tag_dict(i.get("Tags"))
@@ -71,10 +71,11 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
             found.append(r)  # in a kit VPC but not owned: listed so the report says it stays (and may block)
             continue
         if NODEGROUP_TAG in t:
-            if nodegroups is None:
-                nodegroups = _live_nodegroups(aws, scope)
-            group = f"{t.get(CLUSTER_TAG, '')}/{t[NODEGROUP_TAG]}"
-            if group in nodegroups:
+            cluster = t.get(CLUSTER_TAG, "")
+            group = f"{cluster}/{t[NODEGROUP_TAG]}"
+            if group not in nodegroups:
+                nodegroups[group] = bool(cluster) and _nodegroup_exists(aws, cluster, t[NODEGROUP_TAG])
+            if nodegroups[group]:
                 detail["keep_reason"] = f"a node of node group {group}: it goes with the node group"
         elif ASG_TAG in t:
             detail["keep_reason"] = (
