@@ -53,7 +53,9 @@ def parse_period(text: str, today: dt.date) -> tuple[dt.date, dt.date]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m ops.cost_report", description=__doc__.splitlines()[0])
+    p = OneLineParser(
+        prog="python -m ops.cost_report", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     p.add_argument("--prefix", required=True, help="the kit's name prefix (value of the kit:project tag)")
     p.add_argument("--region", help="AWS region of the kit (default: AWS_REGION / the profile's region)")
     p.add_argument(

@@ -37,6 +37,7 @@ seconds = float_arg(lo=0, lo_open=True, hi=MAX_INTERVAL_S)
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m ops.teardown",
+        allow_abbrev=False,
         description="Delete everything tagged kit:project=PREFIX, in dependency order. Dry run by default.",
         epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error before deleting, 2 bad input or wrong "
         "confirmation, 3 done but some resources kept, 4 some deletions failed, 5 nothing tagged with "

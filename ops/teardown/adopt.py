@@ -6,6 +6,8 @@ whether that cluster was the kit's is known only while the cluster exists. A fir
 them (deletion protection, an error) deletes the cluster anyway; without this record the rerun could no
 longer tell the leftover is the kit's. So, right before the cluster goes (its nodes, and with them the
 controllers, are gone by then), each such resource gets `kit:project=<prefix>` and `kit:cluster=<c>`.
+When that tagging fails (AccessDenied, TooManyTags), the cluster is kept: deleting it would leave its
+controllers' resources unclaimable, and teardown could never converge; a rerun tries again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import botocore.exceptions
 from ops.aws import Aws, describe_error
 from ops.tags import CLUSTER_TAG, PROJECT_TAG, cluster_owner
 from ops.teardown.kinds import ebs_volumes, enis, load_balancers, security_groups, target_groups
-from ops.teardown.model import Resource, Scope
+from ops.teardown.model import Prepared, Resource, Scope
 
 ELB_TAG_BATCH = 20
 """add_tags takes at most 20 ARNs; create_tags accepts many more ids."""
@@ -36,11 +38,13 @@ def controller_resources(aws: Aws, scope: Scope, clusters: set[str]) -> list[tup
     return found
 
 
-def adopt(aws: Aws, doomed: list[Resource], scope: Scope) -> list[str]:
-    """Tag the doomed clusters' controller resources with the kit's tag; returns notes for the report."""
+def adopt(aws: Aws, doomed: list[Resource], scope: Scope) -> Prepared:
+    """Tag the doomed clusters' controller resources with the kit's tag; a cluster whose resources could
+    not be tagged is kept (with the reason)."""
     clusters = {r.id for r in doomed}
     made = controller_resources(aws, scope, clusters)
     notes = []
+    keep: dict[str, str] = {}
     for cluster in sorted(clusters):
         items = [r for r, c in made if c == cluster]
         if not items:
@@ -59,13 +63,14 @@ def adopt(aws: Aws, doomed: list[Resource], scope: Scope) -> list[str]:
                     Resources=ec2, Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
                 )
         except botocore.exceptions.ClientError as exc:
-            notes.append(
-                f"could not tag the controller resources of {cluster} ({describe_error(exc)}): "
-                "a rerun after the cluster is gone may not find them"
+            keep[cluster] = (
+                f"could not tag its {len(items)} controller resource(s) with {PROJECT_TAG}={scope.prefix} "
+                f"({describe_error(exc)}): kept, so a rerun can still claim them; allow the tagging "
+                "(elasticloadbalancing:AddTags, ec2:CreateTags) and rerun"
             )
             continue
         notes.append(
             f"tagged {len(items)} controller resource(s) of {cluster} with {PROJECT_TAG}={scope.prefix} "
             "so a rerun finds them after the cluster is gone"
         )
-    return notes
+    return Prepared(notes=notes, keep=keep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class Scope:
     """Kit clusters that no longer exist, named by the kit's stacks (live, or deleted: CloudFormation keeps a
     deleted stack readable for 90 days) and not reused by a cluster alive now: what their controllers left
     is still the kit's, after the cluster is gone (deleted by a first run, `cdk destroy` or the console)."""
+    former_deleted_at: Mapping[str, datetime] = field(default_factory=dict)
+    """Former cluster -> when the kit stack that named it was deleted: a resource made after that (by a later
+    cluster reusing the name) is not the kit's. Absent: no bound known (a live stack still names it)."""
     vpcs: tuple[str, ...] = ()
     """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
     subnets: tuple[str, ...] = ()
@@ -95,7 +99,8 @@ class Resource:
     """A human label (Name tag, stack name); may be empty."""
     tags: Mapping[str, str] = field(default_factory=dict)
     detail: Mapping[str, Any] = field(default_factory=dict)
-    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, ..."""
+    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, created
+    (a datetime, where the service says when it was made), ..."""
 
     @property
     def label(self) -> str:
@@ -119,6 +124,17 @@ class Result:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What a kind's `prepare` did before its deletes."""
+
+    notes: list[str] = field(default_factory=list)
+    """Side actions taken (rules revoked, tags written), for the report."""
+    keep: Mapping[str, str] = field(default_factory=dict)
+    """Resource id -> why it must not be deleted after all (e.g. its controllers' resources could not be
+    tagged, so deleting the cluster would leave them unclaimable); reported as kept."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Kind:
     """One resource kind: a name, its list/delete/state functions and how it is ordered inside its step."""
 
@@ -130,5 +146,5 @@ class Kind:
     """Polled after delete until "gone"; None when the delete call is synchronous."""
     waves: Callable[[Aws, list[Resource]], list[list[Resource]]] | None = None
     """Groups deleted one after the other (stacks: importers before exporters); None = one group."""
-    prepare: Callable[[Aws, list[Resource], Scope], list[str]] | None = None
-    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs); returns notes."""
+    prepare: Callable[[Aws, list[Resource], Scope], Prepared] | None = None
+    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs)."""

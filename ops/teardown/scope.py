@@ -3,13 +3,16 @@
 Both by tag and by the kit stacks' resources (a resource CloudFormation created in a kit stack is the kit's
 even when a tag did not propagate or was removed). Cluster names the kit's stacks recorded (an EKS
 cluster resource, the `ClusterName` output) are read from deleted stacks' outputs too, so ownership of what a
-cluster's controllers made does not depend on the cluster itself, which teardown deletes.
+cluster's controllers made does not depend on the cluster itself, which teardown deletes. A deleted stack's
+deletion time bounds that evidence: a later cluster that reuses the name (not the kit's) made what it made
+after it (filters.former_owner).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import botocore.exceptions
 
@@ -30,6 +33,9 @@ class StackRecords:
     """Live stack name -> what it holds, by type ("AWS::EC2::VPC x1, ...")."""
     clusters: set[str] = field(default_factory=set)
     """Cluster names recorded by kit stacks, live or deleted."""
+    deleted_at: dict[str, datetime] = field(default_factory=dict)
+    """Cluster name -> when the last deleted kit stack that named it was deleted (only names no live kit
+    stack records, and only where CloudFormation gave the time)."""
 
 
 def _recorded_clusters(stack: dict) -> set[str]:
@@ -65,16 +71,22 @@ def stack_records(aws: Aws, prefix: str) -> StackRecords:
     # `<prefix>-<Part>`), which bounds the describe calls to the kit's own. Only the outputs are read: the
     # cluster stack names its cluster there (and moto re-creates a deleted stack's resources when they
     # are listed).
+    named_live = set(records.clusters)
     for page in cfn.get_paginator("list_stacks").paginate(StackStatusFilter=["DELETE_COMPLETE"]):
         for summary in page["StackSummaries"]:
             if not summary["StackName"].startswith(prefix):
                 continue
             try:
                 s = cfn.describe_stacks(StackName=summary["StackId"])["Stacks"][0]
-                if {t["Key"]: t["Value"] for t in s.get("Tags", [])}.get(PROJECT_TAG) == prefix:
-                    records.clusters |= _recorded_clusters(s)
             except botocore.exceptions.ClientError:
                 continue  # an unreadable old record only loses this extra evidence; live tags still count
+            if {t["Key"]: t["Value"] for t in s.get("Tags", [])}.get(PROJECT_TAG) != prefix:
+                continue
+            named = _recorded_clusters(s)
+            records.clusters |= named
+            when = summary.get("DeletionTime") or s.get("DeletionTime")
+            for name in named - named_live if when else ():
+                records.deleted_at[name] = max(when, records.deleted_at.get(name, when))
     return records
 
 
@@ -112,6 +124,7 @@ def discover(aws: Aws, prefix: str, options: Options) -> Scope:
         clusters=tuple(sorted(clusters)),
         # a name reused by a cluster alive now (kit or not) is that cluster's, not a former kit cluster's
         former_clusters=tuple(sorted(records.clusters - live)),
+        former_deleted_at={c: t for c, t in records.deleted_at.items() if c not in live},
         cluster_endpoints=endpoints,
         vpcs=tuple(sorted(vpcs)),
         subnets=tuple(sorted(subnets)),

@@ -8,6 +8,8 @@ import sys
 import pytest
 from ops_world import PREFIX, World
 
+from cliargs import OneLineParser
+from ops.cli import parse_once
 from ops.cost_report import main as cost_main
 from ops.teardown.__main__ import main as teardown_main
 
@@ -109,6 +111,11 @@ BAD_TEARDOWN_FLAGS = [
     (["--region", "us-east-1", "--region", "eu-west-1"], "argument --region: given more than once"),
     (["--timeout=5", "--timeout", "6"], "argument --timeout: given more than once"),
     (["--fsx-backup", "--no-fsx-backup"], "argument --fsx-backup: given more than once"),
+    # abbreviations are refused: `--reg a --region b` must not parse (last wins) past the count
+    (["--reg", "us-east-1", "--region", "eu-west-1"], "unrecognized arguments: --reg us-east-1"),
+    (["--time", "5", "--timeout", "6"], "unrecognized arguments: --time 5"),
+    (["--reg=eu-west-1"], "unrecognized arguments: --reg=eu-west-1"),
+    (["--no-fsx", "--fsx-backup"], "unrecognized arguments: --no-fsx"),
 ]
 BAD_COST_FLAGS = [
     (["--gpu-hour-price", "nan"], "argument --gpu-hour-price: 'nan': must be a finite number"),
@@ -117,6 +124,8 @@ BAD_COST_FLAGS = [
     (["--gpu-hour-price", "1e6"], "argument --gpu-hour-price: '1e6': must be at most 1000"),
     (["--format", "xml"], "argument --format: invalid choice: 'xml'"),
     (["--format", "md", "--format", "json"], "argument --format: given more than once"),
+    (["--form", "md", "--format", "json"], "unrecognized arguments: --form md"),
+    (["--gpu-hour", "2"], "unrecognized arguments: --gpu-hour 2"),
 ]
 
 
@@ -154,3 +163,11 @@ def test_aws_region_alone_is_enough(world: World, subprocess_env: dict[str, str]
     env = {k: v for k, v in subprocess_env.items() if k != "AWS_DEFAULT_REGION"}
     p = cli("ops.teardown", env, "--prefix", "Nope")
     assert_one_line_error(p, 5, "nothing tagged kit:project=Nope in us-east-1")
+
+
+def test_parse_once_refuses_a_parser_that_takes_abbreviations() -> None:
+    """A parser with abbreviations would let `--reg a --region b` through the count: refused at build time."""
+    p = OneLineParser(prog="x")
+    p.add_argument("--region")
+    with pytest.raises(ValueError, match="allow_abbrev=False"):
+        parse_once(p, ["--region", "a"])

@@ -6,7 +6,7 @@ import json
 
 import boto3
 import pytest
-from ops_world import KIT, PREFIX, ROLE, World, tags_list
+from ops_world import CLUSTER, KIT, OTHER_CLUSTER, PREFIX, ROLE, World, tags_list
 from test_ops_teardown import CONFIRM, plan_of, results_by_id, run
 
 from ops.teardown.__main__ import main
@@ -153,3 +153,109 @@ def test_the_realism_rules_refuse_as_aws_does(world: World, realistic, fake_aws)
     ec2.delete_subnet(SubnetId=subnet)
     ec2.delete_vpc(VpcId=vpc)  # nothing uses them any more: AWS (and the fake) delete them
     assert vpc not in world.inventory()["vpc"]
+
+
+def test_a_kit_tagged_eni_in_use_is_planned_as_kept_with_what_holds_it(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ENI kind used to list only detached interfaces: an attached kit ENI was missing from the plan."""
+    ec2 = world.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.90.0.0/16")["Vpc"]["VpcId"]  # not the kit's
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.90.1.0/24")["Subnet"]["SubnetId"]
+    spec = [{"ResourceType": "network-interface", "Tags": tags_list(KIT)}]
+    eni = ec2.create_network_interface(SubnetId=subnet, TagSpecifications=spec)["NetworkInterface"][
+        "NetworkInterfaceId"
+    ]
+    host = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, SubnetId=subnet)["Instances"][0][
+        "InstanceId"
+    ]
+    ec2.attach_network_interface(NetworkInterfaceId=eni, InstanceId=host, DeviceIndex=1)
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "eni")
+    assert code == 3, doc
+    res = results_by_id(doc)[eni]
+    assert res["status"] == "kept" and f"attached to {host}" in res["reason"], res
+    assert eni in world.inventory()["eni"]
+
+
+def test_a_kit_tagged_node_group_in_another_cluster_is_planned_as_kept(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node groups were listed per kit cluster only: a kit-tagged one elsewhere was missing from the plan."""
+    world.stacks()
+    world.eks()
+    eks = world.client("eks")
+    eks.create_nodegroup(
+        clusterName=OTHER_CLUSTER,
+        nodegroupName="kit-gpu",
+        nodeRole=ROLE,
+        subnets=[world.ids["other_subnet"]],
+        tags=KIT,
+    )
+    node = world.client("ec2").run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=world.ids["other_subnet"],
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": tags_list(
+                    {**KIT, "eks:cluster-name": OTHER_CLUSTER, "eks:nodegroup-name": "kit-gpu"}
+                ),
+            }
+        ],
+    )["Instances"][0]["InstanceId"]
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "nodegroup", "--only", "instance")
+    assert code == 3, doc
+    res = results_by_id(doc)
+    # its node: the group would replace it, so it is kept with the group (it was terminated before)
+    assert res[node]["status"] == "kept" and f"node group {OTHER_CLUSTER}/kit-gpu" in res[node]["reason"]
+    ours, theirs = res[f"{CLUSTER}/gpu"], res[f"{OTHER_CLUSTER}/kit-gpu"]
+    assert ours["status"] == "deleted"
+    assert (
+        theirs["status"] == "kept"
+        and f"in cluster {OTHER_CLUSTER}, which is not the kit's" in theirs["reason"]
+    )
+    assert f"{OTHER_CLUSTER}/ng" not in res  # not kit-tagged, not in a kit cluster: not the kit's business
+    now = world.inventory()["nodegroup"]
+    assert {f"{OTHER_CLUSTER}/kit-gpu", f"{OTHER_CLUSTER}/ng"} <= now and f"{CLUSTER}/gpu" not in now
+
+
+def test_instances_of_an_auto_scaling_group_in_a_kit_stack_are_left_to_the_stack(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They used to be kept ("delete the group"), so a run that deletes the group's stack exited 3."""
+    ec2 = world.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.95.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.95.1.0/24", AvailabilityZone="us-east-1a")["Subnet"][
+        "SubnetId"
+    ]
+    template = {
+        "Resources": {
+            "Lt": {
+                "Type": "AWS::EC2::LaunchTemplate",
+                "Properties": {
+                    "LaunchTemplateData": {"ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"}
+                },
+            },
+            "Asg": {
+                "Type": "AWS::AutoScaling::AutoScalingGroup",
+                "Properties": {
+                    "MinSize": "1",
+                    "MaxSize": "1",
+                    "VPCZoneIdentifier": [subnet],
+                    "LaunchTemplate": {"LaunchTemplateId": {"Ref": "Lt"}, "Version": "1"},
+                    "Tags": [{"Key": "kit:project", "Value": PREFIX, "PropagateAtLaunch": True}],
+                },
+            },
+        }
+    }
+    world.client("cloudformation").create_stack(
+        StackName=f"{PREFIX}-Nodes", TemplateBody=json.dumps(template), Tags=tags_list(KIT)
+    )
+    member = world.inventory()["instance"]
+    assert len(member) == 1
+    code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "instance", "--only", "stack")
+    assert code == 0, doc
+    assert [s["plan"] for s in doc["steps"] if s["kind"] == "instance"] == [[]]
+    assert results_by_id(doc)[f"{PREFIX}-Nodes"]["status"] == "deleted"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,32 @@ def test_without_kubectl_the_kubernetes_step_is_skipped_with_a_reason(
 )
 def test_tagging_arns_map_to_the_ids_each_service_uses(arn: str, rtype: str, rid: str) -> None:
     assert parse_arn(arn) == (rtype, rid)
+
+
+GONE = datetime(2026, 6, 1, tzinfo=UTC)
+FORMER = Scope(
+    prefix=PREFIX,
+    region="us-east-1",
+    account="1",
+    former_clusters=(CLUSTER,),
+    former_deleted_at={CLUSTER: GONE},
+    vpcs=("vpc-1",),
+)
+
+
+@pytest.mark.parametrize(
+    ("detail", "action"),
+    [
+        ({"created": GONE - timedelta(days=3)}, "delete"),  # made while the name was the kit's
+        ({"created": GONE + timedelta(seconds=1)}, "keep"),  # made by a later cluster of that name
+        ({"vpc_id": "vpc-1"}, "delete"),  # no creation time: in a kit VPC
+        ({"vpc_id": "vpc-9"}, "keep"),  # no creation time, elsewhere: no evidence
+    ],
+)
+def test_a_former_cluster_name_is_evidence_only_before_its_stack_was_deleted(
+    detail: dict, action: str
+) -> None:
+    r = Resource(kind="x", id="i", tags={f"kubernetes.io/cluster/{CLUSTER}": "owned"}, detail=detail)
+    assert plan([r], FORMER)[0].action == action
+    unbounded = Scope(prefix=PREFIX, region="us-east-1", account="1", former_clusters=(CLUSTER,))
+    assert plan([r], unbounded)[0].action == "delete"  # no deletion time known: the name alone counts

@@ -32,7 +32,7 @@ def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
                     id=v["VolumeId"],
                     name=t.get(PVC_TAG, t.get("Name", "")),
                     tags=t,
-                    detail={"state": v["State"], "size_gib": v["Size"]},
+                    detail={"state": v["State"], "size_gib": v["Size"], "created": v.get("CreateTime")},
                 )
                 if ownership(r, scope) is not None:
                     seen[r.id] = r

@@ -2,7 +2,9 @@
 kit's tags): they bill by the hour, hold ENIs in the kit's subnets and use its security groups.
 
 Instances of a node group that still exists, or of an Auto Scaling group, are kept with that reason: their
-group replaces what is terminated and deletes them itself (node groups go in the step before). Termination
+group replaces what is terminated and deletes them itself (node groups go in the step before). Instances of
+an Auto Scaling group that a live kit stack holds are left out: the stack step deletes the group later in the
+order, and the group its instances. Termination
 protection is respected, never switched off.
 """
 
@@ -38,29 +40,30 @@ def _candidates(aws: Aws, scope: Scope) -> dict[str, dict]:
     return found
 
 
-def _live_nodegroups(aws: Aws, scope: Scope) -> set[str]:
+def _nodegroup_exists(aws: Aws, cluster: str, name: str) -> bool:
+    """Whether the node group still exists, in any cluster (a kit-tagged group may sit in someone's)."""
     eks = aws.client("eks")
-    return {
-        f"{c}/{name}"
-        for c in scope.clusters
-        for page in eks.get_paginator("list_nodegroups").paginate(clusterName=c)
-        for name in page["nodegroups"]
-    }
+    try:
+        eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)
+    except eks.exceptions.ResourceNotFoundException:
+        return False
+    return True
 
 
 def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
     ec2 = aws.client("ec2")
-    nodegroups: set[str] | None = None
+    nodegroups: dict[str, bool] = {}
     found = []
     for iid, i in sorted(_candidates(aws, scope).items()):
         t = tag_dict(i.get("Tags"))
-        if managed_by_stack(iid, t, scope.stack_resources):
-            continue
+        if managed_by_stack(iid, t, scope.stack_resources) or t.get(ASG_TAG) in scope.stack_resources:
+            continue  # a kit stack deletes it, or deletes its Auto Scaling group (which terminates it)
         detail: dict[str, object] = {
             "vpc_id": i.get("VpcId"),
             "subnet_ids": (i.get("SubnetId"),),
             "type": i.get("InstanceType", ""),
             "state": i["State"]["Name"],
+            "created": i.get("LaunchTime"),
             "note": f"{i.get('InstanceType', '')} {i['State']['Name']}",
         }
         r = Resource(kind="instance", id=iid, name=t.get("Name", ""), tags=t, detail=detail)
@@ -68,10 +71,11 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
             found.append(r)  # in a kit VPC but not owned: listed so the report says it stays (and may block)
             continue
         if NODEGROUP_TAG in t:
-            if nodegroups is None:
-                nodegroups = _live_nodegroups(aws, scope)
-            group = f"{t.get(CLUSTER_TAG, '')}/{t[NODEGROUP_TAG]}"
-            if group in nodegroups:
+            cluster = t.get(CLUSTER_TAG, "")
+            group = f"{cluster}/{t[NODEGROUP_TAG]}"
+            if group not in nodegroups:
+                nodegroups[group] = bool(cluster) and _nodegroup_exists(aws, cluster, t[NODEGROUP_TAG])
+            if nodegroups[group]:
                 detail["keep_reason"] = f"a node of node group {group}: it goes with the node group"
         elif ASG_TAG in t:
             detail["keep_reason"] = (
@@ -80,7 +84,7 @@ def list_instances(aws: Aws, scope: Scope) -> list[Resource]:
         attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="disableApiTermination")
         if attr.get("DisableApiTermination", {}).get("Value"):
             detail["protected"] = "termination protection is on; turn it off yourself if you mean it"
-        found.append(Resource(kind="instance", id=iid, name=r.name, tags=t, detail=detail))
+        found.append(r)  # `detail` is r's own dict: the keep reasons above are already in it
     return found
 
 

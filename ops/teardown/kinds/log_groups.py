@@ -7,6 +7,8 @@ cluster (tags fetched only for those, not for every group in the account).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from ops.aws import Aws
 from ops.teardown.kinds.tagging import tagged
 from ops.teardown.model import Kind, Resource, Scope
@@ -21,24 +23,21 @@ def list_log_groups(aws: Aws, scope: Scope) -> list[Resource]:
     logs = aws.client("logs")
     # The tagging API is the fast path on AWS; a name sweep adds the groups that carry the prefix or a kit
     # cluster in their name (CDK names them after the stack) for endpoints whose tagging API misses logs.
-    needles = [scope.prefix.lower(), *(c.lower() for c in scope.owner_clusters)]
+    clusters = scope.owner_clusters
+    needles = [scope.prefix.lower(), *(c.lower() for c in clusters)]
     for page in logs.get_paginator("describe_log_groups").paginate():
         for g in page["logGroups"]:
             name = g["logGroupName"]
             if name in found or not any(n in name.lower() for n in needles):
                 continue
-            clusters = scope.owner_clusters
             owner = next(
                 (c for c in clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))), None
             )
             tags = logs.list_tags_for_resource(resourceArn=g["logGroupArn"]).get("tags", {})
-            found[name] = Resource(
-                kind="log-group",
-                id=name,
-                name=name,
-                tags=tags,
-                detail={"log_group_of": owner} if owner else {},
-            )
+            detail: dict[str, object] = {"log_group_of": owner} if owner else {}
+            if "creationTime" in g:  # milliseconds since the epoch
+                detail["created"] = datetime.fromtimestamp(g["creationTime"] / 1000, tz=UTC)
+            found[name] = Resource(kind="log-group", id=name, name=name, tags=tags, detail=detail)
     return sorted(found.values(), key=lambda r: r.id)
 
 

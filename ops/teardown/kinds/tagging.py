@@ -13,9 +13,9 @@ from ops.tags import PROJECT_TAG
 from ops.teardown.model import Scope
 
 NAME_ONLY_TYPES = {"sns": "topic", "sqs": "queue"}
+"""Services whose ARNs end in the bare name, without a resource type."""
 ELBV2_KINDS = ("app/", "net/", "gwy/")
 """ELBv2 load balancer ARNs say which kind; a classic ELB's ARN is `loadbalancer/<name>`."""
-"""Services whose ARNs end in the bare name, without a resource type."""
 
 
 @dataclass(frozen=True)
