@@ -1,9 +1,11 @@
 """In-process restart: recover from a Python exception or a collective timeout without new processes.
 
 Kit backend (`inprocess.backend=kit`), per fault:
-  1. abort every process group of this process: its connections close, so a peer blocked in a
-     collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
-     for the collective timeout), then drop the model, optimizer and checkpointer groups;
+  1. abandon the in-flight checkpoint save (it stops at its next phase and never commits, see
+     training.checkpoint.guard), then abort every process group of this process: its connections close,
+     so a peer blocked in a collective with this rank fails at once (gloo has no remote abort; without
+     this the peer would wait for the collective timeout), then drop the model, optimizer and
+     checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
@@ -120,7 +122,7 @@ def run_with_restarts(trainer: Trainer) -> Session:
 
     cfg: InprocessConfig = trainer.cfg.inprocess
     ctx, events = trainer.ctx, trainer.events
-    session = build_session(trainer.cfg, ctx, events)
+    session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
     trainer.resume(session)
     if not cfg.enabled:
         trainer.train_loop(session)
@@ -141,14 +143,19 @@ def run_with_restarts(trainer: Trainer) -> Session:
         )
         # Drop every reference to the failed group (model, optimizer, FSDP state) and abort it: its sockets
         # close, so a peer blocked in a collective with this rank fails now rather than at the timeout.
+        # The in-flight save is abandoned first: it must stop, not run on without its group (DCP would fall
+        # back to one process) or on the next one.
         previous = session.checkpointer
+        previous.abandon()
         session = None
         abort_groups(ctx)
+        if not previous.settle(cfg.barrier_timeout_s):
+            print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()
         trainer.heartbeat.phase("load")
         store.barrier(ctx.generation + 1)
         new_group(ctx, ctx.generation + 1)
-        session = build_session(trainer.cfg, ctx, events)
+        session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
         step, source = restore(trainer, session, previous)
         _close_quietly(previous)
         previous = None
@@ -222,6 +229,8 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
     def train(call_wrapper: inprocess.CallWrapper = None) -> int:  # type: ignore[assignment]
         t0 = time.time()
         iteration = call_wrapper.iteration
+        if (stale := kept.get("checkpointer")) is not None:
+            stale.abandon()  # type: ignore[attr-defined]  # before a new group exists for it to run on
         store = dist.TCPStore(
             host, port + 1, world_size=world, is_master=rank == 0, multi_tenant=True, wait_for_workers=False,
             timeout=timedelta(seconds=cfg.inprocess.barrier_timeout_s),
@@ -232,7 +241,7 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
             trainer = kept["trainer"] = Trainer(cfg, ctx)
             trainer.emit_start()
         trainer.ctx = ctx  # type: ignore[attr-defined]
-        session = build_session(cfg, ctx, trainer.events)  # type: ignore[attr-defined]
+        session = build_session(cfg, ctx, trainer.events, heartbeat=trainer.heartbeat)  # type: ignore[attr-defined]
         previous = kept.pop("checkpointer", None)
         kept["checkpointer"] = session.checkpointer
         if iteration == 0:

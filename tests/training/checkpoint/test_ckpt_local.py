@@ -102,7 +102,7 @@ def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
         step, app = _resume(tmp_path)
     assert (step, app.step) == (2, 2)
-    assert "checkpoint step 3 is damaged" in caplog.text
+    assert "step_00000003 skipped: damaged (__0_0.distcp: crc32" in caplog.text
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
     assert (resumes[-1]["step"], resumes[-1]["fallback_from"], resumes[-1]["source"]) == (2, 3, "disk")
 
