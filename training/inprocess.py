@@ -1,11 +1,11 @@
 """In-process restart: recover from a Python exception or a collective timeout without new processes.
 
 Kit backend (`inprocess.backend=kit`), per fault:
-  1. abandon the in-flight checkpoint save (it stops at its next phase and never commits, see
-     training.checkpoint.guard), then abort every process group of this process: its connections close,
-     so a peer blocked in a collective with this rank fails at once (gloo has no remote abort; without
-     this the peer would wait for the collective timeout), then drop the model, optimizer and
-     checkpointer groups;
+  1. abort every process group of this process: its connections close, so a peer blocked in a
+     collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
+     for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
+     never commits, see training.checkpoint.guard) and wait for it to stop; drop the model, optimizer
+     and checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
@@ -65,11 +65,15 @@ class RestartStore:
                 wait_for_workers=False,
             )
             ctx.store.set(key, str(self.store.port))
+            if ctx.world_size > 1:  # stay until every rank is connected: a run with nothing left to train
+                ctx.store.wait([f"{key}/all"], self.timeout)  # would otherwise end and take the store along
         else:
             port = int(ctx.store.get(key).decode())
             self.store = dist.TCPStore(
                 host, port, world_size=ctx.world_size, is_master=False, timeout=self.timeout
             )
+            if ctx.store.add(f"{key}/joined", 1) == ctx.world_size - 1:
+                ctx.store.set(f"{key}/all", "1")
 
     def barrier(self, generation: int) -> None:
         """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout."""
@@ -143,12 +147,13 @@ def run_with_restarts(trainer: Trainer) -> Session:
         )
         # Drop every reference to the failed group (model, optimizer, FSDP state) and abort it: its sockets
         # close, so a peer blocked in a collective with this rank fails now rather than at the timeout.
-        # The in-flight save is abandoned first: it must stop, not run on without its group (DCP would fall
-        # back to one process) or on the next one.
+        # Then the in-flight save is abandoned: it stops at its next phase (never on without its group, nor
+        # on the next one), and whatever it still tries on the aborted group fails at once. Abandoning it
+        # before the abort would let it start a collective that the abort then races with.
         previous = session.checkpointer
-        previous.abandon()
         session = None
         abort_groups(ctx)
+        previous.abandon()
         if not previous.settle(cfg.barrier_timeout_s):
             print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()

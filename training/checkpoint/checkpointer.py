@@ -25,7 +25,7 @@ Every wait of the training thread on a checkpoint (the host copy inside or befor
 previous save, a test hold, the drain) runs inside `on_wait()` (the trainer passes its heartbeat's
 "checkpoint" phase), so a slow save never looks like a hang.
 
-In-process restart: `abandon()` (before the process groups are aborted) stops the in-flight save at its
+In-process restart: `abandon()` (once the process groups are aborted) stops the in-flight save at its
 next phase boundary (training.checkpoint.guard): it never writes or commits without its group, and it is
 reported as failed ("abandoned"). Its DCP plans are cached under this checkpointer only (ScopedSavePlanner)
 and dropped at `close()`, so nothing planned for one group is reused by the next.
@@ -355,7 +355,11 @@ class Checkpointer:
             log.warning("checkpoint retention could not delete old steps: %s", one_line(exc))
 
     def _report_failed(self, step: int, error: str) -> None:
-        log.error("checkpoint of step %d failed, training goes on: %s", step, error)
+        if self._abandoned.is_set():  # whatever surfaced (often the aborted group's error), this is why
+            log.warning("checkpoint of step %d abandoned by an in-process restart: %s", step, error)
+            error = f"abandoned by an in-process restart: {error}"
+        else:
+            log.error("checkpoint of step %d failed, training goes on: %s", step, error)
         self.events.emit("ckpt", step=step, phase="failed", duration_s=0.0, error=error)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -394,8 +398,8 @@ class Checkpointer:
         self.events.emit("ckpt", step=save.step, phase="drain", duration_s=time.perf_counter() - t0p, ts=t0)
 
     def abandon(self) -> None:
-        """In-process restart, BEFORE the process groups are aborted: the in-flight save stops at its next
-        phase boundary, never commits, and is reported as failed; every later collective here raises."""
+        """In-process restart, right after the process groups were aborted: the in-flight save stops at its
+        next phase boundary, never commits, and is reported as failed; every later collective here raises."""
         self._abandoned.set()
         self._comm.abandon()
 
@@ -407,9 +411,14 @@ class Checkpointer:
         if self._worker is not None:
             with self._on_wait():
                 stopped = self._worker.drained(timeout_s)
-        if self._dcp_stager is not None:  # its staging cache holds staged DTensors too
+        # What still holds the abandoned save's staged state: the DCP stager, and the planner (it keeps the
+        # last state dict it planned). DCP's staged DTensors carry copies of the device mesh, and a copied
+        # mesh re-registers the training group: kept alive, it would keep the aborted group's sockets open.
+        if self._dcp_stager is not None:
             self._dcp_stager.close()
             self._dcp_stager = None
+        self._planner.forget()
+        self._planner = ScopedSavePlanner()
         return stopped
 
     def close(self, *, drain: bool = True) -> None:

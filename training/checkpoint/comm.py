@@ -44,8 +44,11 @@ class CheckpointComm:
         return self._group
 
     def abandon(self) -> None:
-        """From now on every collective raises; the group itself is aborted by the caller."""
+        """From now on every collective raises. The caller aborts the group; it is forgotten here at once,
+        because an aborted gloo group keeps its sockets open (a peer blocked in it would hang) until its
+        last reference is gone."""
         self._gone = True
+        self._group = None
 
     def gather_to_zero(self, obj: Any) -> list[Any] | None:
         group = self.group

@@ -14,7 +14,9 @@ Test hooks (never set in production):
                           0's) until it is abandoned or its process dies, and `maybe_save` returns only once
                           it is held, so a fault at the top of the next step lands in that phase. Each hold
                           happens once per run and rank (a marker under `<run_dir>/test_holds/`), like a
-                          fault, so a restarted run saves that step normally.
+                          fault; a step listed with several phases is held at the first unused one each
+                          time it is saved (e.g. `staging@2,writing@2`: the first save of step 2 is held
+                          in staging, the next one, after a restart, in writing).
 """
 
 from __future__ import annotations
@@ -46,17 +48,17 @@ def test_delay_s() -> float:
     return float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
 
 
-def test_holds() -> dict[int, str]:
-    """Step -> phase from KIT_CKPT_TEST_HOLD; ValueError (one line) for a malformed value."""
+def test_holds() -> dict[int, list[str]]:
+    """Step -> phases (in order) from KIT_CKPT_TEST_HOLD; ValueError (one line) for a malformed value."""
     spec = os.environ.get(TEST_HOLD_ENV, "").strip()
-    holds: dict[int, str] = {}
+    holds: dict[int, list[str]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         phase, _, step = item.partition("@")
         if phase not in PHASES or not step.isdigit():
             raise ValueError(
                 f"{TEST_HOLD_ENV} item {item!r}: expected PHASE@STEP with PHASE one of {', '.join(PHASES)}"
             )
-        holds[int(step)] = phase
+        holds.setdefault(int(step), []).append(phase)
     return holds
 
 
@@ -98,17 +100,16 @@ class TestHolds:
         self._rank = rank
 
     def claim(self, step: int) -> str | None:
-        """The phase to hold the save of `step` at, if it has a hold not yet used in this run."""
-        phase = self._holds.get(step)
-        if phase is None:
-            return None
-        self._dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self._dir / f"{phase}-step{step}-rank{self._rank}", os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            return None
-        os.close(fd)
-        return phase
+        """The phase to hold the save of `step` at: its first hold not yet used in this run, if any."""
+        for phase in self._holds.get(step, []):
+            self._dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self._dir / f"{phase}-step{step}-rank{self._rank}", os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            return phase
+        return None
 
 
 def wait_until_held(guard: SaveGuard, done: threading.Event) -> None:

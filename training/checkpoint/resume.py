@@ -64,7 +64,7 @@ def check_world_size(root: Path, world_size: int) -> None:
             raise CheckpointError(world_size_mismatch(record, folder, world_size))
 
 
-def _record_problem(record: CommitRecord, step: int) -> str | None:
+def record_problem(record: CommitRecord, step: int) -> str | None:
     """Why a readable record cannot describe a complete checkpoint of its step, or None."""
     if record.step != step:
         return f"{COMMIT_FILE} is for step {record.step}"
@@ -84,7 +84,7 @@ def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) 
         else:
             if record.world_size != comm.world_size:
                 refused = world_size_mismatch(record, folder, comm.world_size)
-            error = _record_problem(record, step)
+            error = record_problem(record, step)
     record, error, refused = comm.broadcast_from_zero((record, error, refused))
     if refused:
         raise CheckpointError(refused)
