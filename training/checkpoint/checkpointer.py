@@ -50,7 +50,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import CommitRecord, CommitRefused, FileEntry, merge_rank_files, write_commit
 from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.guard import SaveAbandoned, SaveGuard, TestHolds, wait_until_held
+from training.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
 from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
 from training.checkpoint.planner import ScopedSavePlanner
 from training.checkpoint.resume import CheckpointError, one_line, resume
@@ -76,6 +76,12 @@ class _Save:
     """Set once the host copy is complete (immediately in sync mode)."""
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
+
+    def end(self) -> None:
+        """The save is over (committed or failed): nothing waits on it any more."""
+        self.staged.set()
+        self.done.set()
+        self.guard.held.set()  # a save that never reached its test hold will not reach it now
 
 
 class Checkpointer:
@@ -105,7 +111,7 @@ class Checkpointer:
         self._planner = ScopedSavePlanner()
         self._on_wait = on_wait or contextlib.nullcontext
         self._abandoned = threading.Event()
-        self._holds = TestHolds(run_dir, rank)
+        self._holds = SaveHolds(run_dir, rank)
         self._inflight: _Save | None = None
         self._last_step: int | None = None
         self._busy_waits = 0
@@ -146,7 +152,7 @@ class Checkpointer:
             self._start_dcp_async(save, state)
         if hold is not None:
             with self._on_wait():
-                wait_until_held(save.guard, save.done)
+                save.guard.held.wait()
         self.events.emit("ckpt", step=step, phase="stall", duration_s=time.perf_counter() - t0p, ts=t0)
         return True
 
@@ -184,8 +190,7 @@ class Checkpointer:
             if not save.done.is_set():
                 self._report_failed(save.step, one_line(exc))
         finally:
-            save.staged.set()
-            save.done.set()
+            save.end()
 
     def _kit_job(self, save: _Save, taken: Any) -> None:
         try:
@@ -320,7 +325,7 @@ class Checkpointer:
         if self.rank == 0 and gathered is not None:
             self._commit(save, gathered)
         save.ok = ok
-        save.done.set()
+        save.end()
 
     def _commit(self, save: _Save, gathered: list[Any]) -> None:
         errors = [f"rank {r}: {e}" for r, (ok, e, _) in enumerate(gathered) if not ok]

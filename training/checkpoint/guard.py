@@ -64,7 +64,7 @@ def test_holds() -> dict[int, list[str]]:
 
 @dataclass
 class SaveGuard:
-    """One save's checkpoints of liveness: `point(phase)` at the start of each phase, `check()` in loops."""
+    """Whether one save may go on: `point(phase)` at the start of each phase, `check()` in loops."""
 
     step: int
     abandoned: threading.Event
@@ -72,7 +72,7 @@ class SaveGuard:
     hold: str | None = None
     """The phase this save is held at (test hook), or None."""
     held: threading.Event = field(default_factory=threading.Event)
-    """Set once the save reached its hold (or will never hold)."""
+    """Set once the save reached its hold, or ended without reaching it."""
 
     def check(self) -> None:
         if self.abandoned.is_set():
@@ -91,7 +91,7 @@ class SaveGuard:
         self.check()
 
 
-class TestHolds:
+class SaveHolds:
     """Which saves to hold (KIT_CKPT_TEST_HOLD), each once per run and rank."""
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
@@ -110,9 +110,3 @@ class TestHolds:
             os.close(fd)
             return phase
         return None
-
-
-def wait_until_held(guard: SaveGuard, done: threading.Event) -> None:
-    """Training thread: return once the save is held, or finished (a rank without that phase)."""
-    while not (guard.held.is_set() or done.is_set()):
-        guard.held.wait(0.01)  # two events: poll both (a bounded wait, not a sleep for sync)
