@@ -33,12 +33,14 @@ def _faults(kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("kind", "inprocess"),
-    [("exception", True), ("exception", False), ("kill", False), ("kill", True), ("hang", False)],
+    # In-process restart matters for soft faults; a kill or a hang always ends in a restart of the group
+    # (the peer's in-process attempt waits for a rank that is gone), so those run with it off only.
+    [("exception", True), ("exception", False), ("kill", False), ("hang", False)],
 )
 def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     tmp_path: Path, reference_run: Path, kind: str, inprocess: bool
 ) -> None:
-    launcher = ["--max-restarts", "4", *(["--heartbeat-timeout", "4"] if kind == "hang" else [])]
+    launcher = ["--max-restarts", "4", *(["--heartbeat-timeout", "3"] if kind == "hang" else [])]
     run_dir, args = launch_trainer(
         tmp_path,
         f"{kind}-{'inproc' if inprocess else 'group'}",
