@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import efa, exitcodes, memory_plan, throughput
-from training.checkpoint import Checkpointer, CheckpointError
+from training.checkpoint import Checkpointer, CheckpointError, check_world_size
+from training.checkpoint.layout import checkpoints_dir
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
@@ -63,8 +64,11 @@ class Session:
         return {"train": self.state}
 
 
-def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Session:
-    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer."""
+def build_session(
+    cfg: TrainConfig, ctx: DistContext, events: EventLog, *, heartbeat: HeartbeatClient | None = None
+) -> Session:
+    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer (whose
+    waits run in the heartbeat's "checkpoint" phase)."""
     seed_everything(cfg.run.seed, ctx.rank)
     args = MODEL_CONFIGS[cfg.model.name]
     param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
@@ -89,7 +93,12 @@ def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Sessi
     )
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank)
     checkpointer = Checkpointer(
-        cfg.checkpoint, run_dir=cfg.run.run_dir, rank=ctx.rank, world_size=ctx.world_size, events=events
+        cfg.checkpoint,
+        run_dir=cfg.run.run_dir,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        events=events,
+        on_wait=heartbeat.checkpoint_wait if heartbeat is not None else None,
     )
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 
@@ -324,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.FATAL_CONFIG
     try:
         plan_line = check_memory(cfg)
-    except ConfigError as exc:
+        if cfg.checkpoint.mode != "off":  # a checkpoint of another world size: refused before any group
+            check_world_size(checkpoints_dir(cfg.run.run_dir), int(os.environ.get("WORLD_SIZE", "1")))
+    except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     if int(os.environ.get("RANK", "0")) == 0:
