@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off", "")
+FALSE_WORDS = ("0", "false", "no", "off")
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NON_FINITE = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
+"""ASCII only: Python's int() and float() also take '1_000' and other scripts' digits, which nobody types on
+purpose into a node count."""
 
 
 def parse_bool(text: str | bool | None, name: str) -> bool:
-    """`1/true/yes/on` or `0/false/no/off/""` (any case); anything else raises ValueError naming `name`."""
+    """`1/true/yes/on` or `0/false/no/off` (any case); None (not given) is False; anything else, the empty
+    string included (`DRY_RUN=` says nothing), raises ValueError naming `name`."""
     if isinstance(text, bool):
         return text
     if text is None:
@@ -27,7 +34,7 @@ def parse_bool(text: str | bool | None, name: str) -> bool:
     if low in FALSE_WORDS:
         return False
     raise ValueError(
-        f"{name}={text!r}: not a boolean; use one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS[:-1])}"
+        f"{name}={text!r}: not a boolean; use one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
     )
 
 
@@ -40,10 +47,15 @@ def parse_float(
     lo_open: bool = False,
 ) -> float:
     """A finite float in [lo, hi] (or (lo, hi] with `lo_open`); nan, inf and out-of-range raise ValueError."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={text!r}: not a number") from None
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{name}={text!r}: not a number")
+    if isinstance(text, str):
+        stripped = text.strip()
+        if _NON_FINITE.fullmatch(stripped):
+            raise ValueError(f"{name}={text!r}: must be a finite number")
+        if not _FLOAT.fullmatch(stripped):
+            raise ValueError(f"{name}={text!r}: not a number")
+    value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{name}={text!r}: must be a finite number")
     _check_range(value, text, name, lo, hi, lo_open)
@@ -52,12 +64,9 @@ def parse_float(
 
 def parse_int(text: str | int, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
     """A whole number in [lo, hi]; `1.5`, `1e3`, `nan` and out-of-range raise ValueError naming `name`."""
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not (isinstance(text, int) or _INT.fullmatch(str(text).strip())):
         raise ValueError(f"{name}={text!r}: not a whole number")
-    try:
-        value = int(str(text).strip(), 10)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: not a whole number") from None
+    value = int(str(text).strip(), 10)
     _check_range(value, text, name, lo, hi, False)
     return value
 

@@ -133,14 +133,10 @@ def measure(
 
 
 def planned(mode: str, *, model: str, seq_len: int, batch: int) -> int:
-    from training.memory_plan import Shape, plan
-    from training.model import MODEL_CONFIGS
+    from training.memory_plan import plan
+    from training.shapes import MODEL_CONFIGS
 
-    a = MODEL_CONFIGS[model]
-    shape = Shape(
-        vocab_size=a.vocab_size, dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
-        n_kv_heads=a.n_kv_heads, ffn_dim=a.ffn_dim,
-    )  # fmt: skip
+    shape = MODEL_CONFIGS[model]
     p = plan(
         shape, world_size=WORLD, ranks_per_node=WORLD, seq_len=seq_len, micro_batch=batch, ac=mode,
         device_capacity=1 << 40, host_capacity=1 << 40, on_gpu=False,
@@ -202,7 +198,14 @@ def _write_doc(rows, result, *, model: str, seq_len: int, batch: int, steps: int
             f"| {mode} | {r['peak'] / 2**20:.1f} | {r['plan'] / 2**20:.1f} | {r['error']:.3f} | "
             f"{r['activation'] / 2**20:.1f} | {r['step_s']:.3f} |"
         )
-    lines += ["", "RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()), ""]
+    lines += [
+        "",
+        "Memory is the kernel's resident high-water mark less the memory before the model was built; it does "
+        "not depend on load. Step times do: read ac_step_ratio as indicative on a busy machine.",
+        "",
+        "RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()),
+        "",
+    ]
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text("\n".join(lines))
 

@@ -37,7 +37,7 @@ _ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _INSTANCE_RE = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*\.[a-z0-9]+$")
 _RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
 _RESOURCE_GROUP_RE = re.compile(r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/[\w.-]{1,128}$")
-_PLACEMENT_GROUP_RE = re.compile(r"^[\w .:/+=@-]{1,255}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^[\w.:/+=@-][\w .:/+=@-]{0,254}$")
 RepairAction = Literal["Replace", "Reboot", "NoAction"]
 REPAIR_ACTIONS: tuple[str, ...] = typing.get_args(RepairAction)
 REPAIR_CONDITIONS = (
@@ -63,6 +63,13 @@ FSX_DEFAULT_THROUGHPUT_PER_TIB: dict[str, int | None] = {
     "PERSISTENT_1": 200,
     "SCRATCH_2": None,
 }
+
+
+MANAGED_NODE_GROUP_MAX_NODES = 450
+"""EKS quota "Nodes per managed node group" (not adjustable):
+https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html."""
+CHECKPOINT_WRITE_S_MAX = 3600
+"""Longest checkpoint write the kit sizes FSx for: beyond an hour a checkpoint no longer bounds lost work."""
 
 
 def _need(cond: bool, key: str, problem: str) -> None:
@@ -207,11 +214,12 @@ class GpuConfig:
     min_nodes: int = 0
     """Minimum GPU nodes (>= 0)."""
     desired_nodes: int | None = None
-    """GPU nodes to run now (min_nodes .. max_nodes). Unset: max_nodes with an ODCR (reserved capacity
-    exists), else min_nodes (0): a deploy without p5 capacity still builds cluster, FSx and ECR. Set it to
-    scale (`-c gpu.desired_nodes=2`); with a Capacity Block, once the block is active."""
+    """GPU nodes to run now (min_nodes .. max_nodes). Unset: min_nodes (0) in every capacity mode, so a
+    deploy without capacity (no quota, an ODCR that is short, inactive or in another AZ, a block not yet
+    active) still builds cluster, FSx and ECR. Set it to scale (`-c gpu.desired_nodes=2`): with an ODCR up to
+    the reservation's count, with a Capacity Block once the block is active."""
     max_nodes: int = 2
-    """Maximum GPU nodes (1 or more)."""
+    """Maximum GPU nodes (1 .. 450, EKS's limit for one managed node group)."""
     capacity: Capacity = "on_demand"
     """Where instances come from: `on_demand`, `odcr` (On-Demand Capacity Reservation) or `capacity_block`."""
     reservation_id: str | None = None
@@ -253,7 +261,12 @@ class GpuConfig:
             f"{self.instance_type!r} has no EFA network-card layout in the kit; use one of: "
             + ", ".join(sorted(GPU_INSTANCES)),
         )
-        _need(self.max_nodes >= 1, "gpu.max_nodes", f"{self.max_nodes} is not allowed; use 1 or more")
+        _need(
+            1 <= self.max_nodes <= MANAGED_NODE_GROUP_MAX_NODES,
+            "gpu.max_nodes",
+            f"{self.max_nodes} is not allowed; use 1 .. {MANAGED_NODE_GROUP_MAX_NODES} "
+            "(the most nodes one EKS managed node group holds)",
+        )
         _need(self.min_nodes >= 0, "gpu.min_nodes", f"{self.min_nodes} is not allowed; use 0 or more")
         _need(
             self.min_nodes <= self.max_nodes,
@@ -306,7 +319,7 @@ class GpuConfig:
                 bool(_PLACEMENT_GROUP_RE.match(self.placement_group_name)),
                 "gpu.placement_group_name",
                 f"{self.placement_group_name!r} is not a placement group name "
-                "(1-255 letters, digits, spaces, ._-)",
+                "(1-255 letters, digits, spaces, ._-, not starting with a space)",
             )
             _need(
                 not self.placement_group,
@@ -322,6 +335,13 @@ class GpuConfig:
             )
             return
         if self.capacity == "capacity_block":
+            _need(
+                GPU_INSTANCES[self.instance_type].capacity_blocks,
+                "gpu.capacity",
+                f"'capacity_block' is not offered for {self.instance_type}; use on_demand or odcr, "
+                "or one of: "
+                + ", ".join(sorted(n for n, spec in GPU_INSTANCES.items() if spec.capacity_blocks)),
+            )
             _need(
                 self.reservation_id is not None,
                 "gpu.reservation_id",
@@ -351,8 +371,16 @@ class GpuConfig:
 
     def _check_repair(self) -> None:
         """Repair overrides parse; the unhealthy-node threshold fits the node group."""
+        seen: dict[tuple[str, str], str] = {}
         for entry in self.repair_overrides:
-            parse_repair_override(entry)
+            parsed = parse_repair_override(entry)
+            pair = (parsed.condition, parsed.reason)
+            _need(
+                pair not in seen,
+                "gpu.repair_overrides",
+                f"{seen.get(pair)!r} and {entry!r} both set {pair[0]}:{pair[1]}; keep one of them",
+            )
+            seen[pair] = entry
         _need(
             1 <= self.repair_max_unhealthy_nodes <= self.max_nodes,
             "gpu.repair_max_unhealthy_nodes",
@@ -361,10 +389,11 @@ class GpuConfig:
 
     @property
     def effective_desired_nodes(self) -> int:
-        """Nodes the group asks for: desired_nodes, else max_nodes with an ODCR, else min_nodes."""
-        if self.desired_nodes is not None:
-            return self.desired_nodes
-        return self.max_nodes if self.capacity == "odcr" else self.min_nodes
+        """Nodes the group asks for: desired_nodes, else min_nodes in every capacity mode.
+
+        Synth cannot see whether an ODCR holds max_nodes, is active, in the AZ or of the type; a node group
+        that fails to fill rolls back the whole cluster stack, so nodes start only when asked for."""
+        return self.desired_nodes if self.desired_nodes is not None else self.min_nodes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -418,13 +447,14 @@ class StorageConfig:
     (unset: 200); SCRATCH_2: leave unset (fixed)."""
     efa_enabled: bool = False
     """EFA-enabled file system (PERSISTENT_2 only; GPUDirect Storage clients); set only at creation
-    (changing it replaces the file system). Adds the EFA security group to the file system."""
+    (changing it replaces the file system). Adds the EFA security group to the file system and opens the
+    file system's own group to all traffic within itself (FSx guide, EFA-enabled file systems)."""
     checkpoint_gb: int = 97
     """Size of one full checkpoint in GB that the file system must absorb (llama3.1-8b: 8.03e9 params x 12
     bytes = 96.4 GB)."""
     checkpoint_write_s: int = 120
-    """Longest acceptable write of one checkpoint, seconds (keep below the checkpoint interval); sizes
-    that cannot meet it are refused with the smallest size that can."""
+    """Longest acceptable write of one checkpoint, seconds (1 .. 3600; keep below the checkpoint interval);
+    sizes that cannot meet it are refused with the smallest size that can."""
     s3_bucket: str | None = None
     """Existing S3 bucket to link at /data (auto import and export); unset for no link."""
 
@@ -459,9 +489,9 @@ class StorageConfig:
             f"{self.checkpoint_gb} is not allowed; use 1 or more",
         )
         _need(
-            self.checkpoint_write_s >= 1,
+            1 <= self.checkpoint_write_s <= CHECKPOINT_WRITE_S_MAX,
             "storage.checkpoint_write_s",
-            f"{self.checkpoint_write_s} is not allowed; use 1 or more",
+            f"{self.checkpoint_write_s} is not allowed; use 1 .. {CHECKPOINT_WRITE_S_MAX} seconds",
         )
         if self.s3_bucket is not None:
             _need(
@@ -603,6 +633,8 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
+        if isinstance(raw, str) and raw and not raw.strip():
+            raise ConfigError(key, f"{raw!r} is only whitespace; give a value, or null to unset it")
         if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NULLS):
             return None
         return _parse(key, raw, inner[0])

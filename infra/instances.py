@@ -48,6 +48,10 @@ class InstanceSpec:
     """GPU model, for labels and docs."""
     local_nvme: bool
     """Whether the instance has local NVMe instance storage (RAID0 via nodeadm when true)."""
+    capacity_blocks: bool = False
+    """Whether EC2 Capacity Blocks for ML offer the type (EC2 user guide, "Capacity Blocks for ML",
+    supported instance types: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html;
+    P4d, P4de, P5, P5e, P5en, P6-B200, P6-B300 yes; G5 and G6e no)."""
 
     @property
     def efa_cards(self) -> tuple[int, ...]:
@@ -81,6 +85,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p4d.24xlarge",
+            capacity_blocks=True,
             network_cards=4,
             interfaces_per_card=15,
             gpus=8,
@@ -89,6 +94,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p4de.24xlarge",
+            capacity_blocks=True,
             network_cards=4,
             interfaces_per_card=15,
             gpus=8,
@@ -97,6 +103,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p5.48xlarge",
+            capacity_blocks=True,
             network_cards=32,
             interfaces_per_card=2,
             gpus=8,
@@ -105,6 +112,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p5e.48xlarge",
+            capacity_blocks=True,
             network_cards=32,
             interfaces_per_card=2,
             gpus=8,
@@ -113,6 +121,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p5en.48xlarge",
+            capacity_blocks=True,
             network_cards=16,
             interfaces_per_card=4,
             gpus=8,
@@ -121,6 +130,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p6-b200.48xlarge",
+            capacity_blocks=True,
             network_cards=8,
             interfaces_per_card=4,
             gpus=8,
@@ -129,6 +139,7 @@ GPU_INSTANCES: dict[str, InstanceSpec] = {
         ),
         InstanceSpec(
             name="p6-b300.48xlarge",
+            capacity_blocks=True,
             network_cards=17,
             ena_only_cards=(0,),
             interfaces_per_card=4,

@@ -13,6 +13,12 @@ _CAPACITY = {
     "capacity_block": "from the Capacity Block",
 }
 
+_START_HINT = {
+    "on_demand": "",
+    "odcr": " (N at most the reservation's instance count, once it is active in gpu.availability_zone)",
+    "capacity_block": " (once the block is active)",
+}
+
 
 def capacity_line(cfg: KitConfig) -> str:
     """One line: how many GPU nodes the deploy asks for, from where, and how to change it."""
@@ -24,7 +30,7 @@ def capacity_line(cfg: KitConfig) -> str:
         "cluster, FSx and ECR deploy either way"
     )
     if nodes == 0:
-        line += "; start nodes with -c gpu.desired_nodes=N"
+        line += "; start nodes with -c gpu.desired_nodes=N" + _START_HINT[gpu.capacity]
     return line
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from infra import kubernetes_versions, sizing
+from infra import eks_images, kubernetes_versions, sizing
 from infra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,7 +22,8 @@ def check_cross_rules(
     storage: StorageConfig,
 ) -> None:
     """AZs belong to the region; the GPU nodes (and FSx, which follows them) sit in one of the VPC's AZs;
-    FSx writes a checkpoint in time; the kubectl layer for the Kubernetes version is installed."""
+    FSx writes a checkpoint in time; with Kubernetes objects, the kubectl layer for the Kubernetes version is
+    installed and the region's EKS image registry is known."""
     for az in network.availability_zones:
         if not (az.startswith(region) and len(az) == len(region) + 1):
             raise ConfigError(
@@ -37,6 +38,7 @@ def check_cross_rules(
         )
     check_checkpoint_write(storage=storage, gpu=gpu)
     if kubernetes.deploy_objects:
+        eks_images.check_region(region)  # the EFA device plugin's image registry
         module = kubernetes_versions.layer_module(cluster.kubernetes_version)
         if importlib.util.find_spec(module) is None:
             package = "aws-cdk." + module.removeprefix("aws_cdk.").replace("_", "-")

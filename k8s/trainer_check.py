@@ -37,8 +37,8 @@ def check_trainer_config(
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
         }
-        if memory:  # the job's world size, as the launcher will set it: the fault plan is checked against it
-            env["WORLD_SIZE"] = str(memory[0])
+        if memory:  # the pod's world: the trainer checks fault ranks and the like against it
+            env |= {"WORLD_SIZE": str(memory[0]), "LOCAL_WORLD_SIZE": str(memory[1])}
         try:
             proc = subprocess.run(
                 [python, "-m", "training.check_config", "--elsewhere", "--config", str(path), *extra],

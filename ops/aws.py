@@ -9,6 +9,7 @@ natively), which is how the tests point everything at a local moto server.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -62,12 +63,17 @@ class Aws:
     def __init__(self, settings: AwsSettings, *, require_credentials: bool = True) -> None:
         self.settings = settings
         try:
-            self.session = boto3.session.Session(region_name=settings.region)
+            # AWS_REGION (what the AWS CLI v2 and most SDKs read) is not read by boto3's session itself
+            region_name = settings.region or os.environ.get("AWS_REGION") or None
+            self.session = boto3.session.Session(region_name=region_name)
         except botocore.exceptions.ProfileNotFound as exc:
             raise OpsError(f"{exc}; fix AWS_PROFILE or run `aws configure --profile NAME`") from None
         region = self.session.region_name
         if not region:
-            raise OpsError("no AWS region: pass --region (e.g. --region us-east-1) or set AWS_REGION")
+            raise OpsError(
+                "no AWS region: pass --region (e.g. --region us-east-1) "
+                "or set AWS_REGION / AWS_DEFAULT_REGION"
+            )
         if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region) or region not in known_regions(self.session):
             raise OpsError(
                 f"unknown AWS region {region!r}; pass a region name such as us-east-1 or eu-west-1 "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import re
 import sys
 from pathlib import Path
@@ -18,7 +17,9 @@ from pathlib import Path
 import botocore.exceptions
 from rich.console import Console
 
+from cliargs import OneLineParser, float_arg
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
+from ops.cli import parse_once
 from ops.cost import prices
 from ops.cost.burn import get_burn
 from ops.cost.faults import fault_cost, load_metrics
@@ -27,6 +28,8 @@ from ops.cost.spend import get_spend
 from ops.tags import prefix_error
 
 DEFAULT_INSTANCE = "p5.48xlarge"
+MAX_GPU_HOUR_USD = 1000.0
+"""A GPU-hour above $1,000 is a typo (an H100 costs about $7 on demand)."""
 
 
 def parse_period(text: str, today: dt.date) -> tuple[dt.date, dt.date]:
@@ -50,7 +53,9 @@ def parse_period(text: str, today: dt.date) -> tuple[dt.date, dt.date]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.cost_report", description=__doc__.splitlines()[0])
+    p = OneLineParser(
+        prog="python -m ops.cost_report", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     p.add_argument("--prefix", required=True, help="the kit's name prefix (value of the kit:project tag)")
     p.add_argument("--region", help="AWS region of the kit (default: AWS_REGION / the profile's region)")
     p.add_argument(
@@ -64,7 +69,11 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_INSTANCE,
         help=f"GPU instance the run used, to price a GPU-hour (default {DEFAULT_INSTANCE})",
     )
-    p.add_argument("--gpu-hour-price", type=float, help="USD per GPU-hour, instead of looking it up")
+    p.add_argument(
+        "--gpu-hour-price",
+        type=float_arg(lo=0, lo_open=True, hi=MAX_GPU_HOUR_USD),
+        help=f"USD per GPU-hour (> 0, at most {MAX_GPU_HOUR_USD:g}), instead of looking it up",
+    )
     p.add_argument("--offline", action="store_true", help="no AWS calls: only the run section, static prices")
     p.add_argument(
         "--skip",
@@ -90,13 +99,10 @@ def gpu_hour_price(args: argparse.Namespace, aws: Aws | None, region: str) -> tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_once(parser(), argv)
     try:
         if (why := prefix_error(args.prefix)) is not None:
             raise OpsError(why)
-        price = args.gpu_hour_price
-        if price is not None and not (math.isfinite(price) and price > 0):
-            raise OpsError(f"--gpu-hour-price must be > 0 USD, got {args.gpu_hour_price}")
         if args.png is not None and (args.png.suffix != ".png" or not args.png.parent.is_dir()):
             raise OpsError(f"--png {str(args.png)!r}: must end in .png and its folder must exist")
         if args.offline and args.run_dir is None:

@@ -16,6 +16,8 @@ STACK_TAG = "kit:stack"
 KEEP_TAG = "kit:teardown"
 """Protection tag: `kit:teardown=keep` on a resource makes teardown keep it (exclude beats include)."""
 KEEP_VALUE = "keep"
+CLUSTER_TAG = "kit:cluster"
+"""Teardown writes it (with the project tag) on controller-made resources before deleting their cluster."""
 
 
 def tag_dict(items: object, key: str = "Key", value: str = "Value") -> dict[str, str]:

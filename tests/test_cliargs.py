@@ -15,7 +15,6 @@ from cliargs import OneLineParser, float_arg, int_arg, parse_bool, parse_float, 
         (" on ", True),
         ("0", False),
         ("off", False),
-        ("", False),
         (None, False),
         (True, True),
     ],
@@ -24,7 +23,7 @@ def test_parse_bool_known_spellings(text, want):
     assert parse_bool(text, "DRY_RUN") is want
 
 
-@pytest.mark.parametrize("text", ["y", "n", "2", "yes please", "tru"])
+@pytest.mark.parametrize("text", ["y", "n", "2", "yes please", "tru", "", " "])
 def test_parse_bool_refuses_unknown_spelling(text):
     with pytest.raises(ValueError, match=rf"^DRY_RUN={text!r}: not a boolean"):
         parse_bool(text, "DRY_RUN")
@@ -52,7 +51,7 @@ def test_parse_float_open_bound():
         parse_float("0", "x", lo=0, lo_open=True)
 
 
-@pytest.mark.parametrize("text", ["1.5", "1e3", "nan", "", "four"])
+@pytest.mark.parametrize("text", ["1.5", "1e3", "nan", "", "four", "1_000", "\u0664", "0x10"])
 def test_parse_int_refuses_non_integers(text):
     with pytest.raises(ValueError, match="not a whole number"):
         parse_int(text, "NODES", lo=1)
@@ -72,3 +71,22 @@ def test_argparse_types_give_one_error_line(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("tool: error: ") and msg in err
+
+
+@pytest.mark.parametrize("text", ["1_0.5", "\u0664.5", "0x1p3", "1e", ".", "--1"])
+def test_parse_float_takes_ascii_numbers_only(text):
+    with pytest.raises(ValueError, match="not a number"):
+        parse_float(text, "X")
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("1e-3", 1e-3), (" 2.5 ", 2.5), ("-.5", -0.5), (3, 3.0), (0.25, 0.25)]
+)
+def test_parse_float_accepts_plain_numbers(text, want):
+    assert parse_float(text, "X") == want
+
+
+@pytest.mark.parametrize("text", ["NaN", "+inf", "-Infinity", float("nan"), float("inf")])
+def test_parse_float_names_non_finite_values(text):
+    with pytest.raises(ValueError, match="must be a finite number"):
+        parse_float(text, "X")

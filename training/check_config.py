@@ -59,9 +59,9 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
     if memory is None:
         return None, None
     from training import memory_plan
-    from training.model import MODEL_CONFIGS
+    from training.shapes import MODEL_CONFIGS
 
-    shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
+    shape = MODEL_CONFIGS[cfg.model.name]
     host = host_mib << 20
     try:
         line = memory_plan.plan_line(

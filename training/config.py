@@ -407,7 +407,7 @@ def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None)
 def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
     """Rules across sections and against the machine (paths, installed packages)."""
     from training.data import check_shards  # data owns its format; imported late to keep config light
-    from training.model import MODEL_CONFIGS
+    from training.shapes import MODEL_CONFIGS
 
     margs = MODEL_CONFIGS[cfg.model.name]
     world = env.get("WORLD_SIZE", "1")

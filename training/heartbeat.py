@@ -15,7 +15,10 @@ The launcher applies the load allowance in "start", "load", "checkpoint" and bef
 Trainer usage: `phase("start")` at start, `phase("load")` before reading a checkpoint,
 `phase("train")` after it, `phase("checkpoint")` before any call that may block on a checkpoint
 (`maybe_save` on a save step, or on every step: it is one small write), and `beat(step)` after each
-step (it returns the rank to "train"); `close()` at the end.
+step (it returns the rank to "train"); `close()` at the end. A wait on a checkpoint in the middle of a
+step (an optimizer step that waits for the host copy of the previous save) runs inside
+`checkpoint_wait()`: the "checkpoint" phase for as long as it lasts, then back to the phase before, with
+the wait left out of the step time (the Checkpointer calls it around every wait, as `on_wait`).
 
 Beats come from the training (main) thread on purpose: a background thread would keep beating while
 the training thread is stuck.
@@ -28,10 +31,12 @@ launcher (env unset) every call is a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -94,6 +99,26 @@ class HeartbeatClient:
         self._phase = phase
         self._mark = None
         self._write(now)
+
+    @contextlib.contextmanager
+    def checkpoint_wait(self) -> Iterator[None]:
+        """The "checkpoint" phase while the training thread waits on a checkpoint, then the phase it was
+        in; the wait is not counted in the step time (the rhythm of "train" is kept)."""
+        if self._closed or self._phase == "checkpoint":
+            yield
+            return
+        before, t0 = self._phase, time.time()
+        self._phase, self._since = "checkpoint", t0
+        self._write(t0)
+        try:
+            yield
+        finally:
+            now = time.time()
+            if not self._closed:
+                self._phase, self._since = before, now
+                if self._mark is not None:
+                    self._mark += now - t0
+                self._write(now)
 
     def beat(self, step: int) -> None:
         """One beat per completed training step."""

@@ -3,7 +3,9 @@
 Kit backend (`inprocess.backend=kit`), per fault:
   1. abort every process group of this process: its connections close, so a peer blocked in a
      collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
-     for the collective timeout), then drop the model, optimizer and checkpointer groups;
+     for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
+     never commits, see training.checkpoint.guard) and wait for it to stop; drop the model, optimizer
+     and checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
@@ -63,11 +65,15 @@ class RestartStore:
                 wait_for_workers=False,
             )
             ctx.store.set(key, str(self.store.port))
+            if ctx.world_size > 1:  # stay until every rank is connected: a run with nothing left to train
+                ctx.store.wait([f"{key}/all"], self.timeout)  # would otherwise end and take the store along
         else:
             port = int(ctx.store.get(key).decode())
             self.store = dist.TCPStore(
                 host, port, world_size=ctx.world_size, is_master=False, timeout=self.timeout
             )
+            if ctx.store.add(f"{key}/joined", 1) == ctx.world_size - 1:
+                ctx.store.set(f"{key}/all", "1")
 
     def barrier(self, generation: int) -> None:
         """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout."""
@@ -120,7 +126,7 @@ def run_with_restarts(trainer: Trainer) -> Session:
 
     cfg: InprocessConfig = trainer.cfg.inprocess
     ctx, events = trainer.ctx, trainer.events
-    session = build_session(trainer.cfg, ctx, events)
+    session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
     trainer.resume(session)
     if not cfg.enabled:
         trainer.train_loop(session)
@@ -141,14 +147,20 @@ def run_with_restarts(trainer: Trainer) -> Session:
         )
         # Drop every reference to the failed group (model, optimizer, FSDP state) and abort it: its sockets
         # close, so a peer blocked in a collective with this rank fails now rather than at the timeout.
+        # Then the in-flight save is abandoned: it stops at its next phase (never on without its group, nor
+        # on the next one), and whatever it still tries on the aborted group fails at once. Abandoning it
+        # before the abort would let it start a collective that the abort then races with.
         previous = session.checkpointer
         session = None
         abort_groups(ctx)
+        previous.abandon()
+        if not previous.settle(cfg.barrier_timeout_s):
+            print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()
         trainer.heartbeat.phase("load")
         store.barrier(ctx.generation + 1)
         new_group(ctx, ctx.generation + 1)
-        session = build_session(trainer.cfg, ctx, events)
+        session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
         step, source = restore(trainer, session, previous)
         _close_quietly(previous)
         previous = None
@@ -222,6 +234,8 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
     def train(call_wrapper: inprocess.CallWrapper = None) -> int:  # type: ignore[assignment]
         t0 = time.time()
         iteration = call_wrapper.iteration
+        if (stale := kept.get("checkpointer")) is not None:
+            stale.abandon()  # type: ignore[attr-defined]  # before a new group exists for it to run on
         store = dist.TCPStore(
             host, port + 1, world_size=world, is_master=rank == 0, multi_tenant=True, wait_for_workers=False,
             timeout=timedelta(seconds=cfg.inprocess.barrier_timeout_s),
@@ -232,7 +246,7 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
             trainer = kept["trainer"] = Trainer(cfg, ctx)
             trainer.emit_start()
         trainer.ctx = ctx  # type: ignore[attr-defined]
-        session = build_session(cfg, ctx, trainer.events)  # type: ignore[attr-defined]
+        session = build_session(cfg, ctx, trainer.events, heartbeat=trainer.heartbeat)  # type: ignore[attr-defined]
         previous = kept.pop("checkpointer", None)
         kept["checkpointer"] = session.checkpointer
         if iteration == 0:

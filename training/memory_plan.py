@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from training.shapes import ModelArgs
+
 ActivationCheckpointing = Literal["none", "selective", "full"]
 GIB = 1 << 30
 CPU_RUNTIME_BYTES = 40 << 20
@@ -35,41 +37,7 @@ class MemoryPlanError(ValueError):
     """The job would not fit; the message is one line with the numbers and the fix."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Shape:
-    """The parts of a model's shape that memory depends on (ModelArgs has them all)."""
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-
-    @classmethod
-    def of(cls, args) -> Shape:
-        """The shape of a `training.model.ModelArgs` (or anything with the same attributes)."""
-        return cls(**{f: getattr(args, f) for f in cls.__dataclass_fields__})
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * (self.dim // self.n_heads)
-
-    @property
-    def block_params(self) -> int:
-        attn = 2 * self.dim * self.dim + 2 * self.dim * self.kv_dim
-        return attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
-
-    @property
-    def root_params(self) -> int:
-        return 2 * self.vocab_size * self.dim + self.dim
-
-    @property
-    def params(self) -> int:
-        return self.n_layers * self.block_params + self.root_params
-
-
-def activation_bytes_per_token(shape: Shape, elem: int) -> int:
+def activation_bytes_per_token(shape: ModelArgs, elem: int) -> int:
     """Bytes one block saves for backward per token, with activations of `elem` bytes (2 bf16, 4 fp32).
 
     Each RMSNorm: its fp32 input (x itself when fp32) and normalised x (4 B each), and its output (elem);
@@ -124,7 +92,7 @@ class MemoryPlan:
 
 
 def plan(
-    shape: Shape,
+    shape: ModelArgs,
     *,
     world_size: int,
     ranks_per_node: int,
@@ -145,7 +113,7 @@ def plan(
         )
     elem = 2 if on_gpu else 4
     tokens = seq_len * micro_batch
-    shard = math.ceil(shape.params / world_size)
+    shard = math.ceil(shape.num_params() / world_size)
     per_block = activation_bytes_per_token(shape, elem) * tokens
     block_input = elem * shape.dim * tokens
     checkpointed = {"none": 0, "selective": shape.n_layers // 2, "full": shape.n_layers}[ac]
@@ -177,7 +145,7 @@ def plan(
     )
 
 
-def refusal(shape: Shape, *, nodes: int, **job) -> str | None:
+def refusal(shape: ModelArgs, *, nodes: int, **job) -> str | None:
     """None when the job fits; else one line with the numbers and only those fixes that do make it fit.
 
     `job` holds `plan`'s keywords but `world_size` (nodes x ranks_per_node). Fixes tried: stronger activation
@@ -250,7 +218,7 @@ def host_memory_bytes() -> int:
 
 def plan_line(
     cfg,
-    shape: Shape,
+    shape: ModelArgs,
     *,
     world: int,
     ranks_per_node: int,

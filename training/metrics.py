@@ -135,6 +135,10 @@ class RunMetrics:
     """Seconds of background writing (async) on the reference rank; overlaps training, not a stall."""
     events_skipped: int = 0
     """Events left out because a field the metrics need was missing or not a number."""
+    tokens_per_s: float | None = None
+    """Median tokens per second of one rank (one GPU) over its steps; None when steps carry none."""
+    mfu: float | None = None
+    """Median model FLOPs utilisation over the same steps; None where the device's peak is unknown (CPU)."""
 
 
 def _int(value: Any) -> int | None:
@@ -339,6 +343,8 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     steps_completed = len(distinct)
     durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s") or 0.0) for e in steps]
     median_step_s = statistics.median(durations) if durations else 0.0
+    rates = [float(e["tokens_per_s"]) for e in steps if isinstance(e.get("tokens_per_s"), (int, float))]
+    mfus = [float(e["mfu"]) for e in steps if isinstance(e.get("mfu"), (int, float))]
 
     def ckpt_sum(phase: str) -> float:
         return sum(
@@ -395,6 +401,8 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
         checkpoint_write_s=ckpt_sum("write"),
         events_skipped=len(given) - len(evs),
+        tokens_per_s=statistics.median(rates) if rates else None,
+        mfu=statistics.median(mfus) if mfus else None,
     )
 
 

@@ -1,15 +1,14 @@
 """A Llama-style decoder (RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention).
 
-Shapes by name in MODEL_CONFIGS. Parameters are created on the meta device and materialised by
-`init_weights`, so the 8B model never exists unsharded in host memory: on CPU the full model is
-materialised from the seed and then sharded (bitwise the same init for any world size); on GPU each rank
-materialises its shards after `fully_shard` (DTensor's RNG keeps the shards consistent).
+Shapes by name in `training.shapes.MODEL_CONFIGS`. Parameters are created on the meta device and
+materialised by `init_weights`, so the 8B model never exists unsharded in host memory: on CPU the full
+model is materialised from the seed and then sharded (bitwise the same init for any world size); on GPU
+each rank materialises its shards after `fully_shard` (DTensor's RNG keeps the shards consistent).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -17,57 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from training.shapes import MODEL_CONFIGS as MODEL_CONFIGS  # re-exported for older imports
+from training.shapes import ModelArgs
+
 ActivationCheckpointing = Literal["none", "selective", "full"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelArgs:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    max_seq_len: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"dim % n_heads and n_heads % n_kv_heads must be 0: {self}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def num_params(self) -> int:
-        kv = self.n_kv_heads * self.head_dim
-        attn = 2 * self.dim * self.dim + 2 * self.dim * kv
-        block = attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
-        return self.n_layers * block + 2 * self.vocab_size * self.dim + self.dim
-
-
-MODEL_CONFIGS: dict[str, ModelArgs] = {
-    # ~4.0 M params: a full train/checkpoint/fault/restart scenario fits in seconds on 2 CPU cores.
-    "tiny": ModelArgs(
-        vocab_size=2048, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=688, max_seq_len=1024
-    ),
-    # ~125 M params: CPU checkpoint benchmarks (about a 1.5 GB checkpoint with AdamW state).
-    "small": ModelArgs(
-        vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, max_seq_len=2048
-    ),
-    # Llama 3.1 8B shape (8.03 B params), the study's model.
-    "llama3.1-8b": ModelArgs(
-        vocab_size=128256,
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_dim=14336,
-        max_seq_len=8192,
-        rope_theta=500000.0,
-    ),
-}
 
 
 class RMSNorm(nn.Module):

@@ -40,6 +40,12 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("steps computed", "replays after resumes included", lambda m: str(m.steps_computed)),
     ("lost steps", "computed again after a resume", lambda m: str(m.lost_steps)),
     ("median step", "fault-free steps", lambda m: _s(m.median_step_s)),
+    (
+        "tokens/s per GPU",
+        "median over steps",
+        lambda m: "-" if m.tokens_per_s is None else f"{m.tokens_per_s:,.0f}",
+    ),
+    ("MFU", "model FLOPs / peak (GPU only)", lambda m: "-" if m.mfu is None else _pct(m.mfu)),
     ("checkpoint stall", "training loop blocked by saves", lambda m: _s(m.stall_s)),
     ("final drain", "last background save at exit", lambda m: _s(m.drain_s)),
     ("checkpoints", "committed / failed", lambda m: f"{m.checkpoints_committed} / {m.checkpoints_failed}"),
@@ -192,7 +198,9 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     ax.set_title(
         title
         or f"goodput {_pct(m.goodput)} · efficiency {_pct(m.efficiency)} · "
-        f"{m.faults_recovered}/{len(m.faults)} faults recovered",
+        f"{m.faults_recovered}/{len(m.faults)} faults recovered"
+        + (f" · {m.tokens_per_s:,.0f} tokens/s per GPU" if m.tokens_per_s is not None else "")
+        + (f" · MFU {_pct(m.mfu)}" if m.mfu is not None else ""),
         fontsize=10,
     )
     ax_dur.set_ylabel("step time (s)")

@@ -25,14 +25,16 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import efa, exitcodes, memory_plan, throughput
-from training.checkpoint import Checkpointer, CheckpointError
+from training.checkpoint import Checkpointer, CheckpointError, check_world_size
+from training.checkpoint.layout import checkpoints_dir
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
 from training.events import EventLog
 from training.faults import FaultInjector
 from training.heartbeat import HeartbeatClient
-from training.model import MODEL_CONFIGS, build_model, loss_fn
+from training.model import build_model, loss_fn
+from training.shapes import MODEL_CONFIGS
 from training.state import TrainState
 
 
@@ -64,8 +66,11 @@ class Session:
         return {"train": self.state}
 
 
-def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Session:
-    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer."""
+def build_session(
+    cfg: TrainConfig, ctx: DistContext, events: EventLog, *, heartbeat: HeartbeatClient | None = None
+) -> Session:
+    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer (whose
+    waits run in the heartbeat's "checkpoint" phase)."""
     seed_everything(cfg.run.seed, ctx.rank)
     args = MODEL_CONFIGS[cfg.model.name]
     param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
@@ -90,7 +95,12 @@ def build_session(cfg: TrainConfig, ctx: DistContext, events: EventLog) -> Sessi
     )
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank)
     checkpointer = Checkpointer(
-        cfg.checkpoint, run_dir=cfg.run.run_dir, rank=ctx.rank, world_size=ctx.world_size, events=events
+        cfg.checkpoint,
+        run_dir=cfg.run.run_dir,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        events=events,
+        on_wait=heartbeat.checkpoint_wait if heartbeat is not None else None,
     )
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 
@@ -339,7 +349,7 @@ def check_memory(cfg: TrainConfig) -> str:
         capacity = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
     else:
         capacity = host // max(1, local)
-    shape = memory_plan.Shape.of(MODEL_CONFIGS[cfg.model.name])
+    shape = MODEL_CONFIGS[cfg.model.name]
     try:
         return memory_plan.plan_line(
             cfg, shape, world=world, ranks_per_node=local, device_capacity=capacity, host_capacity=host,
@@ -388,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.FATAL_CONFIG
     try:
         plan_line = check_memory(cfg)
-    except ConfigError as exc:
+        if cfg.checkpoint.mode != "off":  # a checkpoint of another world size: refused before any group
+            check_world_size(checkpoints_dir(cfg.run.run_dir), int(os.environ.get("WORLD_SIZE", "1")))
+    except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     if int(os.environ.get("RANK", "0")) == 0:

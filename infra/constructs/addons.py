@@ -30,7 +30,23 @@ CLOUDWATCH_CONFIGURATION = {
 """Container Insights without the add-on's own DCGM exporter: the node monitoring agent already runs DCGM on
 the GPU nodes, and two DCGM host engines on the same GPUs make the agent report AcceleratedHardwareReady=False
 (aws/containers-roadmap#2555), after which auto-repair replaces healthy nodes. Opt-out documented in
-https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html."""
+https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html.
+
+`agent.config` replaces the agent's default configuration, it is not merged into it: every default entry the
+kit does not repeat is dropped (CLOUDWATCH_DROPPED_DEFAULTS)."""
+CLOUDWATCH_DEFAULT_AGENT_CONFIG = {
+    "logs": {
+        "metrics_collected": {"application_signals": {}, "kubernetes": {"enhanced_container_insights": True}}
+    },
+    "traces": {"traces_collected": {"application_signals": {}}},
+}
+"""The add-on's documented default `agent.config` (same page), used when none is given."""
+CLOUDWATCH_DROPPED_DEFAULTS = (
+    "logs.metrics_collected.application_signals",
+    "traces.traces_collected.application_signals",
+)
+"""Default entries the kit's `agent.config` drops: Application Signals metrics and traces (APM for
+instrumented services; a training Job is not one)."""
 FSX_CSI_ACTIONS = ("fsx:DescribeFileSystems",)
 """The controller only serves a static PV (no CreateFileSystem/DeleteFileSystem): describe is all it calls."""
 

@@ -10,6 +10,7 @@ from constructs import Construct, IConstruct
 
 from infra.config import KubernetesConfig
 from infra.constructs.gpu_nodegroup import GPU_NODE_LABELS, GPU_TAINT_EFFECT, GPU_TAINT_KEY
+from infra.eks_images import efa_plugin_repository
 
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EFA_REPOSITORY = "https://aws.github.io/eks-charts"
@@ -17,39 +18,6 @@ PLUGIN_NAMESPACE = "kube-system"
 EFA_LABEL = "vpc.amazonaws.com/efa.present"
 
 _GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
-
-EKS_IMAGE_ACCOUNTS: dict[str, str] = {
-    "af-south-1": "877085696533",
-    "ap-east-1": "800184023465",
-    "ap-south-2": "900889452093",
-    "ap-southeast-3": "296578399912",
-    "ap-southeast-4": "491585149902",
-    "ap-southeast-5": "151610086707",
-    "ap-southeast-7": "121268973566",
-    "ca-west-1": "761377655185",
-    "cn-north-1": "918309763551",
-    "cn-northwest-1": "961992271922",
-    "eu-central-2": "900612956339",
-    "eu-south-1": "590381155156",
-    "eu-south-2": "455263428931",
-    "il-central-1": "066635153087",
-    "me-central-1": "759879836304",
-    "me-south-1": "558608220178",
-    "mx-central-1": "730335286997",
-    "us-gov-east-1": "151742754352",
-    "us-gov-west-1": "013241004608",
-}
-"""Account of the EKS add-on image registry where it is not 602401143452 ("View Amazon container image
-registries for Amazon EKS add-ons": https://docs.aws.amazon.com/eks/latest/userguide/add-ons-images.html)."""
-DEFAULT_EKS_IMAGE_ACCOUNT = "602401143452"
-
-
-def efa_plugin_repository(region: str) -> str:
-    """The EFA device plugin image in the stack's own region (the chart defaults to us-west-2's registry,
-    a cross-region pull that fails in partitions and regions without access to it)."""
-    account = EKS_IMAGE_ACCOUNTS.get(region, DEFAULT_EKS_IMAGE_ACCOUNT)
-    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
-    return f"{account}.dkr.ecr.{region}.{suffix}/eks/aws-efa-k8s-device-plugin"
 
 
 def nvidia_values() -> dict[str, object]:

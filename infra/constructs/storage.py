@@ -24,9 +24,18 @@ LUSTRE_CLIENT_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 access control with Amazon VPC": https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html)."""
 
 
-def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_id: str) -> None:
+def allow_lustre_callbacks(
+    scope: Construct, *, client_group_id: str, fsx_group_id: str, references_digest: str | None = None
+) -> None:
     """Inbound LUSTRE_CLIENT_PORTS on a client group from the file system's group (L1 rules in `scope`'s
-    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle)."""
+    stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle).
+
+    From another stack, pass `references_digest` (of the FSx group, `infra.references`): it goes into the
+    rules' description, so a replaced FSx group changes them and the deploy points them at the new group.
+    """
+    description = "Lustre server callbacks to clients"
+    if references_digest is not None:
+        description += f" (fsx-sg {references_digest})"
     for low, high in LUSTRE_CLIENT_PORTS:
         ec2.CfnSecurityGroupIngress(
             scope,
@@ -36,7 +45,7 @@ def allow_lustre_callbacks(scope: Construct, *, client_group_id: str, fsx_group_
             ip_protocol="tcp",
             from_port=low,
             to_port=high,
-            description="Lustre server callbacks to clients",
+            description=description,
         )
 
 
@@ -48,9 +57,10 @@ class Storage(Construct):
     """Encrypted, LZ4-compressed Lustre 2.15 file system for checkpoints and data.
 
     Kept when the stack is deleted (it holds checkpoints); `make teardown` removes it on confirmation.
-    Clients reach it through the EFA security group (egress there, ingress on the file system's group), and
-    accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2 gets an
-    automatic metadata configuration and, with `efa_enabled`, EFA (the EFA group then joins the file system).
+    Clients reach it through the EFA security group (egress there, ingress on the file system's group),
+    and accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2
+    gets an automatic metadata configuration and, with `efa_enabled`, EFA: the EFA group then joins the file
+    system, and the file system's group allows all traffic within itself (the FSx guide's rule for EFA).
     `overrides` records the escape-hatch properties for `infra.references`.
     """
 
@@ -109,6 +119,11 @@ class Storage(Construct):
         if cfg.deployment_type == "PERSISTENT_2":
             self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}
         if cfg.efa_enabled:
+            # FSx guide, EFA-enabled file systems: every group of the file system allows all traffic within
+            # itself (the EFA group already does; egress here is open to all).
+            fsx_group.connections.allow_internally(
+                ec2.Port.all_traffic(), "EFA-enabled FSx: all traffic within the group"
+            )
             self.overrides["LustreConfiguration.EfaEnabled"] = True
             self.overrides["SecurityGroupIds"] = [
                 fsx_group.security_group_id,

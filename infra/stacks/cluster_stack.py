@@ -85,10 +85,12 @@ class ClusterStack(KitStack):
         )
         # The primary interface also carries the cluster security group: Lustre callbacks must be let in there
         # as well as on the EFA group (the FSx guide asks it of every client group).
+        fsx_group = file_system.connections.security_groups[0]
         allow_lustre_callbacks(
             self,
             client_group_id=cluster.cluster_security_group_id,
-            fsx_group_id=file_system.connections.security_groups[0].security_group_id,
+            fsx_group_id=fsx_group.security_group_id,
+            references_digest=references.digest(references.replacing_inputs(fsx_group.node.default_child)),
         )
         for nodegroup in (self.control_plane.system_nodegroup, self.gpu.nodegroup):
             for addon in self.networking.all:

@@ -15,27 +15,29 @@ import botocore.exceptions
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cliargs import OneLineParser, float_arg, int_arg
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
+from ops.cli import parse_once
 from ops.tags import PROJECT_TAG, prefix_error
 from ops.teardown import report, runner
 from ops.teardown.model import Options
 from ops.teardown.registry import KIND_NAMES
 from ops.teardown.scope import discover
 
+MAX_STEP_TIMEOUT_S = 86400.0
+"""One step may wait at most a day: a longer deadline is a typo (and a huge one overflows the clock)."""
+MAX_INTERVAL_S = 3600.0
+"""Polls and first backoffs longer than an hour are a typo."""
+MAX_ATTEMPTS = 50
 
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
+seconds = float_arg(lo=0, lo_open=True, hi=MAX_INTERVAL_S)
+"""Seconds > 0 and finite: `nan` would sleep forever or crash `time.sleep` mid-deletion."""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m ops.teardown",
+        allow_abbrev=False,
         description="Delete everything tagged kit:project=PREFIX, in dependency order. Dry run by default.",
         epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error before deleting, 2 bad input or wrong "
         "confirmation, 3 done but some resources kept, 4 some deletions failed, 5 nothing tagged with "
@@ -60,13 +62,24 @@ def parser() -> argparse.ArgumentParser:
         metavar="KIND",
         help=f"only these kinds (repeatable): {', '.join(KIND_NAMES)}",
     )
-    p.add_argument("--timeout", type=positive, default=1800.0, help="seconds per step (default 1800)")
-    p.add_argument("--poll-interval", type=positive, default=10.0, help="seconds between polls (default 10)")
+    p.add_argument(
+        "--timeout",
+        type=float_arg(lo=0, lo_open=True, hi=MAX_STEP_TIMEOUT_S),
+        default=1800.0,
+        help=f"seconds per step, > 0 and at most {MAX_STEP_TIMEOUT_S:g} (default 1800)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=seconds,
+        default=10.0,
+        help=f"seconds between polls, > 0 and at most {MAX_INTERVAL_S:g} (default 10)",
+    )
     p.add_argument(
         "--backoff",
-        type=positive,
+        type=seconds,
         default=5.0,
-        help="first delay before retrying a dependency error, doubling (default 5)",
+        help=f"first delay before retrying a dependency error, doubling; > 0, at most {MAX_INTERVAL_S:g} "
+        "(default 5)",
     )
     p.add_argument(
         "--retry-mode",
@@ -74,7 +87,12 @@ def parser() -> argparse.ArgumentParser:
         default="adaptive",
         help="botocore retry mode for throttling (default adaptive)",
     )
-    p.add_argument("--max-attempts", type=int, default=10, help="botocore attempts per call (default 10)")
+    p.add_argument(
+        "--max-attempts",
+        type=int_arg(lo=1, hi=MAX_ATTEMPTS),
+        default=10,
+        help=f"botocore attempts per call, 1..{MAX_ATTEMPTS} (default 10)",
+    )
     p.add_argument("--kubectl", default="kubectl", help="kubectl binary for the Kubernetes step")
     p.add_argument("--json", action="store_true", help="print the plan/report as JSON on stdout")
     return p
@@ -94,7 +112,7 @@ def confirmed(args: argparse.Namespace, expected: str, err: Console) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_once(parser(), argv)
     out = Console(soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
     err = Console(stderr=True)
     try:

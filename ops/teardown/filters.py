@@ -23,7 +23,8 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
 
     1. the kit tag `kit:project=<prefix>` (everything CloudFormation created), or being a resource of a kit
        stack (its physical id, should a tag be missing);
-    2. the owner tag a kit cluster's controller wrote (LB controller, EBS CSI, VPC CNI, EKS);
+    2. the owner tag a kit cluster's controller wrote (LB controller, EBS CSI, VPC CNI, EKS); for a former
+       kit cluster, only on what was made before the kit stack naming it was deleted (`made_before_gone`);
     3. VPC CNI ENIs (their node tag) and FSx CSI file systems (`CSIVolumeName`) inside a kit VPC;
     4. Kubernetes objects inside a kit cluster (the cluster is about to be deleted);
     5. the control-plane / Container Insights log groups AWS creates, untagged, for a kit cluster.
@@ -33,13 +34,10 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
         return f"{PROJECT_TAG}={scope.prefix}"
     if resource.id in scope.stack_resources:
         return "a resource of a kit stack"
-    owner = cluster_owner(tags, scope.clusters)
+    owner = cluster_owner(tags, scope.clusters) or former_owner(resource, scope)
     if owner:
         return owner
-    vpc = resource.detail.get("vpc_id")
-    subnets = set(resource.detail.get("subnet_ids", ()))
-    in_kit_vpc = (vpc is not None and vpc in scope.vpcs) or bool(subnets & set(scope.subnets))
-    if in_kit_vpc:
+    if in_kit_vpc(resource, scope):
         for key in CNI_ENI_TAGS:
             if key in tags:
                 return f"VPC CNI tag {key} in kit VPC"
@@ -48,10 +46,38 @@ def ownership(resource: Resource, scope: Scope) -> str | None:
     k8s_cluster = resource.detail.get("k8s_cluster")
     if k8s_cluster and k8s_cluster in scope.clusters:
         return f"object in kit cluster {k8s_cluster}"
-    log_prefixes = resource.detail.get("log_group_of")
-    if log_prefixes and log_prefixes in scope.clusters:
-        return f"log group of kit cluster {log_prefixes}"
+    of = resource.detail.get("log_group_of")
+    if of and (
+        of in scope.clusters or (of in scope.former_clusters and made_before_gone(resource, scope, of))
+    ):
+        return f"log group of kit cluster {of}"
     return None
+
+
+def in_kit_vpc(resource: Resource, scope: Scope) -> bool:
+    vpc = resource.detail.get("vpc_id")
+    subnets = set(resource.detail.get("subnet_ids", ()))
+    return (vpc is not None and vpc in scope.vpcs) or bool(subnets & set(scope.subnets))
+
+
+def former_owner(resource: Resource, scope: Scope) -> str | None:
+    """A former kit cluster's owner tag, when the resource was made while that cluster was the kit's."""
+    for c in scope.former_clusters:
+        evidence = cluster_owner(resource.tags, (c,))
+        if evidence and made_before_gone(resource, scope, c):
+            return evidence
+    return None
+
+
+def made_before_gone(resource: Resource, scope: Scope, cluster: str) -> bool:
+    """A name is kit evidence only up to the deletion of the kit stack that named it: a later cluster of
+    that name (not the kit's, deleted again within CloudFormation's 90 days) made its resources after.
+    Without a creation time (target and security groups, ENIs) the resource must sit in a kit VPC."""
+    gone = scope.former_deleted_at.get(cluster)
+    if gone is None:
+        return True
+    created = resource.detail.get("created")
+    return created < gone if created is not None else in_kit_vpc(resource, scope)
 
 
 def not_owned(resource: Resource, scope: Scope) -> str | None:
@@ -72,13 +98,19 @@ def protected(resource: Resource, scope: Scope) -> str | None:
     return str(reason) if reason else None
 
 
+def kind_keeps(resource: Resource, scope: Scope) -> str | None:
+    """A reason the resource's kind gives for leaving it (no deleter, it goes with its group, ...)."""
+    reason = resource.detail.get("keep_reason")
+    return str(reason) if reason else None
+
+
 def data_kept(resource: Resource, scope: Scope) -> str | None:
     if resource.detail.get("is_data") and not scope.options.delete_data:
         return "data is kept by default; pass --delete-data to empty and delete it"
     return None
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, data_kept)
+DEFAULT_FILTERS: tuple[Filter, ...] = (not_owned, protection_tag, protected, kind_keeps, data_kept)
 """Order matters only for the printed reason: ownership first, then the user's and AWS's protections."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -64,13 +65,27 @@ class Scope:
     """Names of EKS clusters tagged kit:project=<prefix>; their controllers' tags mark owned resources."""
     cluster_endpoints: Mapping[str, str] = field(default_factory=dict)
     """API server URL per kit cluster (to find the kubeconfig context)."""
+    former_clusters: tuple[str, ...] = ()
+    """Kit clusters that no longer exist, named by the kit's stacks (live, or deleted: CloudFormation keeps a
+    deleted stack readable for 90 days) and not reused by a cluster alive now: what their controllers left
+    is still the kit's, after the cluster is gone (deleted by a first run, `cdk destroy` or the console)."""
+    former_deleted_at: Mapping[str, datetime] = field(default_factory=dict)
+    """Former cluster -> when the kit stack that named it was deleted: a resource made after that (by a later
+    cluster reusing the name) is not the kit's. Absent: no bound known (a live stack still names it)."""
     vpcs: tuple[str, ...] = ()
     """VPC ids tagged kit:project=<prefix>; controller-made ENIs, SGs, LBs and FSx live there."""
     subnets: tuple[str, ...] = ()
     """Subnet ids of those VPCs (FSx reports subnets, not VPCs)."""
     stack_resources: frozenset[str] = frozenset()
     """Physical ids of the resources in the kit's stacks (owned even if a tag is missing)."""
+    stack_contents: Mapping[str, str] = field(default_factory=dict)
+    """Stack name -> the resources it deletes with it, by type (for the plan)."""
     options: Options = field(default_factory=Options)
+
+    @property
+    def owner_clusters(self) -> tuple[str, ...]:
+        """Clusters whose controllers' tags mean "the kit's": live kit clusters and former ones."""
+        return self.clusters + self.former_clusters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +99,8 @@ class Resource:
     """A human label (Name tag, stack name); may be empty."""
     tags: Mapping[str, str] = field(default_factory=dict)
     detail: Mapping[str, Any] = field(default_factory=dict)
-    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, ..."""
+    """Kind-specific facts: vpc_id, subnet_ids, protected (a reason), is_data, stack_id, cluster, created
+    (a datetime, where the service says when it was made), ..."""
 
     @property
     def label(self) -> str:
@@ -108,6 +124,17 @@ class Result:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What a kind's `prepare` did before its deletes."""
+
+    notes: list[str] = field(default_factory=list)
+    """Side actions taken (rules revoked, tags written), for the report."""
+    keep: Mapping[str, str] = field(default_factory=dict)
+    """Resource id -> why it must not be deleted after all (e.g. its controllers' resources could not be
+    tagged, so deleting the cluster would leave them unclaimable); reported as kept."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Kind:
     """One resource kind: a name, its list/delete/state functions and how it is ordered inside its step."""
 
@@ -119,5 +146,5 @@ class Kind:
     """Polled after delete until "gone"; None when the delete call is synchronous."""
     waves: Callable[[Aws, list[Resource]], list[list[Resource]]] | None = None
     """Groups deleted one after the other (stacks: importers before exporters); None = one group."""
-    prepare: Callable[[Aws, list[Resource], Scope], list[str]] | None = None
-    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs); returns notes."""
+    prepare: Callable[[Aws, list[Resource], Scope], Prepared] | None = None
+    """Runs once before the deletes of a step (e.g. revoke rules that reference doomed SGs)."""

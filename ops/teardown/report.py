@@ -17,7 +17,9 @@ STATUS_STYLE = {"deleted": "green", "gone": "green", "kept": "yellow", "failed":
 def _header(scope: Scope) -> str:
     return (
         f"prefix {scope.prefix} · account {scope.account} · region {scope.region} · "
-        f"clusters {', '.join(scope.clusters) or '-'} · VPCs {', '.join(scope.vpcs) or '-'}"
+        f"clusters {', '.join(scope.clusters) or '-'}"
+        + (f" (gone: {', '.join(scope.former_clusters)})" if scope.former_clusters else "")
+        + f" · VPCs {', '.join(scope.vpcs) or '-'}"
     )
 
 
@@ -79,6 +81,7 @@ def as_json(scope: Scope, steps: list[Step], *, executed: bool, code: int) -> st
             "account": scope.account,
             "region": scope.region,
             "clusters": list(scope.clusters),
+            "former_clusters": list(scope.former_clusters),
             "vpcs": list(scope.vpcs),
             "executed": executed,
             "exit_code": code,

@@ -1,41 +1,105 @@
 """Find the kit's clusters and VPCs once at the start: later steps attribute controller resources to them.
 
 Both by tag and by the kit stacks' resources (a resource CloudFormation created in a kit stack is the kit's
-even when a tag did not propagate or was removed).
+even when a tag did not propagate or was removed). Cluster names the kit's stacks recorded (an EKS
+cluster resource, the `ClusterName` output) are read from deleted stacks' outputs too, so ownership of what a
+cluster's controllers made does not depend on the cluster itself, which teardown deletes. A deleted stack's
+deletion time bounds that evidence: a later cluster that reuses the name (not the kit's) made what it made
+after it (filters.former_owner).
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import botocore.exceptions
 
 from ops.aws import Aws
 from ops.tags import PROJECT_TAG
 from ops.teardown.model import Options, Scope
 
 STACK_CLUSTER_TYPES = ("AWS::EKS::Cluster", "Custom::AWSCDK-EKS-Cluster")
+CLUSTER_OUTPUT = "ClusterName"
+"""The cluster stack's output naming the cluster (contract 2, infra/stacks/cluster_stack.py)."""
 
 
-def stack_resources(aws: Aws, prefix: str) -> dict[str, str]:
-    """Physical id -> resource type of every resource in the kit's stacks (blank rows skipped)."""
+@dataclass
+class StackRecords:
+    resources: dict[str, str] = field(default_factory=dict)
+    """Physical id -> resource type of every resource in the kit's live stacks (blank rows skipped)."""
+    contents: dict[str, str] = field(default_factory=dict)
+    """Live stack name -> what it holds, by type ("AWS::EC2::VPC x1, ...")."""
+    clusters: set[str] = field(default_factory=set)
+    """Cluster names recorded by kit stacks, live or deleted."""
+    deleted_at: dict[str, datetime] = field(default_factory=dict)
+    """Cluster name -> when the last deleted kit stack that named it was deleted (only names no live kit
+    stack records, and only where CloudFormation gave the time)."""
+
+
+def _recorded_clusters(stack: dict) -> set[str]:
+    return {o["OutputValue"] for o in stack.get("Outputs", []) if o.get("OutputKey") == CLUSTER_OUTPUT}
+
+
+def _read_live_stack(aws: Aws, stack: dict, records: StackRecords) -> None:
     cfn = aws.client("cloudformation")
-    found: dict[str, str] = {}
+    records.clusters |= _recorded_clusters(stack)
+    types: Counter[str] = Counter()
+    for rpage in cfn.get_paginator("list_stack_resources").paginate(StackName=stack["StackId"]):
+        for r in rpage["StackResourceSummaries"]:
+            pid, rtype = r.get("PhysicalResourceId"), r.get("ResourceType")
+            if not (pid and rtype):
+                continue
+            if rtype in STACK_CLUSTER_TYPES:
+                records.clusters.add(pid)
+            records.resources[pid] = rtype
+            types[rtype] += 1
+    records.contents[stack["StackName"]] = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+
+
+def stack_records(aws: Aws, prefix: str) -> StackRecords:
+    """What the kit's stacks hold now, and the clusters they ever named (deleted stacks: 90 days)."""
+    cfn = aws.client("cloudformation")
+    records = StackRecords()
     for page in cfn.get_paginator("describe_stacks").paginate():
         for s in page["Stacks"]:
             tags = {t["Key"]: t["Value"] for t in s.get("Tags", [])}
-            if tags.get(PROJECT_TAG) != prefix or s["StackStatus"] == "DELETE_COMPLETE":
+            if tags.get(PROJECT_TAG) == prefix and s["StackStatus"] != "DELETE_COMPLETE":
+                _read_live_stack(aws, s, records)
+    # Deleted stacks keep their tags and outputs; kit stack names start with the prefix (infra names them
+    # `<prefix>-<Part>`), which bounds the describe calls to the kit's own. Only the outputs are read: the
+    # cluster stack names its cluster there (and moto re-creates a deleted stack's resources when they
+    # are listed).
+    named_live = set(records.clusters)
+    for page in cfn.get_paginator("list_stacks").paginate(StackStatusFilter=["DELETE_COMPLETE"]):
+        for summary in page["StackSummaries"]:
+            if not summary["StackName"].startswith(prefix):
                 continue
-            for rpage in cfn.get_paginator("list_stack_resources").paginate(StackName=s["StackId"]):
-                for r in rpage["StackResourceSummaries"]:
-                    if r.get("PhysicalResourceId") and r.get("ResourceType"):
-                        found[r["PhysicalResourceId"]] = r["ResourceType"]
-    return found
+            try:
+                s = cfn.describe_stacks(StackName=summary["StackId"])["Stacks"][0]
+            except botocore.exceptions.ClientError:
+                continue  # an unreadable old record only loses this extra evidence; live tags still count
+            if {t["Key"]: t["Value"] for t in s.get("Tags", [])}.get(PROJECT_TAG) != prefix:
+                continue
+            named = _recorded_clusters(s)
+            records.clusters |= named
+            when = summary.get("DeletionTime") or s.get("DeletionTime")
+            for name in named - named_live if when else ():
+                records.deleted_at[name] = max(when, records.deleted_at.get(name, when))
+    return records
 
 
 def discover(aws: Aws, prefix: str, options: Options) -> Scope:
-    in_stacks = stack_resources(aws, prefix)
+    records = stack_records(aws, prefix)
+    in_stacks = records.resources
     eks = aws.client("eks")
     clusters: list[str] = []
+    live: set[str] = set()
     endpoints: dict[str, str] = {}
     for page in eks.get_paginator("list_clusters").paginate():
         for name in page["clusters"]:
+            live.add(name)
             c = eks.describe_cluster(name=name)["cluster"]
             if (c.get("tags") or {}).get(PROJECT_TAG) == prefix or in_stacks.get(name) in STACK_CLUSTER_TYPES:
                 clusters.append(name)
@@ -58,9 +122,13 @@ def discover(aws: Aws, prefix: str, options: Options) -> Scope:
         region=aws.region,
         account=aws.account_id(),
         clusters=tuple(sorted(clusters)),
+        # a name reused by a cluster alive now (kit or not) is that cluster's, not a former kit cluster's
+        former_clusters=tuple(sorted(records.clusters - live)),
+        former_deleted_at={c: t for c, t in records.deleted_at.items() if c not in live},
         cluster_endpoints=endpoints,
         vpcs=tuple(sorted(vpcs)),
         subnets=tuple(sorted(subnets)),
         stack_resources=frozenset(in_stacks),
+        stack_contents=records.contents,
         options=options,
     )

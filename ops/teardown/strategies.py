@@ -38,6 +38,7 @@ DEPENDENCY_CODES = frozenset(
 NOT_FOUND_CODES = frozenset(
     {
         "InvalidVolume.NotFound",
+        "InvalidInstanceID.NotFound",
         "InvalidNetworkInterfaceID.NotFound",
         "InvalidGroup.NotFound",
         "LoadBalancerNotFound",
@@ -83,10 +84,15 @@ def run_step(
         tick(len(results), total, "")
 
     if doomed and kind.prepare is not None:
-        for note in kind.prepare(aws, doomed, scope):
+        prepared = kind.prepare(aws, doomed, scope)
+        for note in prepared.notes:
             tick(len(results), total, note)
             if actions is not None:
                 actions.append(note)
+        for r in doomed:
+            if r.id in prepared.keep:
+                done(r, "kept", prepared.keep[r.id])
+        doomed = [r for r in doomed if r.id not in prepared.keep]
     waves = kind.waves(aws, doomed) if (kind.waves and doomed) else [doomed]
     for index, wave in enumerate(waves):
         failed = [x.id for x in doomed if x.id in results and results[x.id].status == "failed"]

@@ -75,9 +75,13 @@ VARIANTS: dict[str, dict[str, str]] = {
         "kubernetes.deploy_objects": "false",
     },
     # Plain on-demand p5en in a cluster placement group, SCRATCH_2, PVC in its own namespace, private
-    # endpoint with Kubernetes objects (the kubectl Lambdas must then run in the VPC).
+    # endpoint with Kubernetes objects (the kubectl Lambdas must then run in the VPC), in a region whose EKS
+    # images come from another account than 602401143452.
     "placed": {
         "prefix": "kit-placed",
+        "region": "ap-southeast-3",
+        "network.availability_zones": "ap-southeast-3a,ap-southeast-3b",
+        "gpu.availability_zone": "ap-southeast-3a",
         "cluster.endpoint_access": "private",
         "gpu.instance_type": "p5en.48xlarge",
         "gpu.placement_group": "true",
@@ -88,9 +92,19 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+TEST_AZ_LOOKUPS = {
+    "availability-zones:account=111111111111:region=ap-southeast-3": [
+        "ap-southeast-3a",
+        "ap-southeast-3b",
+        "ap-southeast-3c",
+    ]
+}
+"""AZ lookups of the test-only regions, recorded as the CDK CLI caches them (so synth stays offline)."""
+
+
 def cdk_context() -> dict[str, Any]:
-    """The committed cdk.json context (kit settings, feature flags, AZ lookups)."""
-    return json.loads((REPO / "cdk.json").read_text(encoding="utf-8"))["context"]
+    """The committed cdk.json context (kit settings, feature flags, AZ lookups) plus TEST_AZ_LOOKUPS."""
+    return {**json.loads((REPO / "cdk.json").read_text(encoding="utf-8"))["context"], **TEST_AZ_LOOKUPS}
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,10 @@ def test_bad_value_exits_non_zero_with_one_error_line_and_no_traceback(tmp_path:
     assert result.returncode != 0
     assert "Traceback" not in output
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
-    assert errors == ["error: gpu.max_nodes: 0 is not allowed; use 1 or more"]
+    assert errors == [
+        "error: gpu.max_nodes: 0 is not allowed; use 1 .. 450 "
+        "(the most nodes one EKS managed node group holds)"
+    ]
     assert not (tmp_path / "cdk.out" / "manifest.json").exists()
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from infra.config import KitConfig, known_keys, load_config
+from infra.config import GpuConfig, KitConfig, known_keys, load_config
 from infra.docs import settings_rows, settings_table
 from infra.errors import ConfigError
 from tests.infra.conftest import REPO, cdk_context
@@ -32,12 +32,13 @@ def test_committed_cdk_json_is_a_valid_config_with_documented_defaults() -> None
     assert cfg.kubernetes.deploy_objects is True
 
 
-def test_default_gpu_capacity_is_zero_nodes_until_reserved_or_scaled() -> None:
+def test_default_gpu_capacity_is_min_nodes_in_every_capacity_mode() -> None:
     assert load().gpu.desired_nodes is None
     assert load().gpu.effective_desired_nodes == 0
     assert load(**{"gpu.desired_nodes": "2"}).gpu.effective_desired_nodes == 2
     odcr = {"gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0", "gpu.max_nodes": "4"}
-    assert load(**odcr).gpu.effective_desired_nodes == 4
+    assert load(**odcr).gpu.effective_desired_nodes == 0, "synth cannot check the ODCR holds max_nodes"
+    assert load(**{**odcr, "gpu.min_nodes": "1"}).gpu.effective_desired_nodes == 1
     assert load(**{**odcr, "gpu.desired_nodes": "1"}).gpu.effective_desired_nodes == 1
     assert load(**{**CB, "gpu.max_nodes": "4"}).gpu.effective_desired_nodes == 0
 
@@ -88,6 +89,33 @@ def test_null_unsets_an_optional_value() -> None:
     assert cfg.storage.effective_throughput_per_tib is None
 
 
+def test_a_name_must_not_start_with_a_space() -> None:
+    with pytest.raises(ConfigError) as err:
+        GpuConfig(availability_zone="us-west-2a", placement_group_name=" ")
+    assert str(err.value) == (
+        "gpu.placement_group_name: ' ' is not a placement group name (1-255 letters, digits, spaces, ._-, "
+        "not starting with a space)"
+    )
+    with pytest.raises(ConfigError, match="not a placement group name"):
+        GpuConfig(availability_zone="us-west-2a", placement_group_name=" my-pg")
+    assert (
+        GpuConfig(availability_zone="us-west-2a", placement_group_name="my pg").placement_group_name
+        == "my pg"
+    )
+
+
+def test_a_region_outside_the_image_table_needs_no_table_without_kubernetes_objects() -> None:
+    cfg = load(
+        **{
+            "region": "ap-east-2",
+            "network.availability_zones": "ap-east-2a,ap-east-2b",
+            "gpu.availability_zone": "ap-east-2a",
+            "kubernetes.deploy_objects": "false",
+        }
+    )
+    assert cfg.region == "ap-east-2"
+
+
 def test_cdk_own_context_keys_are_not_mistaken_for_settings() -> None:
     cfg = load_config({**BASE, "aws:cdk:enable-path-metadata": True, "acknowledged-issue-numbers": [1]})
     assert cfg.prefix == "fsdp-kit"
@@ -123,7 +151,21 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         {"gpu.instance_type": "g5.8xlarge"},
         f"gpu.instance_type: 'g5.8xlarge' has no EFA network-card layout in the kit; use one of: {INSTANCES}",
     ),
-    ("zero GPU nodes", {"gpu.max_nodes": "0"}, "gpu.max_nodes: 0 is not allowed; use 1 or more"),
+    (
+        "zero GPU nodes",
+        {"gpu.max_nodes": "0"},
+        "gpu.max_nodes: 0 is not allowed; use 1 .. 450 (the most nodes one EKS managed node group holds)",
+    ),
+    (
+        "more GPU nodes than a managed node group holds",
+        {"gpu.max_nodes": "451"},
+        "gpu.max_nodes: 451 is not allowed; use 1 .. 450 (the most nodes one EKS managed node group holds)",
+    ),
+    (
+        "checkpoint write longer than an hour",
+        {"storage.checkpoint_write_s": "3601"},
+        "storage.checkpoint_write_s: 3601 is not allowed; use 1 .. 3600 seconds",
+    ),
     ("negative minimum", {"gpu.min_nodes": "-1"}, "gpu.min_nodes: -1 is not allowed; use 0 or more"),
     (
         "desired above max",
@@ -238,6 +280,40 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "repair override that is not four fields",
         {"gpu.repair_overrides": "KernelReady:Reboot"},
         "gpu.repair_overrides: 'KernelReady:Reboot' is not Condition:Reason:Action:WaitMinutes",
+    ),
+    (
+        "repair override given twice for one condition and reason",
+        {
+            "gpu.repair_overrides": "AcceleratedHardwareReady:DCGMError:NoAction:10,"
+            "AcceleratedHardwareReady:DCGMError:Replace:5"
+        },
+        "gpu.repair_overrides: 'AcceleratedHardwareReady:DCGMError:NoAction:10' and "
+        "'AcceleratedHardwareReady:DCGMError:Replace:5' both set AcceleratedHardwareReady:DCGMError; "
+        "keep one of them",
+    ),
+    (
+        "Capacity Block on a type Capacity Blocks do not offer",
+        {**CB, "gpu.instance_type": "g6e.48xlarge"},
+        "gpu.capacity: 'capacity_block' is not offered for g6e.48xlarge; use on_demand or odcr, or one of: "
+        "p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p6-b200.48xlarge, "
+        "p6-b300.48xlarge",
+    ),
+    (
+        "placement group name that is only whitespace",
+        {"gpu.placement_group_name": " "},
+        "gpu.placement_group_name: ' ' is only whitespace; give a value, or null to unset it",
+    ),
+    (
+        "region missing from the EKS image registry table",
+        {
+            "region": "ap-east-2",
+            "network.availability_zones": "ap-east-2a,ap-east-2b",
+            "gpu.availability_zone": "ap-east-2a",
+        },
+        "region: 'ap-east-2' has no EKS image registry account in the kit's table (copied 2026-12-01); "
+        "add it "
+        "to infra/eks_images.py from https://docs.aws.amazon.com/eks/latest/userguide/add-ons-images.html, "
+        "or set kubernetes.deploy_objects=false",
     ),
     (
         "unhealthy threshold above the group",

@@ -10,16 +10,24 @@ from typing import Any
 import aws_cdk as cdk
 import jsonschema
 import pytest
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 
 from infra import references, sizing
 from infra.config import ClusterConfig, load_config
+from infra.constructs.addons import (
+    CLOUDWATCH_CONFIGURATION,
+    CLOUDWATCH_DEFAULT_AGENT_CONFIG,
+    CLOUDWATCH_DROPPED_DEFAULTS,
+)
 from infra.constructs.device_plugins import efa_plugin_repository
 from infra.constructs.gpu_nodegroup import REFERENCES_TAG
 from infra.constructs.storage import LUSTRE_CLIENT_PORTS
+from infra.errors import ConfigError
 from infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
 from infra.notices import capacity_line, synth_notices
-from tests.infra.conftest import VARIANTS, Synth, cdk_context, only, resources
+from infra.stacks import build_kit
+from tests.infra.conftest import REPO, VARIANTS, Synth, cdk_context, only, resources
 
 ALL = list(VARIANTS)
 SCHEMAS = Path(__file__).parent / "fixtures" / "addon_schemas"
@@ -68,8 +76,10 @@ def test_default_gpu_group_starts_empty_and_nothing_waits_for_gpu_nodes(synth: S
     assert template["Outputs"]["GpuNodeCount"]["Value"] == "0"
 
 
-def test_odcr_without_desired_count_fills_the_reservation(synth: Synth) -> None:
-    assert gpu_nodegroup(synth, "grouped")["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 3, "MaxSize": 3}
+def test_odcr_without_desired_count_starts_empty(synth: Synth) -> None:
+    """An ODCR may be short, inactive or elsewhere; a node group that cannot fill rolls back the stack."""
+    assert gpu_nodegroup(synth, "grouped")["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 3}
+    assert synth.template("grouped", "cluster")["Outputs"]["GpuNodeCount"]["Value"] == "0"
 
 
 def test_synth_says_what_gpu_capacity_the_user_gets() -> None:
@@ -81,6 +91,14 @@ def test_synth_says_what_gpu_capacity_the_user_gets() -> None:
     scaled = load_config({**cdk_context(), "gpu.desired_nodes": "2"})
     assert capacity_line(scaled).startswith("gpu: 2 x p5.48xlarge (set; max 2")
     assert synth_notices(cfg, dt.date(2026, 12, 1)) == [capacity_line(cfg)]
+    odcr = load_config(
+        {**cdk_context(), "gpu.capacity": "odcr", "gpu.reservation_id": "cr-0123456789abcdef0"}
+    )
+    assert capacity_line(odcr) == (
+        "gpu: 0 x p5.48xlarge (default; max 2, from the On-Demand Capacity Reservation); cluster, FSx and "
+        "ECR deploy either way; start nodes with -c gpu.desired_nodes=N (N at most the reservation's "
+        "instance count, once it is active in gpu.availability_zone)"
+    )
 
 
 # --- add-on configuration ---------------------------------------------------------------------------
@@ -95,10 +113,45 @@ def test_addon_configuration_uses_only_published_schema_keys(synth: Synth, varia
         jsonschema.validate(json.loads(props["ConfigurationValues"]), schema)
 
 
-def test_schema_fixtures_reject_the_old_fsx_setting_shape() -> None:
-    schema = json.loads((SCHEMAS / "aws-fsx-csi-driver.json").read_text(encoding="utf-8"))
-    with pytest.raises(jsonschema.ValidationError, match="'tolerateEverything' was unexpected"):
-        jsonschema.validate({"node": {"tolerateEverything": True}}, schema)
+def _cloudwatch_agent_schema() -> dict[str, Any]:
+    return json.loads((SCHEMAS / "cloudwatch-agent-config.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_cloudwatch_agent_config_keys_follow_the_agents_documented_structure(
+    synth: Synth, variant: str
+) -> None:
+    """`agent.config` is free-form in the add-on schema; the agent ignores keys it does not know."""
+    cw = json.loads(addons(synth, variant)["amazon-cloudwatch-observability"]["ConfigurationValues"])
+    jsonschema.validate(cw["agent"]["config"], _cloudwatch_agent_schema())
+
+
+def test_cloudwatch_agent_schema_catches_a_misspelt_kubernetes_key() -> None:
+    typo = {"logs": {"metrics_collected": {"kubernetes": {"accelerated_compute_metric": False}}}}
+    with pytest.raises(jsonschema.ValidationError, match="'accelerated_compute_metric' was unexpected"):
+        jsonschema.validate(typo, _cloudwatch_agent_schema())
+    misplaced = {"logs": {"kubernetes": {"accelerated_compute_metrics": False}}}
+    with pytest.raises(jsonschema.ValidationError, match="'kubernetes' was unexpected"):
+        jsonschema.validate(misplaced, _cloudwatch_agent_schema())
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted paths of the leaves (non-dict values and empty dicts) of a nested dict."""
+    paths: set[str] = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths |= _leaf_paths(value, f"{path}.") if isinstance(value, dict) and value else {path}
+    return paths
+
+
+def test_what_replacing_the_cloudwatch_default_config_drops_is_documented() -> None:
+    kit = _leaf_paths(CLOUDWATCH_CONFIGURATION["agent"]["config"])
+    default = _leaf_paths(CLOUDWATCH_DEFAULT_AGENT_CONFIG)
+    assert default - kit == set(CLOUDWATCH_DROPPED_DEFAULTS)
+    doc = (REPO / "docs" / "infra.md").read_text(encoding="utf-8")
+    assert "replaces the agent's default" in doc
+    for path in CLOUDWATCH_DROPPED_DEFAULTS:
+        assert f"`{path}`" in doc
 
 
 def test_one_dcgm_on_the_gpu_nodes(synth: Synth) -> None:
@@ -128,6 +181,46 @@ def test_digest_follows_replacing_properties_only() -> None:
     base = _fsx_digest("PERSISTENT_2", 2400)
     assert _fsx_digest("PERSISTENT_2", 4800) == base, "a resize updates in place; no PV churn"
     assert _fsx_digest("PERSISTENT_1", 2400) != base, "a new deployment type replaces the file system"
+
+
+def _cascade_digest(*, group_description: str = "fsx", subnet_cidr: str = "10.0.0.0/24") -> str:
+    """Digest of a file system whose security group and subnet live in its own stack."""
+    stack = cdk.Stack(cdk.App(), "Storage")
+    vpc = ec2.CfnVPC(stack, "Vpc", cidr_block="10.0.0.0/16")
+    subnet = ec2.CfnSubnet(stack, "Subnet", vpc_id=vpc.ref, cidr_block=subnet_cidr)
+    group = ec2.CfnSecurityGroup(stack, "Group", group_description=group_description, vpc_id=vpc.ref)
+    fs = fsx.CfnFileSystem(
+        stack,
+        "Fs",
+        file_system_type="LUSTRE",
+        subnet_ids=[subnet.ref],
+        security_group_ids=[group.attr_group_id],
+        storage_capacity=2400,
+    )
+    return references.digest(references.replacing_inputs(fs))
+
+
+def test_digest_follows_replacements_that_cascade_within_the_stack() -> None:
+    base = _cascade_digest()
+    assert _cascade_digest(group_description="fsx v2") != base, "a new group replaces the file system"
+    assert _cascade_digest(subnet_cidr="10.0.1.0/24") != base, "a new subnet replaces the file system"
+    assert _cascade_digest() == base
+
+
+@pytest.mark.parametrize("variant", ["default", "grouped"])
+def test_cluster_lustre_callback_rules_carry_the_fsx_group_digest(synth: Synth, variant: str) -> None:
+    # Computed on an unsynthesized copy, as the app does: synth later rewrites cross-stack values.
+    fresh = build_kit(cdk.App(context=cdk_context()), synth.configs[variant])
+    group = fresh.storage.storage.file_system.connections.security_groups[0]
+    expected = references.digest(references.replacing_inputs(group.node.default_child))
+    template = synth.template(variant, "cluster")
+    rules = [
+        r["Properties"]
+        for k, r in resources(template, "AWS::EC2::SecurityGroupIngress").items()
+        if k.startswith("LustreCallbacks")
+    ]
+    assert len(rules) == len(LUSTRE_CLIENT_PORTS)
+    assert {r["Description"] for r in rules} == {f"Lustre server callbacks to clients (fsx-sg {expected})"}
 
 
 @pytest.mark.parametrize("type_name", sorted(references.REPLACING_PROPERTIES))
@@ -241,6 +334,48 @@ def test_fsx_metadata_logging_and_efa(synth: Synth, variant: str) -> None:
         assert groups[1]["Fn::GetStackOutput"]["StackName"] == network, "the EFA group joins the file system"
 
 
+def _group_of(synth: Synth, variant: str, stack: str, group_id: dict[str, Any]) -> tuple[str, str]:
+    """(stack, logical id) of the security group a `GroupId` value names, through a weak reference too."""
+    if "Fn::GetStackOutput" in group_id:
+        ref = group_id["Fn::GetStackOutput"]
+        producer = ref["StackName"].removeprefix(f"{synth.configs[variant].prefix}-")
+        value = synth.template(variant, producer)["Outputs"][ref["OutputName"]]["Value"]
+        return _group_of(synth, variant, producer, value)
+    return stack, group_id["Fn::GetAtt"][0]
+
+
+def _all_traffic_rules(synth: Synth, variant: str, kind: str, peer: str) -> set[tuple[str, str, str]]:
+    """(stack, group, peer group) of every all-protocol `kind` (Ingress/Egress) rule in network, storage."""
+    found = set()
+    for stack in ("network", "storage"):
+        for rule in resources(synth.template(variant, stack), f"AWS::EC2::SecurityGroup{kind}").values():
+            props = rule["Properties"]
+            if props["IpProtocol"] == "-1" and peer in props:
+                owner = _group_of(synth, variant, stack, props["GroupId"])
+                found.add((*owner, _group_of(synth, variant, stack, props[peer])[1]))
+    return found
+
+
+@pytest.mark.parametrize("variant", [v for v in ALL if VARIANTS[v].get("storage.efa_enabled") == "true"])
+def test_every_group_of_an_efa_file_system_allows_all_traffic_within_itself(
+    synth: Synth, variant: str
+) -> None:
+    """FSx guide, EFA-enabled file systems: their security groups allow all inbound and outbound traffic
+    within the group (https://docs.aws.amazon.com/fsx/latest/LustreGuide/efa-file-systems.html)."""
+    template = synth.template(variant, "storage")
+    (fs,) = resources(template, "AWS::FSx::FileSystem").values()
+    groups = [_group_of(synth, variant, "storage", g) for g in fs["Properties"]["SecurityGroupIds"]]
+    ingress = _all_traffic_rules(synth, variant, "Ingress", "SourceSecurityGroupId")
+    egress = _all_traffic_rules(synth, variant, "Egress", "DestinationSecurityGroupId")
+    for stack, group in groups:
+        assert (stack, group, group) in ingress, f"{group} lets not all traffic in from itself"
+        inline = synth.template(variant, stack)["Resources"][group]["Properties"].get(
+            "SecurityGroupEgress", []
+        )
+        open_egress = {"CidrIp": "0.0.0.0/0", "IpProtocol": "-1"}
+        assert (stack, group, group) in egress or any(open_egress.items() <= e.items() for e in inline), group
+
+
 def test_default_fsx_size_and_throughput(synth: Synth) -> None:
     (fs,) = resources(synth.template("default", "storage"), "AWS::FSx::FileSystem").values()
     assert fs["Properties"]["StorageCapacity"] == 2400
@@ -287,6 +422,16 @@ def test_device_plugin_values(synth: Synth) -> None:
     assert repo == "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin"
 
 
+def test_efa_plugin_chart_in_another_region_pulls_from_that_regions_registry(synth: Synth) -> None:
+    assert synth.configs["placed"].region == "ap-southeast-3"
+    charts = {
+        r["Properties"]["Chart"]: json.loads(r["Properties"]["Values"])
+        for r in resources(synth.template("placed", "cluster"), "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    repo = charts["aws-efa-k8s-device-plugin"]["image"]["repository"]
+    assert repo == "296578399912.dkr.ecr.ap-southeast-3.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+
+
 @pytest.mark.parametrize(
     ("region", "registry"),
     [
@@ -297,6 +442,11 @@ def test_device_plugin_values(synth: Synth) -> None:
 )
 def test_efa_plugin_image_follows_the_region(region: str, registry: str) -> None:
     assert efa_plugin_repository(region) == f"{registry}/eks/aws-efa-k8s-device-plugin"
+
+
+def test_efa_plugin_image_refuses_a_region_outside_the_table() -> None:
+    with pytest.raises(ConfigError, match=r"^region: 'ap-east-2' has no EKS image registry account"):
+        efa_plugin_repository("ap-east-2")
 
 
 @pytest.mark.parametrize(
@@ -367,3 +517,11 @@ def test_reservation_resource_group_inside_an_existing_placement_group(synth: Sy
     assert data["Placement"] == {"GroupName": "my-cluster-pg"}
     assert resources(synth.template("grouped", "cluster"), "AWS::EC2::PlacementGroup") == {}
     assert gpu_nodegroup(synth, "grouped")["CapacityType"] == "ON_DEMAND"
+
+
+def test_docs_say_next_to_make_deploy_that_jobs_and_teardown_need_the_tunnel() -> None:
+    doc = (REPO / "docs" / "infra.md").read_text(encoding="utf-8")
+    deploy = doc.index("and `make deploy`: it deploys the four stacks")
+    nearby = doc[deploy : deploy + 1200]
+    for needed in ("SSM", "`make train-job`", "`make teardown`", "cluster.endpoint_access=private"):
+        assert needed in nearby, needed

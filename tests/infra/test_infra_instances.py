@@ -175,3 +175,23 @@ def test_max_pods_counts_only_addressable_pod_ips(instance: str, layout: str, po
 def test_unknown_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown EFA layout 'efa-foo'"):
         nic_layout(GPU_INSTANCES["p5.48xlarge"], "efa-foo")  # type: ignore[arg-type]
+
+
+# Instance types EC2 Capacity Blocks for ML offer, written by hand from the EC2 user guide
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html, "Supported instance types").
+CAPACITY_BLOCK_TYPES = {
+    "p4d.24xlarge",
+    "p4de.24xlarge",
+    "p5.48xlarge",
+    "p5e.48xlarge",
+    "p5en.48xlarge",
+    "p6-b200.48xlarge",
+    "p6-b300.48xlarge",
+}
+
+
+def test_capacity_block_flag_matches_the_ec2_guide() -> None:
+    offered = {name for name, spec in GPU_INSTANCES.items() if spec.capacity_blocks}
+    assert offered == CAPACITY_BLOCK_TYPES & set(GPU_INSTANCES)
+    assert not GPU_INSTANCES["g5.48xlarge"].capacity_blocks
+    assert not GPU_INSTANCES["g6e.48xlarge"].capacity_blocks

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.lint import cfn_lint_command
+from infra.lint import cfn_lint_commands
 from infra.tags import PROJECT_TAG, STACK_TAG
 from tests.infra.conftest import VARIANTS, Synth
 
@@ -28,13 +28,17 @@ UNTAGGABLE = {
 
 
 def test_cfn_lint_passes_every_template(synth: Synth) -> None:
-    """One cfn-lint process over all templates (all variants), with the kit's config file."""
-    command = cfn_lint_command(synth.outdir)
-    assert command[command.index("--regions") + 1] == "us-west-2"
-    assert len(command[command.index("--") + 1 :]) == len(synth.templates) == 4 * len(VARIANTS)
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout == ""
+    """One cfn-lint process per region over that region's templates (all variants), with the kit's config."""
+    commands = cfn_lint_commands(synth.outdir)
+    regions = {c[c.index("--regions") + 1]: c[c.index("--") + 1 :] for c in commands}
+    assert sorted(regions) == sorted({cfg.region for cfg in synth.configs.values()})
+    assert sum(len(t) for t in regions.values()) == len(synth.templates) == 4 * len(VARIANTS)
+    placed = synth.configs["placed"].prefix
+    assert all(Path(t).name.startswith(f"{placed}-") for t in regions[synth.configs["placed"].region])
+    for command in commands:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout == ""
 
 
 def nag_report(synth: Synth) -> dict[str, Any]:

@@ -2,10 +2,9 @@
 
 2 pods x 1 rank (+1 hot spare): a `node` fault (the pod's every process SIGKILLed at once) or a `drain`
 (SIGTERM, SIGKILL after the grace period) on pod 1 or on pod 0, the pod that used to host the rendezvous.
-Each run must finish with the final model bitwise equal to a fault-free run's, read back from disk (the
-trainer's `training.dump_final`; the checkpoint loader helper of training/checkpoint/ replaces it when it
-lands), and a drain must lose no step. Without spares the lost pod is recreated, as the Job controller
-would, and the job still finishes.
+Each run must finish with its final checkpoint, verified and loaded back from disk
+(training/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no step.
+Without spares the lost pod is recreated, as the Job controller would, and the job still finishes.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from training import metrics
+from training.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,7 +29,7 @@ def run_job(tmp: Path, run_id: str, *overrides: str) -> tuple[subprocess.Complet
     """`python -m k8s local` as a user runs it; returns the process and the run folder."""
     proc = subprocess.run(
         [sys.executable, "-m", "k8s", "local", *JOB, *overrides, f"RUN_ID={run_id}",
-         "TRAIN.training.dump_final=/fsx/final.pt", "--workdir", str(tmp), "--timeout", "240"],
+         "--workdir", str(tmp), "--timeout", "240"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
@@ -38,43 +37,17 @@ def run_job(tmp: Path, run_id: str, *overrides: str) -> tuple[subprocess.Complet
     return proc, tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
 
 
-def final_state(run_dir: Path) -> dict:
-    return torch.load(run_dir.parent.parent / "final.pt", map_location="cpu", weights_only=False)
-
-
-def assert_same_model(got: dict, want: dict) -> None:
-    assert got["step"] == want["step"]
-    for part in ("model", "optim"):
-        flat_got, flat_want = _flatten(got[part]), _flatten(want[part])
-        assert flat_got.keys() == flat_want.keys()
-        different = [k for k in flat_want if not _equal(flat_got[k], flat_want[k])]
-        assert not different, f"{part} differs from the fault-free run at {different[:5]}"
-
-
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
-
-
-def _flatten(tree, prefix: str = "") -> dict[str, object]:
-    """Leaves of a state dict by dotted path: tensors and plain values (lr, betas, flags)."""
-    out: dict[str, object] = {}
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-    elif isinstance(tree, list | tuple):
-        for index, value in enumerate(tree):
-            out.update(_flatten(value, f"{prefix}{index}."))
-    else:
-        out[prefix] = tree
-    return out
+def assert_same_model(run_dir: Path, reference: Path) -> None:
+    """The persisted final checkpoints, verified and loaded back from disk, are bitwise equal."""
+    result = compare_checkpoints(final_checkpoint(run_dir), final_checkpoint(reference))
+    assert result.equal, result.summary()
+    assert {"model", "optim"} <= result.groups
 
 
 @pytest.fixture(scope="module")
-def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    _, run_dir = run_job(tmp_path_factory.mktemp("ref"), "ref")
-    return final_state(run_dir)
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fault-free run's folder (same job, no fault, no spare)."""
+    return run_job(tmp_path_factory.mktemp("ref"), "ref")[1]
 
 
 def _launcher_events(run_dir: Path, kind: str) -> list[dict]:
@@ -83,11 +56,11 @@ def _launcher_events(run_dir: Path, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize(("kind", "node"), [("node", 1), ("node", 0), ("drain", 1), ("drain", 0)])
 def test_node_fault_with_a_spare_finishes_bitwise_equal(
-    tmp_path: Path, fault_free: dict, kind: str, node: int
+    tmp_path: Path, fault_free: Path, kind: str, node: int
 ) -> None:
     run_id = f"{kind}{node}"
     proc, run_dir = run_job(tmp_path, run_id, "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}")
-    assert_same_model(final_state(run_dir), fault_free)
+    assert_same_model(run_dir, fault_free)
     m = metrics.load_run_metrics(run_dir)
     assert (m.world_size, m.steps_completed) == (2, 10)
     assert [(f.kind, f.step) for f in m.faults] == [(kind, FAULT_STEP)]
@@ -108,7 +81,7 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_node_loss_without_spares_waits_for_the_recreated_pod(
-    tmp_path: Path, fault_free: dict, node: int
+    tmp_path: Path, fault_free: Path, node: int
 ) -> None:
     run_id = f"nospare{node}"
     proc, run_dir = run_job(tmp_path, run_id, f"FAULT_SPEC=node:step={FAULT_STEP}:node={node}")
@@ -116,13 +89,13 @@ def test_node_loss_without_spares_waits_for_the_recreated_pod(
     assert (
         f"pod {run_id}-{node}-local-r1: exit code 0" in proc.stdout
     )  # recreated, as the Job controller does
-    assert_same_model(final_state(run_dir), fault_free)
+    assert_same_model(run_dir, fault_free)
     survivor = (tmp_path / run_id / "logs" / f"{run_id}-{1 - node}-local.log").read_text()
     assert "the group re-forms: waiting up to 600 s" in survivor
 
 
 def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
-    tmp_path: Path, fault_free: dict
+    tmp_path: Path, fault_free: Path
 ) -> None:
     """NODE_FAILURE_LIMIT=1: the first failure of the node's own (its worker SIGKILLed) gives it up."""
     run_id = "giveup"
@@ -133,4 +106,4 @@ def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
     assert len(given_up) == 1 and given_up[0]["failures"] == 1
     assert "signal SIGKILL" in given_up[0]["reason"]
     assert "exit code 75" in proc.stdout  # the given-up pod; the Job replaces it (a new spare)
-    assert_same_model(final_state(run_dir), fault_free)
+    assert_same_model(run_dir, fault_free)

@@ -123,3 +123,11 @@ def test_k8s_trainer_fields_are_trainer_config_fields() -> None:
     for section, names in TRAINER_FIELDS.items():
         fields = set(known[section].__dataclass_fields__)
         assert set(names) <= fields, (section, set(names) - fields)
+
+
+def test_the_check_sees_the_jobs_world_size() -> None:
+    """A fault on rank 1 is valid for 2 local ranks, refused for 1, as the trainer in the pod would decide."""
+    config = _config("FAULT_SPEC=kill:step=5:rank=1", "PROCS_PER_NODE=2")
+    check_trainer_config(config, memory=(2, 2, 0, 4096))
+    with pytest.raises(ValueError, match="targets rank 1 but the world size is 1"):
+        check_trainer_config(config, memory=(1, 1, 0, 4096))

@@ -11,6 +11,7 @@ import boto3
 import botocore.retries.standard
 import pytest
 from ops_fakeaws import LocalAws
+from ops_realism import AwsRealism
 from ops_world import World
 
 REGION = "us-east-1"
@@ -70,3 +71,9 @@ def subprocess_env(local_aws: LocalAws) -> dict[str, str]:
 
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+
+@pytest.fixture
+def realistic(fake_aws: LocalAws, world: World) -> AwsRealism:
+    """AWS's refusals where moto is lenient (in-use SG / subnet / VPC, protected LB, stack DELETE_FAILED)."""
+    return AwsRealism(fake_aws.proxy, world)

@@ -103,6 +103,18 @@ class World:
             "SubnetId"
         ]
 
+    def cluster_stack(self) -> None:
+        """The stack that records the cluster's name in its `ClusterName` output, as infra's cluster stack."""
+        template = {
+            "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+            "Outputs": {"ClusterName": {"Value": CLUSTER}},
+        }
+        self.client("cloudformation").create_stack(
+            StackName=f"{PREFIX}-Cluster",
+            TemplateBody=json.dumps(template),
+            Tags=tags_list({**KIT, "kit:stack": f"{PREFIX}-Cluster"}),
+        )
+
     def eks(self) -> None:
         eks = self.client("eks")
         vpc_cfg = {"subnetIds": [self.ids["subnet"]]}
@@ -245,6 +257,27 @@ class World:
                 GroupName="someones", Description="x", VpcId=vpc
             )["GroupId"]
 
+    def instances(self) -> None:
+        """A p5 started by hand with the kit's tag (no Name, outside any node group), a node of the kit's
+        node group, and a decoy outside the kit."""
+        ec2 = self.client("ec2")
+
+        def launch(subnet: str, tags: dict[str, str]) -> str:
+            spec = [{"ResourceType": "instance", "Tags": tags_list(tags)}] if tags else []
+            return ec2.run_instances(
+                ImageId="ami-12c6146b",
+                MinCount=1,
+                MaxCount=1,
+                InstanceType="p5.48xlarge",
+                SubnetId=subnet,
+                TagSpecifications=spec,
+            )["Instances"][0]["InstanceId"]
+
+        self.ids["p5"] = launch(self.ids["subnet"], KIT)
+        node = {**KIT, "eks:cluster-name": CLUSTER, "eks:nodegroup-name": "gpu"}
+        self.ids["node"] = launch(self.ids["subnet"], node)
+        self.ids["decoy_instance"] = launch(self.ids["other_subnet"], {})
+
     def data_and_logs(self) -> None:
         logs, ecr, s3 = self.client("logs"), self.client("ecr"), self.client("s3")
         logs.create_log_group(logGroupName=f"/aws/eks/{CLUSTER}/cluster")
@@ -281,6 +314,7 @@ class World:
         self.stacks()
         self.eks()
         self.controller_leftovers(**kw)
+        self.instances()
         self.data_and_logs()
         return self
 
@@ -314,6 +348,12 @@ class World:
             "ecr": {r["repositoryName"] for r in c("ecr").describe_repositories()["repositories"]},
             "s3": {b["Name"] for b in c("s3").list_buckets()["Buckets"]},
             "vpc": {v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]},
+            "instance": {
+                i["InstanceId"]
+                for r in ec2.describe_instances()["Reservations"]
+                for i in r["Instances"]
+                if i["State"]["Name"] != "terminated"
+            },
         }
 
     def decoys(self) -> dict[str, set[str]]:
@@ -333,6 +373,7 @@ class World:
             "ecr": {"someone/else"},
             "s3": {"someone-elses-data"},
             "vpc": {i["other_vpc"]},
+            "instance": {i["decoy_instance"]} if "decoy_instance" in i else set(),
         }
 
     def owned(self) -> dict[str, set[str]]:
@@ -349,4 +390,5 @@ class World:
             "fsx": {i["fsx"], i["fsx_csi"]},
             "log-group": {f"/aws/eks/{CLUSTER}/cluster", f"/kit/{PREFIX}/train"},
             "ecr": {"kit1/trainer"},
+            "instance": {i["p5"], i["node"]} if "p5" in i else set(),
         }

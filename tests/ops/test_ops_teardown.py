@@ -14,7 +14,10 @@ CONFIRM = f"{PREFIX}/123456789012"
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
-    code = main(["--prefix", PREFIX, "--json", *FAST, *args])
+    # a flag given twice is refused, so a test's own --timeout replaces the fast default
+    pairs = zip(FAST[::2], FAST[1::2], strict=True)
+    fast = [x for flag, value in pairs if flag not in args for x in (flag, value)]
+    code = main(["--prefix", PREFIX, "--json", *fast, *args])
     out = capsys.readouterr().out
     return code, json.loads(out) if out.strip() else {}
 
@@ -27,13 +30,20 @@ def test_dry_run_plans_owned_and_changes_nothing(world: World, capsys: pytest.Ca
     assert doc["executed"] is False
     assert doc["clusters"] == [CLUSTER] and doc["vpcs"] == [world.ids["vpc"]]
     planned = {(s["kind"], p["id"]) for s in doc["steps"] for p in s["plan"] if p["action"] == "delete"}
+    node = world.ids["node"]  # its node group still exists: it goes with it, after which it is swept
     for kind, ids in world.owned().items():
-        for i in ids:
+        for i in ids - {node}:
             assert (kind, i) in planned, (kind, i)
+    assert plan_of(doc)[node]["action"] == "keep"
+    assert plan_of(doc)[node]["reason"] == f"a node of node group {CLUSTER}/gpu: it goes with the node group"
     for kind, ids in world.decoys().items():
         for i in ids:
             assert (kind, i) not in planned, (kind, i)
     assert world.inventory() == before
+
+
+def plan_of(doc: dict) -> dict[str, dict]:
+    return {p["id"]: p for s in doc["steps"] for p in s["plan"]}
 
 
 def deleted_ids(doc: dict) -> set[tuple[str, str]]:

@@ -7,35 +7,12 @@ vanish at once) the rules below give the answers real AWS gives, so passing prov
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from ops_fakeaws import FaultProxy, Request, Response, Rule, error_response
+from ops_fakeaws import Response, Rule, error_response
+from ops_realism import AwsRealism
 from ops_world import CLUSTER, PREFIX, World
 from test_ops_teardown import CONFIRM, results_by_id, run
-
-
-def sg_in_use(world: World, group_id: str) -> bool:
-    """What AWS checks before deleting a security group (moto does not)."""
-    ec2, elbv2 = world.client("ec2"), world.client("elbv2")
-    for g in ec2.describe_security_groups()["SecurityGroups"]:
-        for perm in g.get("IpPermissions", []) + g.get("IpPermissionsEgress", []):
-            if any(p.get("GroupId") == group_id for p in perm.get("UserIdGroupPairs", [])):
-                return True
-    enis = ec2.describe_network_interfaces(Filters=[{"Name": "group-id", "Values": [group_id]}])
-    lbs = elbv2.describe_load_balancers()["LoadBalancers"]
-    return bool(enis["NetworkInterfaces"]) or any(group_id in lb.get("SecurityGroups", []) for lb in lbs)
-
-
-def realistic_security_groups(proxy: FaultProxy, world: World) -> Rule:
-    return proxy.fail(
-        "ec2",
-        "DeleteSecurityGroup",
-        "DependencyViolation",
-        times=None,
-        when=lambda r: sg_in_use(world, r.params["GroupId"]),
-        message="resource has a dependent object",
-    )
 
 
 def test_throttling_is_retried_by_botocore_and_the_run_succeeds(
@@ -71,16 +48,17 @@ def test_adaptive_mode_also_retries_throttling(
     assert world.ids["tg"] not in world.inventory()["target-group"]
 
 
-def test_order_means_a_realistic_security_group_never_answers_in_use(
-    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+def test_order_means_aws_never_refuses_a_clean_world(
+    world: World, realistic: AwsRealism, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world.full()
-    rule = realistic_security_groups(fake_aws.proxy, world)
     code, doc = run(capsys, "--yes", "--confirm", CONFIRM)
     assert code == 3, doc
     assert world.ids["ctl_sg"] not in world.inventory()["security-group"]
-    # the LB went before the SG, and the node SG's rule was revoked first: AWS would not have refused
-    assert rule.hits == 0
+    assert world.ids["vpc"] not in world.inventory()["vpc"]
+    # the LB went before the SG, the node SG's rule was revoked first, instances and ENIs left the subnet
+    # before the network stack: AWS would not have refused anything
+    assert realistic.refusals == {}
     sg_step = next(s for s in doc["steps"] if s["kind"] == "security-group")
     assert sg_step["actions"] == [f"revoked rule in {world.ids['node_sg']} referencing {world.ids['ctl_sg']}"]
 
@@ -98,7 +76,7 @@ def test_dependency_violation_is_retried_with_backoff_then_succeeds(
 
 
 def test_persistent_dependency_is_reported_failed_and_foreign_rules_are_not_touched(
-    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+    world: World, realistic: AwsRealism, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world.full(untagged_in_kit_vpc=True)
     ec2 = world.client("ec2")
@@ -109,7 +87,6 @@ def test_persistent_dependency_is_reported_failed_and_foreign_rules_are_not_touc
             {"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "UserIdGroupPairs": [{"GroupId": ctl}]}
         ],
     )
-    realistic_security_groups(fake_aws.proxy, world)
     world.client("elbv2").delete_load_balancer(LoadBalancerArn=world.ids["lb"])  # only the rule blocks it
     code, doc = run(capsys, "--yes", "--confirm", CONFIRM, "--only", "security-group", "--timeout", "0.5")
     assert code == 4
@@ -127,88 +104,20 @@ def bucket_has_objects(world: World, bucket: str) -> bool:
         return False
 
 
-def realistic_stack_with_bucket(proxy: FaultProxy, world: World, stack: str, bucket: str) -> None:
+def bucket_blocks_stack(realistic: AwsRealism, world: World, stack: str, bucket: str) -> None:
     """AWS: deleting a stack whose bucket is not empty ends in DELETE_FAILED (moto deletes it)."""
-    failed: set[str] = set()
-
-    def is_stack(r: Request) -> bool:
-        return stack in r.params.get("StackName", "")
-
-    def swallow_delete(req: Request, fwd) -> Response:
-        failed.add(stack)
-        body = (
-            "<DeleteStackResponse><ResponseMetadata><RequestId>inj</RequestId></ResponseMetadata>"
-            "</DeleteStackResponse>"
-        )
-        return Response(200, {"Content-Type": "text/xml"}, body.encode())
-
-    def describe_failed(req: Request, fwd) -> Response:
-        resp = fwd()
-        body = re.sub(
-            rb"<StackStatus>[A-Z_]+</StackStatus>", b"<StackStatus>DELETE_FAILED</StackStatus>", resp.body
-        )
-        return Response(resp.status, resp.headers, body)
-
-    def events(req: Request, fwd) -> Response:
-        ev = (
-            "<member><StackId>{sid}</StackId><EventId>{n}</EventId><StackName>{s}</StackName>"
-            "<LogicalResourceId>{lid}</LogicalResourceId><ResourceType>{t}</ResourceType>"
-            "<Timestamp>2026-01-01T00:00:0{n}Z</Timestamp><ResourceStatus>{st}</ResourceStatus>"
-            "<ResourceStatusReason>{why}</ResourceStatusReason></member>"
-        )
-        sid = req.params["StackName"]
-        members = ev.format(
-            sid=sid,
-            n=2,
-            s=stack,
-            lid="DataBucket",
-            t="AWS::S3::Bucket",
-            st="DELETE_FAILED",
-            why="The bucket you tried to delete is not empty",
-        ) + ev.format(
-            sid=sid,
-            n=1,
-            s=stack,
-            lid=stack,
-            t="AWS::CloudFormation::Stack",
-            st="DELETE_IN_PROGRESS",
-            why="User Initiated",
-        )
-        body = (
-            f"<DescribeStackEventsResponse><DescribeStackEventsResult><StackEvents>{members}</StackEvents>"
-            "</DescribeStackEventsResult></DescribeStackEventsResponse>"
-        )
-        return Response(200, {"Content-Type": "text/xml"}, body.encode())
-
-    proxy.add(
-        Rule(
-            "cloudformation",
-            "DeleteStack",
-            swallow_delete,
-            when=lambda r: is_stack(r) and bucket_has_objects(world, bucket),
-        )
+    realistic.extra[stack] = lambda: (
+        [("DataBucket", "AWS::S3::Bucket", "The bucket you tried to delete is not empty")]
+        if bucket_has_objects(world, bucket)
+        else []
     )
-    proxy.add(
-        Rule(
-            "cloudformation", "DeleteStack", lambda req, fwd: (failed.discard(stack), fwd())[1], when=is_stack
-        )
-    )  # the bucket is empty now: AWS deletes the stack
-    proxy.add(
-        Rule(
-            "cloudformation",
-            "DescribeStacks",
-            describe_failed,
-            when=lambda r: is_stack(r) and stack in failed,
-        )
-    )
-    proxy.add(Rule("cloudformation", "DescribeStackEvents", events, when=is_stack))
 
 
 def test_stack_ending_delete_failed_is_reported_with_the_reason_and_rerun_with_data_finishes(
-    world: World, fake_aws, capsys: pytest.CaptureFixture[str]
+    world: World, fake_aws, realistic: AwsRealism, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world.full()
-    realistic_stack_with_bucket(fake_aws.proxy, world, f"{PREFIX}-Storage", "kit1-data")
+    bucket_blocks_stack(realistic, world, f"{PREFIX}-Storage", "kit1-data")
     code, doc = run(capsys, "--yes", "--confirm", CONFIRM)
     assert code == 4
     res = results_by_id(doc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from test_ops_teardown import CONFIRM, run
 from ops.tags import PROJECT_TAG, STACK_TAG
 from ops.teardown.filters import plan
 from ops.teardown.kinds.s3 import MAX_DELETE_BATCH, batches
+from ops.teardown.kinds.tagging import parse_arn
 from ops.teardown.model import Options, Resource, Scope
 
 SCOPE = Scope(
@@ -128,3 +130,58 @@ def test_without_kubectl_the_kubernetes_step_is_skipped_with_a_reason(
     assert code == 0
     k8s = next(s for s in doc["steps"] if s["kind"] == "k8s")
     assert k8s["note"].startswith("skipped:") and "not found" in k8s["note"] and not k8s["error"]
+
+
+@pytest.mark.parametrize(
+    ("arn", "rtype", "rid"),
+    [
+        ("arn:aws:ec2:us-east-1:1:vpc/vpc-1", "ec2:vpc", "vpc-1"),
+        ("arn:aws:s3:::my-bucket", "s3:bucket", "my-bucket"),
+        ("arn:aws:logs:us-east-1:1:log-group:/aws/eks/c/cluster:*", "logs:log-group", "/aws/eks/c/cluster"),
+        ("arn:aws:fsx:us-east-1:1:backup/backup-1", "fsx:backup", "backup-1"),
+        (
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/app/web/abc",
+            "elasticloadbalancing:loadbalancer",
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/app/web/abc",
+        ),
+        ("arn:aws:eks:us-east-1:1:nodegroup/c/gpu/uuid", "eks:nodegroup", "c/gpu"),
+        (
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+            "elasticloadbalancing:classic-loadbalancer",
+            "arn:aws:elasticloadbalancing:us-east-1:1:loadbalancer/legacy",
+        ),
+        ("arn:aws:sns:us-east-1:1:alerts", "sns:topic", "arn:aws:sns:us-east-1:1:alerts"),
+        ("arn:aws:ec2:us-east-1:1:launch-template/lt-1", "ec2:launch-template", "lt-1"),
+    ],
+)
+def test_tagging_arns_map_to_the_ids_each_service_uses(arn: str, rtype: str, rid: str) -> None:
+    assert parse_arn(arn) == (rtype, rid)
+
+
+GONE = datetime(2026, 6, 1, tzinfo=UTC)
+FORMER = Scope(
+    prefix=PREFIX,
+    region="us-east-1",
+    account="1",
+    former_clusters=(CLUSTER,),
+    former_deleted_at={CLUSTER: GONE},
+    vpcs=("vpc-1",),
+)
+
+
+@pytest.mark.parametrize(
+    ("detail", "action"),
+    [
+        ({"created": GONE - timedelta(days=3)}, "delete"),  # made while the name was the kit's
+        ({"created": GONE + timedelta(seconds=1)}, "keep"),  # made by a later cluster of that name
+        ({"vpc_id": "vpc-1"}, "delete"),  # no creation time: in a kit VPC
+        ({"vpc_id": "vpc-9"}, "keep"),  # no creation time, elsewhere: no evidence
+    ],
+)
+def test_a_former_cluster_name_is_evidence_only_before_its_stack_was_deleted(
+    detail: dict, action: str
+) -> None:
+    r = Resource(kind="x", id="i", tags={f"kubernetes.io/cluster/{CLUSTER}": "owned"}, detail=detail)
+    assert plan([r], FORMER)[0].action == action
+    unbounded = Scope(prefix=PREFIX, region="us-east-1", account="1", former_clusters=(CLUSTER,))
+    assert plan([r], unbounded)[0].action == "delete"  # no deletion time known: the name alone counts

@@ -11,15 +11,14 @@ from trainer_helpers import REF_STEPS, TINY, run_trainer
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fault-free 2-rank run of REF_STEPS steps without checkpoints; returns its final dump."""
+    """A fault-free 2-rank run of REF_STEPS steps that saves only its final step; returns its run folder."""
     tmp = tmp_path_factory.mktemp("reference")
-    dump = tmp / "final.pt"
     run_trainer(
         tmp,
         [
             "--run.id", "reference", "--run.root", str(tmp / "runs"), *TINY,
-            "--training.steps", str(REF_STEPS), "--checkpoint.mode", "off",
-            "--training.dump_final", str(dump),
+            "--training.steps", str(REF_STEPS), "--checkpoint.mode", "sync",
+            "--checkpoint.interval", str(REF_STEPS),
         ],
     ).check()  # fmt: skip
-    return dump
+    return tmp / "runs" / "reference"

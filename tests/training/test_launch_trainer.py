@@ -1,34 +1,18 @@
 """The real trainer (FSDP2 on gloo, async checkpoints) under the kit launcher: faults change nothing but
-time. Each run's final model and optimizer must be bitwise equal to the fault-free reference run
-(`reference_run` in conftest.py: same seed, data and world size, no checkpoints, no launcher)."""
+time. Each run's persisted final checkpoint, loaded back from disk, must equal the fault-free reference
+run's value by value (`reference_run` in conftest.py: same seed, data and world size, no launcher), and
+the job started again must resume from it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trainer_helpers import REF_STEPS, REPO, TINY, assert_bitwise_equal, trainer_env
+from trainer_helpers import assert_resumes_from_final, assert_same_final_checkpoint, launch_trainer
 
-from training import exitcodes
 from training.events import read_events
 
 pytestmark = pytest.mark.slow
-
-
-def launch_trainer(tmp: Path, name: str, launcher: list[str], trainer: list[str]) -> tuple[Path, Path]:
-    root = tmp / "runs"
-    run_dir, dump = root / name, tmp / f"{name}.pt"
-    cmd = [
-        sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "2",
-        "--log-dir", str(tmp / "logs"), "--run-dir", str(run_dir), *launcher,
-        "-m", "training.train", "--run.id", name, "--run.root", str(root), *TINY,
-        "--training.steps", str(REF_STEPS), "--training.dump_final", str(dump), *trainer,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=trainer_env(tmp), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == exitcodes.OK, proc.stderr[-4000:]
-    return run_dir, dump
 
 
 def test_sigkill_mid_run_while_a_checkpoint_is_written_gives_the_fault_free_model(
@@ -37,13 +21,13 @@ def test_sigkill_mid_run_while_a_checkpoint_is_written_gives_the_fault_free_mode
     # The step-4 save is handed to the background writer at the end of step 4; rank 1 is SIGKILLed at the
     # top of step 5, while that save is being written. Resume must use a committed step only, and the
     # final model must be the fault-free one.
-    run_dir, dump = launch_trainer(
+    run_dir, args = launch_trainer(
         tmp_path,
         "kill",
         [],
         ["--checkpoint.mode", "async", "--checkpoint.interval", "4", "--fault.spec", "kill:step=5:rank=1"],
     )
-    assert assert_bitwise_equal(reference_run, dump) > 0
+    assert_same_final_checkpoint(run_dir, reference_run)
     events = read_events(run_dir)
     assert [e["exitcode"] for e in events if e["kind"] == "worker_failed" and e["global_rank"] == 1] == [-9]
     committed = {
@@ -52,6 +36,7 @@ def test_sigkill_mid_run_while_a_checkpoint_is_written_gives_the_fault_free_mode
     resumed = {e["step"] for e in events if e["kind"] == "resume" and e["attempt"] == 1}
     assert len(resumed) == 1 and resumed <= committed | {None}
     assert [e["attempt"] for e in events if e["kind"] == "restart"] == [1]
+    assert_resumes_from_final(tmp_path, args, run_dir)
 
 
 def test_study_schedule_of_five_faults_completes_with_the_correct_model(
@@ -60,7 +45,7 @@ def test_study_schedule_of_five_faults_completes_with_the_correct_model(
     # The study's generator (seed 42, 5 faults, exception 0.6 / hang 0.4), scaled to 12 steps on 2 ranks:
     # hang@3, exception@4, @7, @9, @12, all on rank 1. Exceptions end the process (no in-process restart
     # here); the hang is found by the heartbeat monitor.
-    run_dir, dump = launch_trainer(
+    run_dir, args = launch_trainer(
         tmp_path,
         "schedule",
         ["--max-restarts", "6", "--heartbeat-load-timeout", "10"],
@@ -69,7 +54,7 @@ def test_study_schedule_of_five_faults_completes_with_the_correct_model(
             "--fault.schedule_seed", "42", "--fault.schedule_count", "5", "--fault.schedule_after_step", "2",
         ],
     )  # fmt: skip
-    assert assert_bitwise_equal(reference_run, dump) > 0
+    assert_same_final_checkpoint(run_dir, reference_run)
     events = read_events(run_dir)
     fired = [(e["fault"], e["step"], e["target_rank"]) for e in events if e["kind"] == "fault"]
     assert fired == [
@@ -81,3 +66,4 @@ def test_study_schedule_of_five_faults_completes_with_the_correct_model(
     ]
     assert len([e for e in events if e["kind"] == "hang_detected"]) == 1
     assert len([e for e in events if e["kind"] == "restart"]) == 5
+    assert_resumes_from_final(tmp_path, args, run_dir)

@@ -10,10 +10,10 @@ import pytest
 from trainer_helpers import run_cli
 
 from bench.trainer import measure, planned
-from training.memory_plan import GIB, MemoryPlanError, Shape, plan, refusal
-from training.model import MODEL_CONFIGS
+from training.memory_plan import GIB, MemoryPlanError, plan, refusal
+from training.shapes import MODEL_CONFIGS
 
-LLAMA = Shape.of(MODEL_CONFIGS["llama3.1-8b"])
+LLAMA = MODEL_CONFIGS["llama3.1-8b"]
 H100 = 81559 << 20
 P5 = {
     "ranks_per_node": 8,
@@ -24,9 +24,18 @@ P5 = {
 }
 
 
-def test_shape_counts_the_models_parameters():
-    for args in MODEL_CONFIGS.values():
-        assert Shape.of(args).params == args.num_params()
+def test_shapes_count_the_built_models_parameters():
+    """The plan's parameter counts are the real module's: build each small shape on the meta device."""
+    import torch
+
+    from training.model import Transformer
+
+    for name in ("tiny", "small", "llama3.1-8b"):
+        args = MODEL_CONFIGS[name]
+        with torch.device("meta"):
+            model = Transformer(args)
+        assert sum(p.numel() for p in model.parameters()) == args.num_params(), name
+        assert sum(p.numel() for p in model.layers[0].parameters()) == args.block_params, name
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 16])

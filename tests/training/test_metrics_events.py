@@ -303,3 +303,20 @@ def test_malformed_events_are_skipped_and_counted(tmp_path: Path) -> None:
     m = compute_metrics(events + bad)
     assert m.events_skipped == len(bad)
     assert dataclasses.replace(m, events_skipped=0) == before
+
+
+def test_throughput_is_the_median_of_the_steps_and_absent_without_it() -> None:
+    def ev(kind: str, ts: float, **kw) -> dict:
+        return {"ts": ts, "kind": kind, "role": "trainer", "rank": 0, "attempt": 0, "pid": 1} | kw
+
+    rates, mfus = [900.0, 1000.0, 1100.0, 5000.0], [0.40, 0.41, 0.43, 0.90]
+    steps = [
+        ev("step", 10.0 + i, step=i + 1, duration_s=1.0, t_start=9.0 + i, tokens_per_s=r, mfu=u)
+        for i, (r, u) in enumerate(zip(rates, mfus, strict=True))
+    ]
+    events = [ev("start", 9.0, world_size=1), *steps, ev("end", 14.0, step=4)]
+    m = compute_metrics(events)
+    assert m.tokens_per_s == pytest.approx(1050.0) and m.mfu == pytest.approx(0.42)
+    bare = [{k: v for k, v in e.items() if k not in ("tokens_per_s", "mfu")} for e in events]
+    m = compute_metrics(bare)
+    assert m.tokens_per_s is None and m.mfu is None

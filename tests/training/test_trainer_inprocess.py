@@ -1,29 +1,32 @@
-"""In-process restart: an exception on one rank is recovered inside the same processes, bitwise."""
+"""In-process restart: an exception on one rank is recovered inside the same processes; the persisted
+final checkpoint equals the fault-free run's and resumes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from trainer_helpers import REF_STEPS, TINY, assert_bitwise_equal, run_trainer
+from trainer_helpers import (
+    REF_STEPS,
+    TINY,
+    assert_resumes_from_final,
+    assert_same_final_checkpoint,
+    run_trainer,
+)
 
 from training.events import read_events
 
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp: Path, run_id: str, extra: list[str]) -> tuple[Path, Path]:
-    dump = tmp / f"{run_id}.pt"
+def _run(tmp: Path, run_id: str, extra: list[str]) -> tuple[Path, list[str]]:
     root = tmp / "runs"
-    run_trainer(
-        tmp,
-        [
-            "--run.id", run_id, "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS),
-            "--inprocess.enabled", "true", "--inprocess.barrier_timeout_s", "60",
-            "--training.dump_final", str(dump), *extra,
-        ],
-    ).check()  # fmt: skip
-    return dump, root / run_id
+    args = [
+        "--run.id", run_id, "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS),
+        "--inprocess.enabled", "true", "--inprocess.barrier_timeout_s", "60", *extra,
+    ]  # fmt: skip
+    run_trainer(tmp, args).check()
+    return root / run_id, args
 
 
 def _by_rank(events: list[dict], kind: str) -> dict[int, list[dict]]:
@@ -35,7 +38,7 @@ def _by_rank(events: list[dict], kind: str) -> dict[int, list[dict]]:
 
 
 def test_exception_recovered_in_process_from_host_memory(tmp_path: Path, reference_run: Path) -> None:
-    dump, run_dir = _run(
+    run_dir, args = _run(
         tmp_path,
         "inproc-mem",
         [
@@ -59,13 +62,24 @@ def test_exception_recovered_in_process_from_host_memory(tmp_path: Path, referen
         assert len(pids) == 1 and restart["pid"] in pids, "same process before and after the restart"
         replayed = [e["step"] for e in steps if e["ts"] > restart["ts"]]
         assert replayed == list(range(5, REF_STEPS + 1))
-    assert assert_bitwise_equal(dump, reference_run) > 0
+    assert_same_final_checkpoint(run_dir, reference_run)
+    assert_resumes_from_final(tmp_path, args, run_dir)
 
 
-def test_exception_without_checkpoint_restarts_from_the_seed(tmp_path: Path, reference_run: Path) -> None:
-    dump, run_dir = _run(
-        tmp_path, "inproc-none", ["--checkpoint.mode", "off", "--fault.spec", "exception:step=3:rank=1"]
+def test_exception_before_any_checkpoint_restarts_from_the_seed(tmp_path: Path, reference_run: Path) -> None:
+    run_dir, args = _run(
+        tmp_path,
+        "inproc-none",
+        [
+            "--checkpoint.mode",
+            "sync",
+            "--checkpoint.interval",
+            "6",
+            "--fault.spec",
+            "exception:step=3:rank=0",
+        ],
     )
     restarts = _by_rank(read_events(run_dir), "inprocess_restart")
     assert {r: [e["source"] for e in v] for r, v in restarts.items()} == {0: ["none"], 1: ["none"]}
-    assert_bitwise_equal(dump, reference_run)
+    assert_same_final_checkpoint(run_dir, reference_run)
+    assert_resumes_from_final(tmp_path, args, run_dir)

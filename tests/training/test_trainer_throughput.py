@@ -8,7 +8,7 @@ import pytest
 from trainer_helpers import TINY, run_trainer
 
 from training.events import read_events
-from training.model import MODEL_CONFIGS
+from training.shapes import MODEL_CONFIGS
 from training.throughput import flops_per_token, measure, peak_flops
 
 

@@ -1,7 +1,11 @@
 """Helpers for multi-process trainer tests: real processes, real torch.distributed (gloo), 2 ranks.
 
 `run_trainer(...)` starts `python -m torch.distributed.run --nproc-per-node N -m training.train ...`
-with a free rendezvous port, OMP_NUM_THREADS=1 and torchelastic's logs under the test's tmp folder.
+with a free rendezvous port, OMP_NUM_THREADS=1 and torchelastic's logs under the test's tmp folder;
+`launch_trainer(...)` runs it under the kit's launcher instead. Fault-equivalence tests end with
+`assert_same_final_checkpoint` (the persisted final checkpoint, loaded back from disk, equals the
+fault-free run's, value by value) and `assert_resumes_from_final` (the same job started again resumes
+from it).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from training import exitcodes
+from training.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
+from training.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -89,36 +95,47 @@ def run_cli(tmp: Path, args: list[str], *, timeout: float = 120) -> Finished:
     return Finished(proc.returncode, proc.stdout, proc.stderr)
 
 
-def load_dump(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+FINAL_GROUPS = {"model", "optim", "scheduler", "data", "step", "rng.rank0", "rng.rank1"}
+"""What a 2-rank final checkpoint holds and every comparison must cover."""
 
 
-def tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor in a nested dict/list, keyed by its path."""
-    out: dict[str, torch.Tensor] = {}
-    if isinstance(tree, torch.Tensor):
-        out[prefix] = tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(tensors(v, f"{prefix}/{k}"))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            out.update(tensors(v, f"{prefix}/{i}"))
-    return out
+def assert_same_final_checkpoint(run_dir: Path, reference: Path, *, step: int | None = None) -> Comparison:
+    """The newest committed checkpoint of `run_dir`, verified and loaded back from disk, equals the
+    reference run's value by value (every tensor bitwise; scheduler, data position, step, RNG)."""
+    mine, ref = final_checkpoint(run_dir), final_checkpoint(reference)
+    step = REF_STEPS if step is None else step
+    assert mine.name == ref.name == f"step_{step:08d}", (mine, ref)
+    result = compare_checkpoints(mine, ref)
+    assert result.equal, result.summary()
+    assert result.groups >= FINAL_GROUPS, f"not compared: {FINAL_GROUPS - result.groups}"
+    return result
 
 
-def assert_bitwise_equal(a: Path, b: Path) -> int:
-    """Every tensor of the final model and optimizer of two dumps is bitwise equal; returns the count."""
-    da, db = load_dump(a), load_dump(b)
-    assert da["step"] == db["step"]
-    ta, tb = (
-        tensors({"model": da["model"], "optim": da["optim"]}),
-        tensors({"model": db["model"], "optim": db["optim"]}),
+def assert_resumes_from_final(tmp: Path, trainer_args: list[str], run_dir: Path, *, step: int | None = None):
+    """Starting the same job again (no faults) resumes from the final checkpoint, from disk, verified."""
+    step = REF_STEPS if step is None else step
+    before = len(read_events(run_dir))
+    run_trainer(tmp, trainer_args).check()
+    resumes = [e for e in read_events(run_dir)[before:] if e["kind"] == "resume"]
+    assert {(e["rank"], e["step"], e["source"]) for e in resumes} == {(0, step, "disk"), (1, step, "disk")}
+
+
+def launch_trainer(
+    tmp: Path, name: str, launcher: list[str], trainer: list[str], *, env: dict[str, str] | None = None
+) -> tuple[Path, list[str]]:
+    """Run REF_STEPS steps of the tiny job under the kit launcher (2 ranks); (run folder, trainer args)."""
+    root = tmp / "runs"
+    run_dir = root / name
+    args = ["--run.id", name, "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS), *trainer]
+    cmd = [
+        sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "2",
+        "--log-dir", str(tmp / "logs"), "--run-dir", str(run_dir), *launcher, "-m", "training.train", *args,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**trainer_env(tmp), **(env or {})}, capture_output=True, text=True, timeout=400
     )
-    assert ta.keys() == tb.keys()
-    differ = [k for k in ta if ta[k].dtype != tb[k].dtype or not torch.equal(ta[k], tb[k])]
-    assert not differ, f"{len(differ)}/{len(ta)} tensors differ, e.g. {differ[:5]}"
-    return len(ta)
+    assert proc.returncode == exitcodes.OK, proc.stderr[-4000:]
+    return run_dir, args
 
 
 REF_STEPS = 12

@@ -2,6 +2,6 @@
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.resume import CheckpointError
+from training.checkpoint.resume import CheckpointError, check_world_size
 
-__all__ = ["CheckpointConfig", "CheckpointError", "Checkpointer"]
+__all__ = ["CheckpointConfig", "CheckpointError", "Checkpointer", "check_world_size"]

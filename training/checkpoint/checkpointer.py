@@ -20,26 +20,39 @@ if the copy was not done), write (this rank's shard durable; duration from the s
 (rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
 whose own write failed: count distinct steps), drain (`wait()`), skipped (a second save of one step).
 A failed save is logged and counted; training goes on.
+
+Every wait of the training thread on a checkpoint (the host copy inside or before an optimizer step, the
+previous save, a test hold, the drain) runs inside `on_wait()` (the trainer passes its heartbeat's
+"checkpoint" phase), so a slow save never looks like a hang.
+
+In-process restart: `abandon()` (once the process groups are aborted) stops the in-flight save at its
+next phase boundary (training.checkpoint.guard): it never writes or commits without its group, and it is
+reported as failed ("abandoned"). Its DCP plans are cached under this checkpointer only (ScopedSavePlanner)
+and dropped at `close()`, so nothing planned for one group is reused by the next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.checkpoint.commit import CommitRecord, FileEntry, write_commit
+from training.checkpoint.commit import CommitRecord, CommitRefused, FileEntry, merge_rank_files, write_commit
 from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
 from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
+from training.checkpoint.planner import ScopedSavePlanner
 from training.checkpoint.resume import CheckpointError, one_line, resume
 from training.checkpoint.retention import prune
 from training.checkpoint.staging import HostStager, flatten_state, restore_into, take
@@ -58,10 +71,17 @@ class _Save:
 
     step: int
     t_request: float
+    guard: SaveGuard
     staged: threading.Event = field(default_factory=threading.Event)
     """Set once the host copy is complete (immediately in sync mode)."""
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
+
+    def end(self) -> None:
+        """The save is over (committed or failed): nothing waits on it any more."""
+        self.staged.set()
+        self.done.set()
+        self.guard.held.set()  # a save that never reached its test hold will not reach it now
 
 
 class Checkpointer:
@@ -75,6 +95,7 @@ class Checkpointer:
         rank: int,
         world_size: int,
         events: EventLog | None = None,
+        on_wait: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         if cfg.mode == "async" and cfg.backend == "nvrx":
             raise ValueError(
@@ -87,7 +108,10 @@ class Checkpointer:
         self.root = checkpoints_dir(run_dir)
         self.events = events or EventLog(None, role="trainer", rank=rank)
         self._comm = CheckpointComm(rank=rank, world_size=world_size, timeout_s=cfg.pg_timeout_s)
-        self._planner = DefaultSavePlanner(enable_plan_caching=True)
+        self._planner = ScopedSavePlanner()
+        self._on_wait = on_wait or contextlib.nullcontext
+        self._abandoned = threading.Event()
+        self._holds = SaveHolds(run_dir, rank)
         self._inflight: _Save | None = None
         self._last_step: int | None = None
         self._busy_waits = 0
@@ -114,7 +138,8 @@ class Checkpointer:
         t0 = time.time()
         t0p = time.perf_counter()
         self._wait_previous(step)
-        save = _Save(step=step, t_request=t0)
+        hold = self._holds.claim(step) if self._async else None
+        save = _Save(step=step, t_request=t0, guard=SaveGuard(step, self._abandoned, hold=hold))
         self._last_step = step
         if not self._async:
             save.staged.set()
@@ -122,9 +147,12 @@ class Checkpointer:
         elif self.cfg.backend == "kit":
             taken = take(step, state)
             self._inflight = save
-            self._worker.submit(lambda: self._kit_job(save, taken))
+            self._worker.submit(lambda: self._background(save, lambda: self._kit_job(save, taken)))
         else:
             self._start_dcp_async(save, state)
+        if hold is not None:
+            with self._on_wait():
+                save.guard.held.wait()
         self.events.emit("ckpt", step=step, phase="stall", duration_s=time.perf_counter() - t0p, ts=t0)
         return True
 
@@ -133,7 +161,8 @@ class Checkpointer:
         if prev is None or prev.done.is_set():
             return
         t0 = time.perf_counter()
-        prev.done.wait()
+        with self._on_wait():
+            prev.done.wait()
         self._busy_waits += 1
         if self._busy_waits == 1:
             log.warning(
@@ -152,9 +181,23 @@ class Checkpointer:
             error = "rank 0 could not create or clear the step folder (see its log)"
         self._finish(save, ok, error, files)
 
+    def _background(self, save: _Save, job: Callable[[], None]) -> None:
+        """Run a save's background part; whatever stops it (abandoned, a collective that failed because
+        a peer died or the group was aborted) is reported once, and the save always ends."""
+        try:
+            job()
+        except SAVE_ERRORS as exc:
+            if not save.done.is_set():
+                self._report_failed(save.step, one_line(exc))
+        finally:
+            save.end()
+
     def _kit_job(self, save: _Save, taken: Any) -> None:
         try:
-            tree = self._stager.copy(taken)
+            save.guard.point("staging")
+            tree = self._stager.copy(taken, save.guard)
+        except SaveAbandoned:
+            raise
         except SAVE_ERRORS as exc:  # e.g. out of host memory: fail this save, keep training
             tree, copy_error = None, one_line(exc)
         else:
@@ -178,7 +221,7 @@ class Checkpointer:
         if self._dcp_stager is None:
             cuda = torch.cuda.is_available()
             self._dcp_stager = DefaultStager(StagingOptions(cuda, False, True, cuda))
-        writer = KitStorageWriter(step_dir(self.root, save.step))
+        writer = self._storage_writer(save)
         try:
             response = dcp.async_save(
                 flatten_state(state),
@@ -193,9 +236,16 @@ class Checkpointer:
             self._finish(save, False, one_line(exc), {})
             return
         self._inflight = save
+        # The futures (their results, or an error's traceback) hold the staged state, whose DTensors hold
+        # copies of the device mesh and so the training process group: dropped once waited for, or an
+        # aborted group would keep its sockets open and a peer would hang in it.
+        pending = [response]
+        del response
 
         def job() -> None:
+            response = pending.pop()
             try:
+                save.guard.point("staging")
                 response.staging_completion.result()
             except SAVE_ERRORS as exc:
                 error = one_line(exc)
@@ -207,12 +257,13 @@ class Checkpointer:
                 response.upload_completion.result()
             except SAVE_ERRORS as exc:
                 error = error or one_line(exc)
+            del response
             t_written = time.time() - save.t_request
             if error is None:
                 self._emit_write(save.step, t_written, writer.files)
             self._finish(save, error is None, error, dict(writer.files), written=True)
 
-        self._worker.submit(job)
+        self._worker.submit(lambda: self._background(save, job))
 
     def _prepare_folder(self, step: int) -> bool:
         """Rank 0 clears a leftover folder of this step (commit record first); all ranks agree it worked."""
@@ -230,7 +281,7 @@ class Checkpointer:
 
     def _write(self, save: _Save, tree: dict[str, Any]) -> tuple[bool, str | None, dict[str, FileEntry]]:
         """Every rank writes its shard (a DCP save on the checkpoint group); (ok, error, files written)."""
-        writer = KitStorageWriter(step_dir(self.root, save.step))
+        writer = self._storage_writer(save)
         try:
             dcp.save(
                 tree,
@@ -243,6 +294,12 @@ class Checkpointer:
             return False, one_line(exc), {}
         self._emit_write(save.step, time.time() - save.t_request, writer.files)
         return True, None, dict(writer.files)
+
+    def _storage_writer(self, save: _Save) -> KitStorageWriter:
+        """This save's writer: refuses to write as another rank or world size, stops when abandoned."""
+        return KitStorageWriter(
+            step_dir(self.root, save.step), rank=self.rank, world_size=self.world_size, guard=save.guard
+        )
 
     def _emit_write(self, step: int, duration_s: float, files: dict[str, FileEntry]) -> None:
         nbytes = sum(f.size for f in files.values())
@@ -268,7 +325,7 @@ class Checkpointer:
         if self.rank == 0 and gathered is not None:
             self._commit(save, gathered)
         save.ok = ok
-        save.done.set()
+        save.end()
 
     def _commit(self, save: _Save, gathered: list[Any]) -> None:
         errors = [f"rank {r}: {e}" for r, (ok, e, _) in enumerate(gathered) if not ok]
@@ -277,9 +334,12 @@ class Checkpointer:
                 self._report_failed(save.step, "; ".join(errors))
             return
         folder = step_dir(self.root, save.step)
-        files: dict[str, FileEntry] = {}
-        for _, _, per_rank in gathered:
-            files.update(per_rank)
+        try:
+            save.guard.point("committing")
+            files = merge_rank_files([per_rank for _, _, per_rank in gathered], self.world_size)
+        except (SaveAbandoned, CommitRefused) as exc:
+            self._report_failed(save.step, f"not committed: {one_line(exc)}")
+            return
         record = CommitRecord(step=save.step, world_size=self.world_size, files=files)
         try:
             fsync_dir(folder)
@@ -300,7 +360,11 @@ class Checkpointer:
             log.warning("checkpoint retention could not delete old steps: %s", one_line(exc))
 
     def _report_failed(self, step: int, error: str) -> None:
-        log.error("checkpoint of step %d failed, training goes on: %s", step, error)
+        if self._abandoned.is_set():  # whatever surfaced (often the aborted group's error), this is why
+            log.warning("checkpoint of step %d abandoned by an in-process restart: %s", step, error)
+            error = f"abandoned by an in-process restart: {error}"
+        else:
+            log.error("checkpoint of step %d failed, training goes on: %s", step, error)
         self.events.emit("ckpt", step=step, phase="failed", duration_s=0.0, error=error)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -310,7 +374,8 @@ class Checkpointer:
             return
         t0 = time.time()
         t0p = time.perf_counter()
-        save.staged.wait()
+        with self._on_wait():
+            save.staged.wait()
         self.events.emit(
             "ckpt",
             step=save.step,
@@ -333,18 +398,50 @@ class Checkpointer:
             return
         t0 = time.time()
         t0p = time.perf_counter()
-        save.done.wait()
+        with self._on_wait():
+            save.done.wait()
         self.events.emit("ckpt", step=save.step, phase="drain", duration_s=time.perf_counter() - t0p, ts=t0)
 
-    def close(self, *, drain: bool = True) -> None:
-        """Drain, stop the writer thread, release the hook, the staging memory and the process group.
+    def abandon(self) -> None:
+        """In-process restart, right after the process groups were aborted: the in-flight save stops at its
+        next phase boundary, never commits, and is reported as failed; every later collective here raises."""
+        self._abandoned.set()
+        self._comm.abandon()
 
-        drain=False (in-process restart, after the process groups were aborted): do not wait for an
-        in-flight save; its daemon thread is abandoned and the step stays uncommitted."""
+    def settle(self, timeout_s: float) -> bool:
+        """After `abandon()` and the abort of the groups: wait (at most timeout_s) until the abandoned save
+        has stopped, so the caller can free what it held (its staged DTensors keep the aborted group's
+        sockets open until collected). True if it stopped."""
+        stopped = True
+        if self._worker is not None:
+            with self._on_wait():
+                stopped = self._worker.drained(timeout_s)
+        # What still holds the abandoned save's staged state: the DCP stager, and the planner (it keeps the
+        # last state dict it planned). DCP's staged DTensors carry copies of the device mesh, and a copied
+        # mesh re-registers the training group: kept alive, it would keep the aborted group's sockets open.
+        if self._dcp_stager is not None:
+            self._dcp_stager.close()
+            self._dcp_stager = None
+        self._planner.forget()
+        self._planner = ScopedSavePlanner()
+        return stopped
+
+    def close(self, *, drain: bool = True) -> None:
+        """Drain, stop the writer thread, release the hook, the staging memory, the cached DCP plans and
+        the process group.
+
+        drain=False (in-process restart, after the process groups were aborted): abandon the in-flight
+        save and wait (at most `pg_timeout_s`) for its thread to stop; the step stays uncommitted."""
         if drain:
             self.wait()
+        else:
+            self.abandon()
         if self._worker is not None:
-            self._worker.close(timeout_s=None if drain else 0)
+            if not self._worker.close(timeout_s=None if drain else self.cfg.pg_timeout_s):
+                log.warning(
+                    "the abandoned checkpoint writer did not stop within %.0f s; it can no longer commit",
+                    self.cfg.pg_timeout_s,
+                )
             self._worker = None
         if self._hook is not None:
             self._hook.remove()
@@ -354,6 +451,7 @@ class Checkpointer:
         if self._dcp_stager is not None:
             self._dcp_stager.close()
             self._dcp_stager = None
+        self._planner.forget()
         self._comm.close()
 
     # ---------------------------------------------------------------------------------------- loading
@@ -375,7 +473,7 @@ class Checkpointer:
             fallback_from=result.fallback_from,
             ts=t0,
         )
-        if result.fallback_from is not None:
+        if result.fallback_from is not None and self.rank == 0:
             log.warning(
                 "resumed from step %d, not the newest committed step %d (damaged: %s)",
                 result.step,
@@ -392,7 +490,8 @@ class Checkpointer:
             return None
         save = self._inflight
         if save is not None:
-            save.staged.wait()  # a local memcpy: always finishes
+            with self._on_wait():
+                save.staged.wait()  # a local memcpy (or abandoned): always finishes
         return self._stager.last_step
 
     def load_from_memory(self, state: dict[str, Any]) -> int | None:

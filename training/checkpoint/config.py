@@ -8,18 +8,6 @@ from typing import Literal
 Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
 _MODES = ("off", "sync", "async")
-TEST_DELAY_ENV = "KIT_CKPT_TEST_DELAY_S"
-"""FOR TESTS ONLY: seconds the background writer sleeps before copying each tensor and before writing
-each item, so tests can hold a save in flight (torn-checkpoint and kill-while-writing tests)."""
-
-
-def test_delay_s() -> float:
-    """The test-only per-item delay of the background writer (0 unless KIT_CKPT_TEST_DELAY_S is set)."""
-    import os
-
-    return float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
-
-
 _BACKENDS = ("kit", "dcp", "nvrx")
 
 

@@ -1,9 +1,16 @@
 """Pick the newest committed step whose files verify, agreed by every rank, and load it with DCP.
 
 Rank 0 lists the committed steps and broadcasts them, so every rank tries the same ones in the same
-order. The files of a step are verified in parallel (file i by rank i % world_size), and the ranks agree
-on the verdict before anyone loads. A damaged newest step falls back to the one before it; if steps are
-committed but none verifies, resume fails loudly instead of starting again from step 0.
+order. A step is used only if its record is for this step and this world size and lists exactly the files
+of that world size (`.metadata` and one shard per rank), and every one of those files matches its size and
+checksum; the files are verified in parallel (file i by rank i % world_size), and the ranks agree on the
+verdict before anyone loads. A damaged newest step falls back to the one before it; if steps are committed
+but none verifies, resume fails loudly instead of starting again from step 0.
+
+A checkpoint written by another world size is refused (CheckpointError naming both sizes), never
+resharded: the data position and the RNG states are per rank (`check_world_size`, before any process
+group, and again here). Rank 0 names each skipped folder once, in one line: damaged, or newer than the
+step resumed from but without a commit record (its save never finished).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.checkpoint.commit import read_commit, verify_file
-from training.checkpoint.layout import is_committed, list_steps, step_dir
+from training.checkpoint.commit import CommitRecord, file_set_problem, read_commit, verify_file
+from training.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
 
 log = logging.getLogger("training.checkpoint")
 
@@ -35,14 +42,52 @@ class Resumed:
     """Step -> why it was not used."""
 
 
-def _problems(comm: CheckpointComm, folder: Path, *, checksum: bool) -> str | None:
-    """Every rank verifies its share of the step's files; all ranks get the same verdict."""
-    try:
-        record = read_commit(folder) if comm.rank == 0 else None
-        error = None
-    except (OSError, ValueError, KeyError) as exc:
-        record, error = None, f"commit.json unreadable ({exc})"
-    record, error = comm.broadcast_from_zero((record, error))
+def world_size_mismatch(record: CommitRecord, folder: Path, world_size: int) -> str:
+    """The one line that refuses a checkpoint of another world size, naming both."""
+    return (
+        f"checkpoint {folder} was written by {record.world_size} rank(s), this job has {world_size}: "
+        f"resume it on {record.world_size} rank(s) (resharded resume is not supported: the data position "
+        "and RNG are per rank), or use a new run.id to start from step 0"
+    )
+
+
+def check_world_size(root: Path, world_size: int) -> None:
+    """Before any process group: CheckpointError if a committed step of `root` was written by another
+    world size (the newest such step is named). Unreadable records are left to resume (damaged)."""
+    for step in reversed(list_steps(root)):
+        folder = step_dir(root, step)
+        try:
+            record = read_commit(folder)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if record.world_size != world_size:
+            raise CheckpointError(world_size_mismatch(record, folder, world_size))
+
+
+def record_problem(record: CommitRecord, step: int) -> str | None:
+    """Why a readable record cannot describe a complete checkpoint of its step, or None."""
+    if record.step != step:
+        return f"{COMMIT_FILE} is for step {record.step}"
+    problem = file_set_problem(set(record.files), record.world_size)
+    return f"{COMMIT_FILE} {problem}" if problem else None
+
+
+def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) -> str | None:
+    """Every rank verifies its share of the step's files; all ranks get the same verdict.
+    CheckpointError (on every rank) if the step is for another world size."""
+    record, error, refused = None, None, None
+    if comm.rank == 0:
+        try:
+            record = read_commit(folder)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            error = f"{COMMIT_FILE} unreadable ({one_line(exc)})"
+        else:
+            if record.world_size != comm.world_size:
+                refused = world_size_mismatch(record, folder, comm.world_size)
+            error = record_problem(record, step)
+    record, error, refused = comm.broadcast_from_zero((record, error, refused))
+    if refused:
+        raise CheckpointError(refused)
     if error:
         return error
     mine = sorted(record.files)[comm.rank :: comm.world_size]
@@ -52,18 +97,36 @@ def _problems(comm: CheckpointComm, folder: Path, *, checksum: bool) -> str | No
     return comm.broadcast_from_zero(verdict) or None
 
 
+_reported: set[Path] = set()
+"""Folders rank 0 already named as skipped in this process (an in-process restart resumes again)."""
+
+
+def _skip(comm: CheckpointComm, folder: Path, why: str) -> None:
+    """One line per skipped folder and job: rank 0 only, once per process."""
+    if comm.rank == 0 and folder not in _reported:
+        _reported.add(folder)
+        log.warning("checkpoint folder %s skipped: %s", folder, why)
+
+
+def _report_uncommitted(comm: CheckpointComm, root: Path, steps: list[int], after: int | None) -> None:
+    for step in steps:
+        if (after is None or step > after) and not is_committed(root, step):
+            _skip(comm, step_dir(root, step), f"no {COMMIT_FILE} (its save never finished)")
+
+
 def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum: bool) -> Resumed:
     """Load the newest verified committed step into `state`; Resumed(step=None) when nothing is committed."""
-    committed = None
+    committed, steps = None, []
     if comm.rank == 0:
-        committed = [s for s in reversed(list_steps(root)) if is_committed(root, s)]
+        steps = list_steps(root)
+        committed = [s for s in reversed(steps) if is_committed(root, s)]
     committed = comm.broadcast_from_zero(committed)
     result = Resumed(step=None)
     for step in committed:
         folder = step_dir(root, step)
-        problem = _problems(comm, folder, checksum=checksum)
+        problem = _problems(comm, folder, step, checksum=checksum)
         if problem:
-            log.warning("checkpoint step %d is damaged, trying an older one: %s", step, problem)
+            _skip(comm, folder, f"damaged ({problem}); trying an older step")
             result.rejected[step] = problem
             continue
         try:
@@ -76,7 +139,9 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
         result.step = step
         if step != committed[0]:
             result.fallback_from = committed[0]
+        _report_uncommitted(comm, root, steps, step)
         return result
+    _report_uncommitted(comm, root, steps, None)
     if committed:
         reasons = "; ".join(f"step {s}: {why}" for s, why in result.rejected.items())
         raise CheckpointError(

@@ -20,7 +20,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.config import test_delay_s
+from training.checkpoint.guard import SaveGuard, test_delay_s
 
 
 @dataclass
@@ -132,8 +132,9 @@ class HostStager:
         self._slots[path] = slot
         return slot
 
-    def copy(self, taken: TakenState) -> dict[str, Any]:
-        """Writer thread: copy every tensor into its buffer; returns the staged tree (DCP-saveable)."""
+    def copy(self, taken: TakenState, guard: SaveGuard | None = None) -> dict[str, Any]:
+        """Writer thread: copy every tensor into its buffer; returns the staged tree (DCP-saveable).
+        Raises SaveAbandoned between tensors once the save is abandoned (the copy then stays torn)."""
         self.last, self.last_step = None, None  # torn while copying
         values: list[Any] = []
         delay_s = test_delay_s()
@@ -147,6 +148,8 @@ class HostStager:
             for path, src in zip(taken.paths, taken.tensors, strict=True):
                 if delay_s:
                     time.sleep(delay_s)
+                if guard is not None:
+                    guard.check()
                 slot = self._slot(path, src)
                 local = src.to_local() if isinstance(src, DTensor) else src
                 slot.buffer.copy_(local.detach(), non_blocking=local.is_cuda)

@@ -33,7 +33,16 @@ class BackgroundWorker:
                 job()  # type: ignore[operator]
             except SAVE_ERRORS:  # a job reports its own failures; this is a bug guard, not a policy
                 log.exception("checkpoint background job crashed")
+            del job  # its closure holds the save's state: never keep it while waiting for the next
 
-    def close(self, timeout_s: float | None = None) -> None:
+    def drained(self, timeout_s: float) -> bool:
+        """True once every job submitted so far has ended (and released its closure), within timeout_s."""
+        marker = threading.Event()
+        self._jobs.put(marker.set)
+        return marker.wait(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Stop after the jobs already submitted; True once the thread has ended within `timeout_s`."""
         self._jobs.put(_STOP)
         self._thread.join(timeout_s)
+        return not self._thread.is_alive()

@@ -33,10 +33,9 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from training.checkpoint.commit import FileEntry
-from training.checkpoint.config import test_delay_s
+from training.checkpoint.commit import METADATA_FILE, FileEntry, shard_name
+from training.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
 
-METADATA_FILE = ".metadata"
 _MAX_WRITE = 1 << 30
 
 
@@ -99,26 +98,65 @@ def _write_tensor(out: ChecksumFile, tensor: torch.Tensor) -> None:
 
 
 class KitStorageWriter(FileSystemWriter):
-    """One checksummed, fsynced file per rank; `files` holds what this rank wrote in the last save."""
+    """One checksummed, fsynced file per rank; `files` holds what this rank wrote in the last save.
 
-    def __init__(self, path: str | os.PathLike[str], *, sync_files: bool = True) -> None:
+    With `rank`/`world_size` given, it refuses to write as anything else: a save that DCP runs in
+    single-process mode because its process group is gone (an abandoned save) raises SaveAbandoned instead
+    of writing `__0_0.distcp` on every rank. With a `guard`, writing is a phase of the save (test holds)
+    and stops between items once the save is abandoned."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        sync_files: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        guard: SaveGuard | None = None,
+    ) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1)
         self.files: dict[str, FileEntry] = {}
         self._delay_s = test_delay_s()
+        self._expected = (rank, world_size)
+        self._guard = guard
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)
         self.files = {}
 
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        rank, _ = self._expected
+        if rank is not None and self.rank != rank:
+            raise SaveAbandoned(
+                f"DCP ran this save as rank {self.rank}, expected rank {rank}: its process group is gone"
+            )
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        _, world_size = self._expected
+        if world_size is not None and len(plans) != world_size:
+            raise SaveAbandoned(
+                f"DCP planned this save for {len(plans)} rank(s), expected {world_size}: its process "
+                "group is gone"
+            )
+        return super().prepare_global_plan(plans)
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        if self._guard is not None:
+            self._guard.point("writing")
         prefix: _StoragePrefix = plan.storage_data
         name = f"{prefix.prefix}0{DEFAULT_SUFFIX}"
+        rank, _ = self._expected
+        if rank is not None and name != shard_name(rank):
+            raise SaveAbandoned(f"DCP planned {name} for rank {rank} (a plan cached from another group?)")
         out = ChecksumFile(Path(self.path) / name)
         results: list[WriteResult] = []
         try:
             for item in plan.items:
                 if self._delay_s:
                     time.sleep(self._delay_s)
+                if self._guard is not None:
+                    self._guard.check()
                 offset = out.tell()
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ops.aws import Aws
+from ops.teardown.adopt import adopt
 from ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
 
 
@@ -35,5 +36,10 @@ def cluster_state(aws: Aws, r: Resource) -> tuple[State, str]:
 
 
 KIND = Kind(
-    name="cluster", title="EKS clusters", list=list_clusters, delete=delete_cluster, state=cluster_state
+    name="cluster",
+    title="EKS clusters",
+    list=list_clusters,
+    delete=delete_cluster,
+    state=cluster_state,
+    prepare=adopt,
 )

@@ -17,7 +17,7 @@ PVC_TAG = "kubernetes.io/created-for/pvc/name"
 def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
     ec2 = aws.client("ec2")
     keys = [PROJECT_TAG, PVC_TAG, "ebs.csi.aws.com/cluster", "KubernetesCluster"]
-    keys += [f"kubernetes.io/cluster/{c}" for c in scope.clusters]
+    keys += [f"kubernetes.io/cluster/{c}" for c in scope.owner_clusters]
     seen: dict[str, Resource] = {}
     for key in keys:  # one filter per key: an OR over several tag keys is not honoured everywhere (moto)
         for page in ec2.get_paginator("describe_volumes").paginate(
@@ -32,7 +32,7 @@ def list_volumes(aws: Aws, scope: Scope) -> list[Resource]:
                     id=v["VolumeId"],
                     name=t.get(PVC_TAG, t.get("Name", "")),
                     tags=t,
-                    detail={"state": v["State"], "size_gib": v["Size"]},
+                    detail={"state": v["State"], "size_gib": v["Size"], "created": v.get("CreateTime")},
                 )
                 if ownership(r, scope) is not None:
                     seen[r.id] = r

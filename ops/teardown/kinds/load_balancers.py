@@ -44,7 +44,7 @@ def list_load_balancers(aws: Aws, scope: Scope) -> list[Resource]:
             id=arn,
             name=lb["LoadBalancerName"],
             tags=t,
-            detail={"vpc_id": lb.get("VpcId")},
+            detail={"vpc_id": lb.get("VpcId"), "created": lb.get("CreatedTime")},
         )
         if lb.get("VpcId") not in scope.vpcs and ownership(r, scope) is None:
             continue

@@ -7,52 +7,37 @@ cluster (tags fetched only for those, not for every group in the account).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from ops.aws import Aws
-from ops.tags import PROJECT_TAG
+from ops.teardown.kinds.tagging import tagged
 from ops.teardown.model import Kind, Resource, Scope
 
 CLUSTER_LOG_PREFIXES = ("/aws/eks/{c}/", "/aws/containerinsights/{c}/")
 
 
-def tagged_arns(aws: Aws, scope: Scope, resource_type: str) -> dict[str, dict[str, str]]:
-    """ARN -> tags of resources of one type tagged kit:project=<prefix> (tagging API)."""
-    tagging = aws.client("resourcegroupstaggingapi")
-    pages = tagging.get_paginator("get_resources").paginate(
-        TagFilters=[{"Key": PROJECT_TAG, "Values": [scope.prefix]}], ResourceTypeFilters=[resource_type]
-    )
-    return {
-        m["ResourceARN"]: {t["Key"]: t["Value"] for t in m.get("Tags", [])}
-        for page in pages
-        for m in page["ResourceTagMappingList"]
-    }
-
-
 def list_log_groups(aws: Aws, scope: Scope) -> list[Resource]:
     found: dict[str, Resource] = {}
-    for arn, tags in tagged_arns(aws, scope, "logs:log-group").items():
-        name = arn.split(":log-group:", 1)[1].removesuffix(":*")
-        found[name] = Resource(kind="log-group", id=name, name=name, tags=tags, detail={})
+    for t in tagged(aws, scope, ("logs:log-group",)):
+        found[t.id] = Resource(kind="log-group", id=t.id, name=t.id, tags=t.tags, detail={})
     logs = aws.client("logs")
     # The tagging API is the fast path on AWS; a name sweep adds the groups that carry the prefix or a kit
     # cluster in their name (CDK names them after the stack) for endpoints whose tagging API misses logs.
-    needles = [scope.prefix.lower(), *(c.lower() for c in scope.clusters)]
+    clusters = scope.owner_clusters
+    needles = [scope.prefix.lower(), *(c.lower() for c in clusters)]
     for page in logs.get_paginator("describe_log_groups").paginate():
         for g in page["logGroups"]:
             name = g["logGroupName"]
             if name in found or not any(n in name.lower() for n in needles):
                 continue
             owner = next(
-                (c for c in scope.clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))),
-                None,
+                (c for c in clusters for p in CLUSTER_LOG_PREFIXES if name.startswith(p.format(c=c))), None
             )
             tags = logs.list_tags_for_resource(resourceArn=g["logGroupArn"]).get("tags", {})
-            found[name] = Resource(
-                kind="log-group",
-                id=name,
-                name=name,
-                tags=tags,
-                detail={"log_group_of": owner} if owner else {},
-            )
+            detail: dict[str, object] = {"log_group_of": owner} if owner else {}
+            if "creationTime" in g:  # milliseconds since the epoch
+                detail["created"] = datetime.fromtimestamp(g["creationTime"] / 1000, tz=UTC)
+            found[name] = Resource(kind="log-group", id=name, name=name, tags=tags, detail=detail)
     return sorted(found.values(), key=lambda r: r.id)
 
 

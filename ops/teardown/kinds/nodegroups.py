@@ -1,27 +1,41 @@
-"""EKS managed node groups of the kit's clusters: they must go before the cluster (ResourceInUseException)."""
+"""EKS managed node groups of the kit's clusters: they must go before the cluster (ResourceInUseException).
+
+A kit-tagged node group in a cluster that is not the kit's is listed too, as kept: every kit-tagged
+resource is in the plan, but teardown does not delete from other clusters. The tagging API does not list
+node groups, so the other clusters' groups are described for their tags.
+"""
 
 from __future__ import annotations
 
 from ops.aws import Aws
+from ops.tags import PROJECT_TAG
 from ops.teardown.model import Kind, Resource, Scope, State
 
 
 def list_nodegroups(aws: Aws, scope: Scope) -> list[Resource]:
     eks = aws.client("eks")
     found = []
-    for cluster in scope.clusters:
-        for page in eks.get_paginator("list_nodegroups").paginate(clusterName=cluster):
-            for name in page["nodegroups"]:
-                ng = eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)["nodegroup"]
-                found.append(
-                    Resource(
-                        kind="nodegroup",
-                        id=f"{cluster}/{name}",
-                        name=name,
-                        tags=ng.get("tags") or {},
-                        detail={"cluster": cluster, "nodegroup": name, "status": ng.get("status")},
-                    )
+    clusters = [c for page in eks.get_paginator("list_clusters").paginate() for c in page["clusters"]]
+    for cluster in sorted(set(clusters) | set(scope.clusters)):
+        kit_cluster = cluster in scope.clusters
+        try:
+            pages = list(eks.get_paginator("list_nodegroups").paginate(clusterName=cluster))
+        except eks.exceptions.ResourceNotFoundException:
+            continue  # deleted since it was listed
+        for name in (n for page in pages for n in page["nodegroups"]):
+            ng = eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)["nodegroup"]
+            tags = ng.get("tags") or {}
+            detail: dict[str, object] = {"cluster": cluster, "nodegroup": name, "status": ng.get("status")}
+            if not kit_cluster:
+                if tags.get(PROJECT_TAG) != scope.prefix:
+                    continue
+                detail["keep_reason"] = (
+                    f"in cluster {cluster}, which is not the kit's: teardown does not delete from other "
+                    "clusters; delete it yourself if it is the kit's"
                 )
+            found.append(
+                Resource(kind="nodegroup", id=f"{cluster}/{name}", name=name, tags=tags, detail=detail)
+            )
     return found
 
 

@@ -4,18 +4,36 @@ multipart uploads) in batches of at most 1,000 keys (S3's limit; moto would acce
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.teardown.kinds.log_groups import tagged_arns
+import botocore.exceptions
+
+from ops.aws import Aws, error_code
+from ops.teardown.kinds.tagging import tagged
 from ops.teardown.model import DeleteFailed, Kind, Resource, Scope
 
 MAX_DELETE_BATCH = 1000
 
 
+LEGACY_LOCATIONS = {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}
+"""What GetBucketLocation says for the oldest regions."""
+
+
+def bucket_region(aws: Aws, bucket: str) -> str | None:
+    """The bucket's own region (None when it is gone): the tagging API lists buckets of every region."""
+    try:
+        where = aws.client("s3").get_bucket_location(Bucket=bucket).get("LocationConstraint")
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in ("NoSuchBucket", "404"):
+            return None
+        raise
+    return LEGACY_LOCATIONS.get(where, where)
+
+
 def list_buckets(aws: Aws, scope: Scope) -> list[Resource]:
     found = []
-    for arn, tags in tagged_arns(aws, scope, "s3:bucket").items():
-        name = arn.rsplit(":", 1)[1]
-        found.append(Resource(kind="s3", id=name, name=name, tags=tags, detail={"is_data": True}))
+    for t in tagged(aws, scope, ("s3:bucket",)):
+        if bucket_region(aws, t.id) != scope.region:
+            continue  # another region's bucket: that region's teardown plans it
+        found.append(Resource(kind="s3", id=t.id, name=t.id, tags=t.tags, detail={"is_data": True}))
     return found
 
 

@@ -10,20 +10,24 @@ from __future__ import annotations
 import botocore.exceptions
 
 from ops.aws import Aws, describe_error
-from ops.tags import tag_dict
+from ops.tags import PROJECT_TAG, tag_dict
 from ops.teardown.filters import ownership
 from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Resource, Scope
+from ops.teardown.model import Kind, Prepared, Resource, Scope
 
 
 def _groups(aws: Aws, scope: Scope) -> list[dict]:
-    if not scope.vpcs:
-        return []
+    """Every group in a kit VPC, plus kit-tagged groups elsewhere."""
     ec2 = aws.client("ec2")
-    pages = ec2.get_paginator("describe_security_groups").paginate(
-        Filters=[{"Name": "vpc-id", "Values": list(scope.vpcs)}]
-    )
-    return [g for page in pages for g in page["SecurityGroups"]]
+    queries = [[{"Name": f"tag:{PROJECT_TAG}", "Values": [scope.prefix]}]]
+    if scope.vpcs:
+        queries.append([{"Name": "vpc-id", "Values": list(scope.vpcs)}])
+    found: dict[str, dict] = {}
+    for filters in queries:
+        for page in ec2.get_paginator("describe_security_groups").paginate(Filters=filters):
+            for g in page["SecurityGroups"]:
+                found.setdefault(g["GroupId"], g)
+    return [found[k] for k in sorted(found)]
 
 
 def list_security_groups(aws: Aws, scope: Scope) -> list[Resource]:
@@ -44,8 +48,8 @@ def list_security_groups(aws: Aws, scope: Scope) -> list[Resource]:
     return found
 
 
-def revoke_references(aws: Aws, doomed: list[Resource], scope: Scope) -> list[str]:
-    """Revoke rules in kit-owned groups that point at a doomed group; returns what it did."""
+def revoke_references(aws: Aws, doomed: list[Resource], scope: Scope) -> Prepared:
+    """Revoke rules in kit-owned groups that point at a doomed group; the notes say what it did."""
     ec2 = aws.client("ec2")
     ids = {r.id for r in doomed}
     notes = []
@@ -73,7 +77,7 @@ def revoke_references(aws: Aws, doomed: list[Resource], scope: Scope) -> list[st
                     notes.append(f"revoked rule in {g['GroupId']} referencing {pairs[0]['GroupId']}")
                 except botocore.exceptions.ClientError as exc:
                     notes.append(f"could not revoke rule in {g['GroupId']}: {describe_error(exc)}")
-    return notes
+    return Prepared(notes=notes)
 
 
 def delete_security_group(aws: Aws, r: Resource, scope: Scope) -> None:

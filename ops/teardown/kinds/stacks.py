@@ -33,7 +33,9 @@ def list_stacks(aws: Aws, scope: Scope) -> list[Resource]:
                 or s.get("ParentId")
             ):
                 continue
+            contents = scope.stack_contents.get(s["StackName"])
             detail: dict[str, Any] = {
+                "note": f"with its resources: {contents}" if contents else "",
                 "stack_id": s["StackId"],
                 "status": s["StackStatus"],
                 "exports": tuple(o["ExportName"] for o in s.get("Outputs", []) if o.get("ExportName")),

@@ -5,6 +5,7 @@ Real files, a real model and optimizer, no mocks; world size 1 (the 2-rank cases
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -13,9 +14,17 @@ import pytest
 import torch
 from ckpt_worker import App, local_tensors
 
-from training.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
-from training.checkpoint.commit import read_commit, verify_file
+from training.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, check_world_size
+from training.checkpoint.commit import (
+    CommitRefused,
+    FileEntry,
+    expected_files,
+    merge_rank_files,
+    read_commit,
+    verify_file,
+)
 from training.checkpoint.layout import list_steps, step_dir
+from training.checkpoint.planner import cached_plan_keys
 from training.checkpoint.retention import plan_deletions
 from training.events import EventLog, read_events
 
@@ -102,18 +111,21 @@ def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
         step, app = _resume(tmp_path)
     assert (step, app.step) == (2, 2)
-    assert "checkpoint step 3 is damaged" in caplog.text
+    assert "step_00000003 skipped: damaged (__0_0.distcp: crc32" in caplog.text
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
     assert (resumes[-1]["step"], resumes[-1]["fallback_from"], resumes[-1]["source"]) == (2, 3, "disk")
 
 
-def test_uncommitted_newest_is_ignored(tmp_path: Path) -> None:
+def test_uncommitted_newest_is_ignored_and_named_once(tmp_path: Path, caplog) -> None:
     _train(tmp_path, steps=3)
     (step_dir(tmp_path / "checkpoints", 3) / "commit.json").unlink()
-    step, _ = _resume(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        step, _ = _resume(tmp_path)
     assert step == 2
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
     assert resumes[-1]["fallback_from"] is None
+    (line,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert line.endswith("step_00000003 skipped: no commit.json (its save never finished)")
 
 
 def test_no_verified_checkpoint_fails_loudly_instead_of_step_zero(tmp_path: Path) -> None:
@@ -180,3 +192,103 @@ def test_second_save_of_one_step_is_skipped(tmp_path: Path) -> None:
     ckpt.close()
     phases = [e["phase"] for e in read_events(tmp_path) if e["kind"] == "ckpt"]
     assert sorted(phases) == ["commit", "skipped", "stall", "write"]
+
+
+def _rewrite_record(tmp_path: Path, at_step: int, **changes: object) -> None:
+    folder = step_dir(tmp_path / "checkpoints", at_step)
+    body = json.loads((folder / "commit.json").read_text())
+    body.update(changes)
+    (folder / "commit.json").write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("record lists no files", "commit.json lists 0 of the 2 files of a 1-rank checkpoint; missing"),
+        ("record lists too few", "commit.json lists 1 of the 2 files of a 1-rank checkpoint; missing __0_0"),
+        ("record names a file twice", "'__0_0.distcp' is listed twice"),
+        ("record is for another step", "commit.json is for step 2"),
+        ("shard missing", "__0_0.distcp: missing"),
+    ],
+)
+def test_a_record_that_does_not_describe_the_whole_checkpoint_is_refused(
+    tmp_path: Path, caplog, damage: str, why: str
+) -> None:
+    _train(tmp_path, steps=3)
+    folder = step_dir(tmp_path / "checkpoints", 3)
+    record = json.loads((folder / "commit.json").read_text())
+    if damage == "record lists no files":
+        _flip_byte(_shard(tmp_path, 3), 100)  # the case: `"files": {}` over a damaged shard
+        _rewrite_record(tmp_path, 3, files={})
+    elif damage == "record lists too few":
+        _rewrite_record(tmp_path, 3, files={".metadata": record["files"][".metadata"]})
+    elif damage == "record names a file twice":
+        text = (folder / "commit.json").read_text()
+        twice = '"files": {"__0_0.distcp": ' + json.dumps(record["files"]["__0_0.distcp"]) + ", "
+        (folder / "commit.json").write_text(text.replace('"files": {', twice, 1))
+    elif damage == "record is for another step":
+        _rewrite_record(tmp_path, 3, step=2)
+    else:
+        _shard(tmp_path, 3).unlink()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        step, _ = _resume(tmp_path)
+    assert step == 2
+    (line,) = [r.getMessage() for r in caplog.records if "step_00000003 skipped" in r.getMessage()]
+    assert why in line, line
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path: Path) -> None:
+    _train(tmp_path, steps=2)
+    _rewrite_record(tmp_path, 2, world_size=2)
+    message = r"written by 2 rank\(s\), this job has 1: resume it on 2 rank\(s\)"
+    with pytest.raises(CheckpointError, match=message):
+        check_world_size(tmp_path / "checkpoints", 1)
+    with pytest.raises(CheckpointError, match=message) as info:  # and again at load time
+        _resume(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_commit_refuses_any_file_set_but_one_shard_per_rank() -> None:
+    entry = FileEntry(size=1, crc32=0)
+    good = [{".metadata": entry, "__0_0.distcp": entry}, {"__1_0.distcp": entry}]
+    assert set(merge_rank_files(good, 2)) == expected_files(2)
+    collision = [{".metadata": entry, "__0_0.distcp": entry}, {"__0_0.distcp": entry}]  # the record
+    with pytest.raises(CommitRefused, match=r"rank 1 wrote __0_0\.distcp, expected __1_0\.distcp"):
+        merge_rank_files(collision, 2)
+    with pytest.raises(CommitRefused, match=r"1 ranks reported files, the world size is 2"):
+        merge_rank_files(good[:1], 2)
+    with pytest.raises(CommitRefused, match=r"rank 1 wrote nothing"):
+        merge_rank_files([good[0], {}], 2)
+
+
+def test_cached_save_plans_do_not_outlive_their_checkpointer(tmp_path: Path) -> None:
+    app = App(seed=0, mesh=None)
+    ckpt = Checkpointer(CheckpointConfig(mode="async", interval=1), run_dir=tmp_path, rank=0, world_size=1)
+    for step in (1, 2):
+        app.train_step(step, 0)
+        ckpt.maybe_save(step, {"app": app})
+    ckpt.wait()
+    key = ckpt._planner._cached_plans_key
+    assert key in cached_plan_keys()
+    other = Checkpointer(CheckpointConfig(mode="async"), run_dir=tmp_path, rank=0, world_size=1)
+    assert other._planner._cached_plans_key != key
+    ckpt.close()
+    other.close()
+    assert key not in cached_plan_keys()
+
+
+def test_an_abandoned_save_stops_and_never_commits(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KIT_CKPT_TEST_HOLD", "writing@1")
+    app = App(seed=0, mesh=None)
+    events = EventLog(tmp_path, role="trainer", rank=0)
+    ckpt = Checkpointer(
+        CheckpointConfig(mode="async", interval=1), run_dir=tmp_path, rank=0, world_size=1, events=events
+    )
+    app.train_step(1, 0)
+    ckpt.maybe_save(1, {"app": app})  # returns once the save is held at the start of writing
+    ckpt.abandon()
+    assert ckpt.settle(60)
+    ckpt.close(drain=False)
+    assert not (step_dir(tmp_path / "checkpoints", 1) / "commit.json").exists()
+    (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "ckpt" and e["phase"] == "failed"]
+    assert failed["step"] == 1 and failed["error"].startswith("abandoned by an in-process restart")

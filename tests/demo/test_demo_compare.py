@@ -1,0 +1,49 @@
+"""The demo's verdict comes from the persisted final checkpoints: a run that ends elsewhere fails it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from demo.run import FAULT_FREE, KIT, SYNC, Outcome, compare_with_reference, guarantee_holds
+from training.checkpoint import CheckpointConfig, Checkpointer
+
+
+def _run(run_dir: Path, weights: torch.Tensor, *, step: int = 3) -> Path:
+    ckpt = Checkpointer(CheckpointConfig(mode="sync", interval=1), run_dir=run_dir, rank=0, world_size=1)
+    ckpt.maybe_save(step, {"w": weights.clone()})
+    ckpt.close()
+    return run_dir
+
+
+def _outcome(variant, run_dir: Path, *, succeeded: bool = True) -> Outcome:
+    return Outcome(variant=variant, succeeded=succeeded, reason="", wall_s=0.0, run_dir=run_dir)
+
+
+def test_a_kit_run_that_ends_with_another_checkpoint_fails_the_demo(tmp_path: Path) -> None:
+    w = torch.arange(6, dtype=torch.float32)
+    ref = _outcome(FAULT_FREE, _run(tmp_path / "ref", w))
+    same = _outcome(KIT, _run(tmp_path / "kit", w))
+    compare_with_reference(same, ref)
+    assert same.same_final_as == {"reference": True} and guarantee_holds([same, ref], ref)
+
+    nudged = w.clone()
+    nudged[2] = torch.nextafter(nudged[2], torch.tensor(10.0))  # one bit in one value
+    differs = _outcome(KIT, _run(tmp_path / "kit-differs", nudged))
+    compare_with_reference(differs, ref)
+    assert differs.same_final_as == {"reference": False} and "1 of 1 values differ" in differs.compare_note
+    assert not guarantee_holds([differs, ref], ref)
+
+
+def test_a_missing_or_earlier_final_checkpoint_fails_the_demo(tmp_path: Path) -> None:
+    w = torch.ones(4)
+    ref = _outcome(FAULT_FREE, _run(tmp_path / "ref", w))
+    earlier = _outcome(SYNC, _run(tmp_path / "sync", w, step=2))
+    missing = _outcome(KIT, tmp_path / "nothing", succeeded=False)
+    for o in (earlier, missing):
+        compare_with_reference(o, ref)
+        assert o.same_final_as == {"reference": False}
+    assert "final checkpoint is step_00000002, the reference's step_00000003" in earlier.compare_note
+    assert "no committed checkpoint" in missing.compare_note
+    assert not guarantee_holds([missing, ref], ref)
