@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from cliargs import parse_int
 from k8s.derived import (
     heartbeat_seconds,
     max_restarts,
@@ -20,7 +21,7 @@ from k8s.derived import (
     termination_grace_s,
     world_size,
 )
-from k8s.model import FSX_MOUNT, RUNS_ROOT, SYSTEM_NODE_LABELS, TRAINER_FIELDS, JobValues
+from k8s.model import FSX_MOUNT, RUNS_ROOT, SYSTEM_NODE_LABELS, TRAINER_FIELDS, JobValues, ValuesError
 from k8s.profiles import get_profile
 
 CONFIG_DIR = "/etc/kit"
@@ -160,7 +161,10 @@ def efa_devices(v: JobValues) -> int:
     node talks over NVLink and never uses the network); TRAIN.training.efa_devices=0 turns it off."""
     explicit = v.train.get("training", {}).get("efa_devices")
     if explicit is not None:
-        return int(explicit)
+        try:
+            return parse_int(explicit, "TRAIN.training.efa_devices", lo=0)
+        except ValueError as exc:
+            raise ValuesError(f"{exc} (0 skips the EFA check)") from None
     return get_profile(v.profile).efa if v.nodes > 1 else 0
 
 
