@@ -105,7 +105,7 @@ def build_session(
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 
 
-DRAINED_EXIT = 128 + signal.SIGTERM
+DRAINED_EXIT = exitcodes.DRAINED
 """A drained worker's exit code, as if SIGTERM had ended it, after its step was committed."""
 
 

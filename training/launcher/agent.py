@@ -20,7 +20,9 @@ closing the rendezvous, so a spare or the replacement pod takes its place.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import socket
 import time
@@ -105,6 +107,7 @@ class KitElasticAgent(LocalElasticAgent):
     # --- hooks -------------------------------------------------------------------------------
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._kill_peers_of_a_failed_worker()
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             return self._on_failed(worker_group, result)
@@ -184,6 +187,32 @@ class KitElasticAgent(LocalElasticAgent):
         super()._shutdown(death_sig, timeout)
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _kill_peers_of_a_failed_worker(self) -> None:
+        """A worker exited with an error: SIGKILL its live peers now, before torchelastic sees it.
+
+        torchelastic answers a failure by SIGTERMing the other workers and waiting up to 30 s for them; a
+        trainer takes SIGTERM as a drain request (it runs on to the next step boundary, which a broken
+        collective never reaches), so every failure would cost 30 s. The exit is read without reaping
+        (WNOWAIT), so torchelastic still collects it; a clean exit (0, or DRAINED after a committed drain)
+        is not a failure."""
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            return
+        running, failed = [], False
+        for pid in pcontext.pids().values():
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                continue
+            if info is None:
+                running.append(pid)
+            elif info.si_code != os.CLD_EXITED or info.si_status not in (exitcodes.OK, exitcodes.DRAINED):
+                failed = True
+        if failed:
+            for pid in running:  # a shim's worker dies with it (the zygote kills the group of a lost shim)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _on_failed(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         # The earliest exit, to the millisecond (torchelastic's own stamps are whole seconds, taken when it
