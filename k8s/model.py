@@ -161,10 +161,11 @@ class JobValues:
     replacement_wait_s: int = 600
     """Seconds the surviving nodes wait for the group to re-form after a node is lost (a spare joins at
     once; without one, the Job's replacement pod) before they give up (rendezvous join_timeout)."""
-    node_failure_limit: int = 3
+    node_failure_limit: int | None = None
     """A node that fails this many times by itself (a worker killed by a signal, or its own hang) within
     NODE_FAILURE_WINDOW_S is given up: its pod exits 75 and a spare or the replacement takes its place.
-    0: never."""
+    0: never. None: 3 with SPARES, else 0 (without a spare, giving a node up waits for the Job's
+    replacement pod, and dense fault schedules on one node would end the job)."""
     node_failure_window_s: int = 600
     """Seconds over which NODE_FAILURE_LIMIT counts a node's failures."""
 

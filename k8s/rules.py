@@ -75,7 +75,7 @@ def check_fields(v: JobValues) -> None:
         _fail("SPARES", v.spares, "must be 0 or more")
     if v.replacement_wait_s < 1:
         _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, "must be at least 1 second")
-    if v.node_failure_limit < 0:
+    if v.node_failure_limit is not None and v.node_failure_limit < 0:
         _fail("NODE_FAILURE_LIMIT", v.node_failure_limit, "must be 0 (never give a node up) or more")
     if v.node_failure_window_s < 1:
         _fail("NODE_FAILURE_WINDOW_S", v.node_failure_window_s, "must be at least 1 second")

@@ -156,6 +156,13 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
     return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s]}
 
 
+def node_failure_limit(v: JobValues) -> int:
+    """NODE_FAILURE_LIMIT, else 3 with spares (one takes a given-up node's place), else 0 (never)."""
+    if v.node_failure_limit is not None:
+        return v.node_failure_limit
+    return 3 if v.spares else 0
+
+
 def efa_devices(v: JobValues) -> int:
     """EFA devices the trainer must prove before training: the profile's, when the job spans nodes (one
     node talks over NVLink and never uses the network); TRAIN.training.efa_devices=0 turns it off."""
@@ -219,7 +226,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             f"--monitor-interval={v.monitor_interval_s:g}",
             f"--heartbeat-timeout={v.heartbeat_timeout}",
             f"--heartbeat-load-timeout={v.heartbeat_load_timeout_s:g}",
-            f"--node-failure-limit={v.node_failure_limit}",
+            f"--node-failure-limit={node_failure_limit(v)}",
             f"--node-failure-window={v.node_failure_window_s}",
         ]
         if v.heartbeat_safety_factor is not None:

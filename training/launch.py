@@ -169,9 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--node-failure-limit",
         type=_nonneg_int("--node-failure-limit"),
-        default=3,
+        default=None,
         help="give this node up after this many failures of its own within --node-failure-window "
-        "(a worker killed by a signal, or a hang that is its own); 0 never gives up (default 3)",
+        "(a worker killed by a signal, or a hang that is its own); 0 never gives up. Default: 3 with "
+        "--spares (a spare takes the node's place), else 0 (giving up the only copy of a node ends the job)",
     )
     _add(
         p,
@@ -287,7 +288,9 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         zygote=a.worker_start == "zygote" and not a.no_python,
         shutdown_timeout=a.shutdown_timeout,
         spares=a.spares,
-        node_failure_limit=a.node_failure_limit,
+        node_failure_limit=a.node_failure_limit
+        if a.node_failure_limit is not None
+        else (3 if a.spares else 0),
         node_failure_window_s=a.node_failure_window,
         entrypoint=entrypoint,
         argv=worker_argv,

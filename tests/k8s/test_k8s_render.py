@@ -299,7 +299,7 @@ LAUNCH = [
             "--monitor-interval=0.5",
             "--heartbeat-timeout=120",
             "--heartbeat-load-timeout=1200",
-            "--node-failure-limit=3",
+            "--node-failure-limit=0",
             "--node-failure-window=600",
             "--heartbeat-safety-factor=3",
             "--run-dir=/fsx/runs/r1",
@@ -599,6 +599,7 @@ def test_k8s_rendezvous_store_is_its_own_pod_on_the_system_nodes(stack_outputs: 
     )
     cmd = _container(manifests)["command"]
     assert "--spares=1" in cmd and "--nnodes=2" in cmd
+    assert "--node-failure-limit=3" in cmd  # with a spare a failing node is given up; without one, never
     assert "--rdzv-endpoint=t-rdzv.kit-training.svc.cluster.local:29500" in cmd
 
 

@@ -63,3 +63,24 @@ def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(co
     finally:
         peer.kill()
         peer.wait()
+
+
+def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():
+    from training.launch import parse_args
+
+    base = ["--standalone", "--nproc-per-node", "2", "-m", "training.train"]
+    assert parse_args(base).node_failure_limit == 0
+    spares = [
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-id",
+        "j",
+        "--spares",
+        "1",
+    ]
+    assert parse_args([*spares, "-m", "training.train"]).node_failure_limit == 3
+    assert parse_args(["--node-failure-limit", "5", *base]).node_failure_limit == 5

@@ -252,9 +252,8 @@ class KitElasticAgent(LocalElasticAgent):
                 "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
                 exitcodes.FATAL_CONFIG,
             )
-        own = [f for f in result.failures.values() if f.exitcode < 0]
-        if own and not self.fatal:
-            self._count_own_failure(time.time(), f"rank {first_rank} {describe_exit(own[0].exitcode)}")
+        if first.exitcode < 0 and not self.fatal:  # the first exit: its peers then die of it (or are killed)
+            self._count_own_failure(time.time(), f"rank {first_rank} {describe_exit(first.exitcode)}")
         self._mark_broken(self.last_failure)
         return result
 
