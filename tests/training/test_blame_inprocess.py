@@ -76,6 +76,20 @@ def test_innermost_frames_decide_whether_a_rank_waits_in_a_collective() -> None:
     assert not blame.waits_in_collective([f"{torch_dir}/nn/functional.py", mine, record])
 
 
+def test_culprit_is_the_stalest_heartbeat_among_ranks_that_share_the_deciding_state() -> None:
+    waiting, elsewhere, stopped = (
+        blame.Probe(rank=0, state="collective"),
+        blame.Probe(rank=1, state="elsewhere"),
+        blame.Probe(rank=2, state="stopped"),
+    )
+    assert blame.culprit([waiting, elsewhere], default=0) == 1
+    assert blame.culprit([waiting, elsewhere, stopped], default=1) == 2
+    also_elsewhere = blame.Probe(rank=3, state="elsewhere")
+    assert blame.culprit([waiting, elsewhere, also_elsewhere], default=3) == 3
+    assert blame.culprit([waiting, elsewhere, also_elsewhere], default=0) == 1
+    assert blame.culprit([waiting], default=5) == 5
+
+
 @pytest.mark.slow
 def test_demo_schedule_with_inprocess_restart_blames_the_rank_that_hung(tmp_path: Path) -> None:
     root = tmp_path / "runs"

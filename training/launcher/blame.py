@@ -126,11 +126,14 @@ def _is_library(path: str) -> bool:
 
 
 def culprit(probes: list[Probe], *, default: int) -> int:
-    """The rank that hung: stopped first, then outside any collective (in the given order), else `default`."""
+    """The rank that hung: stopped first, then outside any collective, else `default` (the stalest heartbeat).
+
+    Where several ranks share the deciding state (two outside any collective: one may wait on a store or
+    an event, which has no Python frame of torch.distributed), `default` wins among them, else the first."""
     for state in ("stopped", "elsewhere"):
-        for item in probes:
-            if item.state == state:
-                return item.rank
+        ranks = [item.rank for item in probes if item.state == state]
+        if ranks:
+            return default if default in ranks else ranks[0]
     return default
 
 
