@@ -64,13 +64,13 @@ clean: ## remove build outputs (keeps .venv, node_modules and runs/)
 # Command-line variables (NODES=4 MODEL=llama3.1-8b RUN_ID=... DRY_RUN=1 ...) reach the CLI as they are.
 # make keeps only the last of `NODES=4 NODES=5`; --make-pid lets the CLI read make's own command line
 # (Linux /proc) and refuse the repeat (docs/k8s.md, "Each key once").
-train-job: $(STAMP) ## render, validate, apply and follow the training Job (NODES=, MODEL=, RUN_ID=, DRY_RUN=1, OUTPUTS=)
+train-job: $(STAMP) ## render, validate, apply and follow the training Job (NODES=, SPARES=, MODEL=, RUN_ID=, DRY_RUN=1, OUTPUTS=)
 	$(PY) -m k8s apply --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-job-status: $(STAMP) ## the run's Job and pods (RUN_ID=; all kit jobs without it)
 	$(PY) -m k8s status --make-pid=$$PPID $(MAKEOVERRIDES)
 
-train-job-delete: $(STAMP) ## delete the run's Job, pods, Service, ConfigMap (RUN_ID= required; the run folder stays)
+train-job-delete: $(STAMP) ## drain and delete the run's Job, pods, rendezvous store, Services, ConfigMap (RUN_ID= required; the run folder stays)
 	$(PY) -m k8s delete --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-local: $(STAMP) ## run the rendered local-profile Job here as processes, then print the goodput report

@@ -14,8 +14,17 @@ recovery = fault -> end of the first step after the resume; detection = fault ->
 Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (false restarts) and, in full
 mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict goodput per mechanism.
 
+Node cases (the same side-by-side run): 2 pods x 1 rank through the rendered `local` Job and the local
+runner (`python -m k8s local`), the same job and the same node-level fault for every mechanism: `node` on
+pod 1, `node` on pod 0, `drain` on pod 1. Mechanisms: kit+spare (SPARES=1), kit (no spare: the lost pod is
+recreated at once by the local runner, the best case of the Kubernetes path, which on EKS adds scheduling,
+image pull and a new node), torchrun and ft_launcher as the study deployed them (rendezvous on pod 0).
+Reported: recovery (fault -> end of the first step after the resume), lost steps, and whether the job
+survived (the Job completed); a baseline's lost job is reported as it is.
+
 Last line: `RESULT kill_recovery_ratio=<kit / ft_launcher> inprocess_ratio=<kit-inproc / nvrx-wrapper>
-hang_detect_steps=<kit hang detection / median step time> false_restarts=<restarts in the fault-free run>`.
+hang_detect_steps=<kit hang detection / median step time> false_restarts=<restarts in the fault-free run>
+node_recovery_ratio=<kit+spare node loss / kit single-rank kill> pod0_survived=<1|0> drain_lost_steps=<n>`.
 Full mode writes docs/benchmarks/recovery.md; --quick (one repetition, the core cases) only prints.
 """
 
@@ -71,6 +80,80 @@ class Case:
     @property
     def total_steps(self) -> int:
         return self.steps or self.fault_step + 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCase:
+    """A node-level fault on a 2-pod local Job (k8s/local.py), under one mechanism."""
+
+    mechanism: str
+    """kit+spare, kit, torchrun or ft_launcher."""
+    fault: str
+    """node or drain."""
+    node: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.fault}@pod{self.node}"
+
+
+NODE_STEPS = FAULT_STEP + 4
+NODE_MECHANISMS = {"kit+spare": ["LAUNCHER=kit", "SPARES=1"], "kit": ["LAUNCHER=kit"],
+                   "torchrun": ["LAUNCHER=torchrun"], "ft_launcher": ["LAUNCHER=ft_launcher"]}  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class NodeOutcome:
+    case: NodeCase
+    returncode: int
+    wall_s: float
+    metrics: RunMetrics | None
+    note: str = ""
+
+    @property
+    def survived(self) -> bool:
+        return (
+            self.returncode == 0 and self.metrics is not None and self.metrics.steps_completed == NODE_STEPS
+        )
+
+
+def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOutcome:
+    """`python -m k8s local` with the case's launcher and fault; metrics from the run folder's events."""
+    run_id = f"n-{case.mechanism}-{case.fault}{case.node}".replace("+", "-").replace("_", "-")
+    argv = [
+        sys.executable, "-m", "k8s", "local", "NODES=2", f"STEPS={NODE_STEPS}", "CHECKPOINT_INTERVAL=5",
+        "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8",
+        f"FAULT_SPEC={case.fault}:step={FAULT_STEP}:node={case.node}", f"RUN_ID={run_id}",
+        *NODE_MECHANISMS[case.mechanism], "--workdir", str(workdir), "--timeout", str(timeout_s),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        code, tail = 124, f"timed out after {timeout_s:.0f} s"
+    wall = time.monotonic() - t0
+    run_dir = workdir / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+    try:
+        metrics = load_run_metrics(run_dir) if (run_dir / "events").exists() else None
+    except ValueError as exc:
+        metrics, tail = None, f"{tail}\nmetrics: {exc}"
+    outcome = NodeOutcome(case=case, returncode=code, wall_s=wall, metrics=metrics)
+    if code != 0:
+        failed = [line for line in tail.splitlines() if "local job failed" in line or "timed out" in line]
+        outcome.note = (failed or [f"exit {code}"])[-1].strip()
+    return outcome
+
+
+def node_plan(quick: bool, *, nvrx: bool) -> list[NodeCase]:
+    kit = [NodeCase(mechanism=m, fault=f, node=n) for m in ("kit+spare", "kit") for f, n in
+           (("node", 1), ("node", 0), ("drain", 1))]  # fmt: skip
+    if quick:  # every spare case, and node loss without a spare
+        kit = [c for c in kit if c.mechanism == "kit+spare" or (c.fault, c.node) == ("node", 1)]
+    baselines = ("torchrun", "ft_launcher") if nvrx else ("torchrun",)
+    faults = (("node", 0),) if quick else (("node", 1), ("node", 0), ("drain", 1))
+    return kit + [NodeCase(mechanism=m, fault=f, node=n) for m in baselines for f, n in faults]
 
 
 @dataclass(kw_only=True)
@@ -253,9 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         print("note: NVRx is not installed: the ft_launcher and nvrx-wrapper cases are skipped", flush=True)
         single = [c for c in single if c.mechanism not in NVRX_MECHANISMS]
         whole = [c for c in whole if c.mechanism not in NVRX_MECHANISMS]
+    nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
+    nodes = node_plan(args.quick, nvrx=nvrx)
     workdir = Path(tempfile.mkdtemp(prefix="kit-bench-recovery-"))
     started = time.monotonic()
     results: dict[Case, list[Outcome]] = {}
+    node_results: dict[NodeCase, NodeOutcome] = {}
     try:
         for rep in range(reps):
             for case in single:
@@ -267,6 +353,21 @@ def main(argv: list[str] | None = None) -> int:
                     + (f"  [{outcome.note}]" if outcome.note else ""),
                     flush=True,
                 )
+        for node_case in nodes:
+            node_outcome = run_node_case(node_case, workdir / "nodes", timeout_s=240)
+            node_results[node_case] = node_outcome
+            f = (
+                node_outcome.metrics.faults[0]
+                if node_outcome.metrics and node_outcome.metrics.faults
+                else None
+            )
+            print(
+                f"{node_case.mechanism:13} {node_case.label:11}: exit {node_outcome.returncode}, "
+                f"survived {int(node_outcome.survived)}, recovery {fmt(f.recovery_s if f else None)}, "
+                f"lost {'-' if f is None or f.lost_steps is None else f.lost_steps}"
+                + (f"  [{node_outcome.note}]" if node_outcome.note else ""),
+                flush=True,
+            )
         for case in whole:
             outcome = run_case(case, workdir, 0, timeout_s=600)
             results[case] = [outcome]
@@ -283,13 +384,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - started
-    table = render(results, reps=reps, quick=args.quick, elapsed_s=elapsed)
+    table = render(results, reps=reps, quick=args.quick, elapsed_s=elapsed) + render_nodes(
+        node_results, results
+    )
     print(table)
     if not args.quick:
         DOC.parent.mkdir(parents=True, exist_ok=True)
         DOC.write_text(table, encoding="utf-8")
         print(f"wrote {DOC.relative_to(REPO)}")
-    print(result_line(results))
+    print(result_line(results) + node_result_fields(node_results, results))
     return 0
 
 
@@ -313,6 +416,50 @@ def result_line(results: dict[Case, list[Outcome]]) -> str:
         f"RESULT kill_recovery_ratio={ratio(kit_kill, ft_kill)} inprocess_ratio={ratio(kit_inproc, wrapper)} "
         f"hang_detect_steps={ratio(detect, step)} false_restarts={free.restarts}"
     )
+
+
+def _node_fault(o: NodeOutcome | None):  # type: ignore[no-untyped-def]
+    return o.metrics.faults[0] if o is not None and o.metrics is not None and o.metrics.faults else None
+
+
+def node_result_fields(nodes: dict[NodeCase, NodeOutcome], results: dict[Case, list[Outcome]]) -> str:
+    """` node_recovery_ratio=... pod0_survived=... drain_lost_steps=...` for the RESULT line."""
+    kill = median([recovery(o) for o in _single(results, "kit", "kill")])
+    lost1 = _node_fault(nodes.get(NodeCase(mechanism="kit+spare", fault="node", node=1)))
+    pod0 = nodes.get(NodeCase(mechanism="kit+spare", fault="node", node=0))
+    drain = _node_fault(nodes.get(NodeCase(mechanism="kit+spare", fault="drain", node=1)))
+    ratio = (
+        "nan" if lost1 is None or lost1.recovery_s is None or not kill else f"{lost1.recovery_s / kill:.2f}"
+    )
+    drained = "nan" if drain is None or drain.lost_steps is None else str(drain.lost_steps)
+    survived = "nan" if pod0 is None else str(int(pod0.survived))
+    return f" node_recovery_ratio={ratio} pod0_survived={survived} drain_lost_steps={drained}"
+
+
+def render_nodes(nodes: dict[NodeCase, NodeOutcome], results: dict[Case, list[Outcome]]) -> str:
+    lines = [
+        "",
+        "## Node loss and drain: kit with and without a spare vs torchrun and ft_launcher",
+        "",
+        f"2 pods x 1 rank through `python -m k8s local` (tiny model, {NODE_STEPS} steps, checkpoints",
+        f"every 5); the fault at the top of step {FAULT_STEP} on the named pod. kit = no spare (the local",
+        "runner recreates the lost pod at once, the best case of the Kubernetes path); torchrun and",
+        "ft_launcher keep their rendezvous on pod 0, as the study deployed them. Recovery = fault -> end of",
+        "the first step after the resume; survived = the Job completed every step.",
+        "",
+        "| mechanism | fault | survived | recovery | took over | lost steps | wall | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case, o in nodes.items():
+        f = _node_fault(o)
+        lost = "-" if f is None or f.lost_steps is None else str(f.lost_steps)
+        lines.append(
+            f"| {case.mechanism} | {case.label} | {'yes' if o.survived else 'no (job lost)'} | "
+            f"{fmt(f.recovery_s if f else None)} | {(f.takeover if f else None) or '-'} | {lost} | "
+            f"{o.wall_s:.1f} s | {o.note} |"
+        )
+    lines += ["", "```", (result_line(results) + node_result_fields(nodes, results)).strip(), "```", ""]
+    return "\n".join(lines)
 
 
 def render(results: dict[Case, list[Outcome]], *, reps: int, quick: bool, elapsed_s: float) -> str:

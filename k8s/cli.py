@@ -213,7 +213,9 @@ def _bool(own: dict[str, str], key: str) -> bool:
 def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool = False):
     pairs, own = _split_pairs(args)
     overrides = _overrides(args, pairs)
-    dry_run = args.command == "render" or args.dry_run or _bool(own, "DRY_RUN")
+    dry_run = (
+        _bool(own, "DRY_RUN") or args.command == "render" or args.dry_run
+    )  # a bad spelling: always an error
     outputs_arg = args.outputs or own.get("OUTPUTS") or None
     for version in args.kube_version:
         if problem := version_problem(version):

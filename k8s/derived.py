@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from k8s.model import CKPT_BYTES_PER_PARAM, FT_AUTO_HEARTBEAT_S, LAUNCHER_DEFAULT_RESTARTS, MODEL_PARAMS
+from k8s.model import (
+    CKPT_BYTES_PER_PARAM,
+    DRAIN_MARGIN_S,
+    FT_AUTO_HEARTBEAT_S,
+    LAUNCHER_DEFAULT_RESTARTS,
+    MODEL_PARAMS,
+)
 from k8s.profiles import get_profile
 
 if TYPE_CHECKING:
@@ -47,3 +53,15 @@ def heartbeat_seconds(v: JobValues) -> float | None:
     if v.heartbeat_timeout != "auto":
         return float(v.heartbeat_timeout)
     return FT_AUTO_HEARTBEAT_S if v.launcher == "ft_launcher" else None
+
+
+def grace_needed_s(v: JobValues) -> int:
+    """Shortest terminationGracePeriodSeconds that lets a drained job save without losing a step: the save in
+    flight and the drain's own save (each the whole checkpoint, all nodes sharing the file system's write
+    speed), plus one step, the commit and the exit (DRAIN_MARGIN_S)."""
+    checkpoint_mib = staging_gib(v) * v.nodes * 1024
+    return math.ceil(2 * checkpoint_mib / v.checkpoint_write_mib_s + DRAIN_MARGIN_S)
+
+
+def termination_grace_s(v: JobValues) -> int:
+    return v.termination_grace_s if v.termination_grace_s is not None else grace_needed_s(v)

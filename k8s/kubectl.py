@@ -81,9 +81,10 @@ class Kubectl:
         return self.run("get", kinds, "-n", namespace, "-l", selector, "-o", "wide")
 
     def delete(self, namespace: str, run_id: str) -> str:
-        """Delete the run's Job (its pods cascade), Service and ConfigMap; never the namespace or storage."""
+        """Delete the run's Job (its pods cascade: each drains within its grace period), rendezvous store,
+        Services and ConfigMap; never the namespace or storage."""
         return self.run(
-            "delete", "job,service,configmap", "-n", namespace, "-l", f"{RUN_ID_LABEL}={run_id}",
+            "delete", "job,deployment,service,configmap", "-n", namespace, "-l", f"{RUN_ID_LABEL}={run_id}",
             "--ignore-not-found", "--wait=false",
         )  # fmt: skip
 

@@ -6,7 +6,11 @@ would give (JOB_COMPLETION_INDEX, HOSTNAME, fieldRef env such as NODE_RANK and P
 expansion), maps each volume mount to a local folder (the mount path is substituted in argv, env and the
 ConfigMap files), points MASTER_ADDR and the rendezvous endpoint at 127.0.0.1 on a free port, and then
 applies the Job's own failure rules: exit 78 fails the Job, other failures replace the pod up to
-`backoffLimitPerIndex`, and any index that runs out fails the Job (`maxFailedIndexes: 0`).
+`backoffLimitPerIndex`, and any index that runs out fails the Job (`maxFailedIndexes: 0`). A lost pod
+(the `node` fault, exit -9) is replaced at once, as the Job controller does.
+
+The kit's rendezvous store (a Deployment) runs first, as a pod of its own: its Service name and port are
+pointed at 127.0.0.1 and the same free port. It is stopped after the Job's pods.
 """
 
 from __future__ import annotations
@@ -115,6 +119,10 @@ class LocalJob:
     namespace: str
     volumes: dict[str, dict[str, Any]]
     configmaps: dict[str, dict[str, str]]
+    store: dict[str, Any] | None = None
+    """The rendezvous store's container (from its Deployment), or None (the baselines: pod 0 hosts it)."""
+    store_host: str = ""
+    """The store Service's DNS name, as the pods' command line names it."""
 
 
 def load_job(manifests: list[Manifest]) -> LocalJob:
@@ -136,7 +144,16 @@ def load_job(manifests: list[Manifest]) -> LocalJob:
         codes = rule.get("onExitCodes", {})
         if rule["action"] == "FailJob" and codes.get("operator") == "In":
             fail_codes.update(codes["values"])
+    deployments = [m.obj for m in manifests if m.obj.get("kind") == "Deployment"]
+    store, store_host = None, ""
+    if deployments:
+        deployment = deployments[0]
+        store = deployment["spec"]["template"]["spec"]["containers"][0]
+        meta = deployment["metadata"]
+        store_host = f"{meta['name']}.{meta.get('namespace', 'default')}.svc.cluster.local"
     return LocalJob(
+        store=store,
+        store_host=store_host,
         name=job["metadata"]["name"],
         completions=int(spec["completions"]),
         backoff_limit_per_index=int(spec.get("backoffLimitPerIndex", 0)),
@@ -175,6 +192,7 @@ class LocalRunner:
         self.paths = self._prepare_volumes()
         self.pods: list[PodRecord] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._store: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     # -- volumes
@@ -216,6 +234,8 @@ class LocalRunner:
     def _rewrite(self, text: str, static_env: dict[str, str]) -> str:
         """Point the cluster's rank-0 address at 127.0.0.1 and its port at this run's free port."""
         addr, port = static_env.get("MASTER_ADDR"), static_env.get("MASTER_PORT")
+        if self.job.store_host and port:
+            text = text.replace(f"{self.job.store_host}:{port}", f"127.0.0.1:{self.port}")
         if addr and port:
             text = text.replace(f"{addr}:{port}", f"127.0.0.1:{self.port}")
             text = re.sub(rf"(--master-port=){re.escape(port)}\b", rf"\g<1>{self.port}", text)
@@ -282,13 +302,19 @@ class LocalRunner:
         return env
 
     # -- running
-    def _start(self, index: int, attempt: int) -> PodRecord:
-        suffix = "local" if attempt == 0 else f"local-r{attempt}"
-        name = f"{self.job.name}-{index}-{suffix}"
-        record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
+    def _start_store(self) -> None:
+        """The rendezvous store's pod: its container's command with the local port, in its own group."""
+        if self.job.store is None:
+            return
+        name = f"{self.job.name}-rdzv-local"
+        record = PodRecord(name=name, index=-1, attempt=0, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self._host_env(), **self.pod_env(index, name)}
-        argv = self.pod_argv(env)
+        raw = list(self.job.store.get("command", [])) + list(self.job.store.get("args", []))
+        argv = [re.sub(r"^--port=\d+$", f"--port={self.port}", a) for a in raw]
+        argv[0] = self.python if argv[0] in ("python", "python3") else argv[0]
+        self._store = self._popen(argv, self._host_env(), record)
+
+    def _popen(self, argv: list[str], env: dict[str, str], record: PodRecord) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             argv,
             cwd=str(REPO_ROOT),
@@ -299,6 +325,15 @@ class LocalRunner:
             start_new_session=True,  # a pod is a process group; stopping it reaches every child
         )
         threading.Thread(target=self._pump, args=(proc, record), daemon=True).start()
+        return proc
+
+    def _start(self, index: int, attempt: int) -> PodRecord:
+        suffix = "local" if attempt == 0 else f"local-r{attempt}"
+        name = f"{self.job.name}-{index}-{suffix}"
+        record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
+        record.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self._host_env(), **self.pod_env(index, name)}
+        proc = self._popen(self.pod_argv(env), env, record)
         with self._lock:
             self._procs[index] = proc
             self.pods.append(record)
@@ -323,8 +358,12 @@ class LocalRunner:
             print(f"warning: no longer echoing pod 0's log ({reason})", file=sys.stderr)
 
     def _stop_all(self) -> None:
-        """SIGTERM every pod's process group, then SIGKILL after the pod's grace period."""
-        procs = list(self._procs.values())
+        """SIGTERM every pod's process group, then SIGKILL after the pod's grace period; the store last."""
+        self._stop(list(self._procs.values()))
+        if self._store is not None:
+            self._stop([self._store])
+
+    def _stop(self, procs: list[subprocess.Popen[bytes]]) -> None:
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -341,6 +380,7 @@ class LocalRunner:
     def run(self, *, timeout_s: float | None = None, run_dir: Path) -> LocalResult:
         """Run every index to completion under the Job's failure rules."""
         failures = dict.fromkeys(range(self.job.completions), 0)
+        self._start_store()
         records = {i: self._start(i, 0) for i in range(self.job.completions)}
         done: set[int] = set()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -60,6 +60,8 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "JOB_COMPLETION_INDEX",
         "KIT_HEARTBEAT_DIR",
         "KIT_CONFIG",
+        "KIT_TERMINATION_GRACE_S",
+        "KIT_POD_ROOT_PID",
         "KIT_EXIT78_MARK",
         "RUN_ID",
         "RUN_DIR",
@@ -75,6 +77,12 @@ RESERVED_ENV_PREFIXES: tuple[str, ...] = ("TORCHELASTIC_", "PET_")
 MODEL_PARAMS: Mapping[str, float] = types.MappingProxyType({"tiny": 2e6, "small": 5e7, "llama3.1-8b": 8.03e9})
 CKPT_BYTES_PER_PARAM = 12
 """fp32 parameters + two AdamW moments: what one checkpoint holds per parameter."""
+
+DRAIN_MARGIN_S = 30
+"""Grace beyond the drain's writes: the step in progress, the commit record, the exit of every process."""
+SYSTEM_NODE_LABELS: Mapping[str, str] = types.MappingProxyType({"role": "system"})
+"""Labels of the cluster's system node group (infra/constructs/cluster.py SYSTEM_NODE_LABELS): the
+rendezvous store runs there, never on a GPU node a fault can take away."""
 
 LAUNCHER_DEFAULT_RESTARTS: Mapping[str, int] = types.MappingProxyType(
     {"kit": 10, "ft_launcher": 20, "torchrun": 0}
@@ -105,7 +113,11 @@ class JobValues:
     """Node profile: p5, p4d, g5 or local (CPU processes on this machine). Taken from the stack output
     GpuInstanceType when the outputs file is read."""
     nodes: int = 2
-    """Nodes (= pods, one per node). Default: the stack output GpuNodeCount when it is above 0, else 2."""
+    """Nodes that train (one pod each). Default: the stack output GpuNodeCount when it is above 0, else 2."""
+    spares: int = 0
+    """Hot spares: extra pods (NODES+SPARES in all) that wait warm (torch imported, joined to the rendezvous,
+    no GPU work) and replace a lost or drained node at once; the Job's replacement pod becomes the new
+    spare. The world size stays NODES x processes. A spare left at the end exits 0. LAUNCHER=kit only."""
     procs_per_node: int | None = None
     """Training processes per pod. None: one per GPU (GPU profiles), 1 on local."""
     gpus_per_node: int | None = None
@@ -144,7 +156,17 @@ class JobValues:
     heartbeat_safety_factor: float | None = None
     """Multiplier on the longest observed step for "auto" timeouts. None: the launcher's default."""
     rdzv_port: int = 29500
-    """Rendezvous port on pod 0; the next two ports are kept free for the trainer's and in-process stores."""
+    """Rendezvous port (the kit's store pod; pod 0 for torchrun and ft_launcher); the next two ports are kept
+    free for the trainer's and in-process stores."""
+    replacement_wait_s: int = 600
+    """Seconds the surviving nodes wait for the group to re-form after a node is lost (a spare joins at
+    once; without one, the Job's replacement pod) before they give up (rendezvous join_timeout)."""
+    node_failure_limit: int = 3
+    """A node that fails this many times by itself (a worker killed by a signal, or its own hang) within
+    NODE_FAILURE_WINDOW_S is given up: its pod exits 75 and a spare or the replacement takes its place.
+    0: never."""
+    node_failure_window_s: int = 600
+    """Seconds over which NODE_FAILURE_LIMIT counts a node's failures."""
 
     # -- trainer (contract 4; None leaves the trainer's own default) --
     model: ModelName | None = None
@@ -212,8 +234,13 @@ class JobValues:
     """Pod replacements per node index for failures that count (not node loss, not exit 78)."""
     active_deadline_s: int | None = None
     """Wall-clock limit of the whole Job, seconds. None: no limit."""
-    termination_grace_s: int = 120
-    """Seconds between SIGTERM and SIGKILL when a pod stops (lets the last async checkpoint drain)."""
+    termination_grace_s: int | None = None
+    """Seconds between SIGTERM and SIGKILL when a pod stops (drain, eviction, `make train-job-delete`): the
+    job saves and commits the step it stopped at in that time. None: sized from the checkpoint and
+    CHECKPOINT_WRITE_MIB_S (2 checkpoint writes + 30 s); a shorter value is refused."""
+    checkpoint_write_mib_s: float = 1000.0
+    """Write speed of the run folder for one checkpoint of the whole job, MiB/s (FSx's throughput, shared by
+    all nodes; `python -m bench.checkpoint` measures it). Sizes TERMINATION_GRACE_S."""
 
     # -- cluster (from the stack outputs) --
     cluster_name: str = ""

@@ -114,6 +114,13 @@ def split_override(item: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise ValuesError(f"override {item!r} is not KEY=VALUE; e.g. NODES=4 or ENV.NCCL_DEBUG=INFO")
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8 arrive as lone surrogates
+        shown = item.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise ValuesError(
+            f"override {shown} holds bytes that are not UTF-8; give the value as UTF-8 text"
+        ) from None
     return key.strip(), value
 
 

@@ -91,6 +91,8 @@ OBJECTS: tuple[tuple[str, str, str | None], ...] = (
     ("02-fsx-pv.yaml", "fsx-pv.yaml.j2", "pv"),
     ("03-fsx-pvc.yaml", "fsx-pvc.yaml.j2", "pvc"),
     ("04-configmap.yaml", "configmap.yaml.j2", None),
+    ("05-rdzv-service.yaml", "rdzv-service.yaml.j2", "rdzv_store"),
+    ("05-rdzv-store.yaml", "rdzv-store.yaml.j2", "rdzv_store"),
     ("05-service.yaml", "service.yaml.j2", None),
     ("06-job.yaml", "job.yaml.j2", None),
 )

@@ -14,7 +14,15 @@ from typing import Any
 
 from cliargs import parse_float
 from k8s import names
-from k8s.derived import heartbeat_seconds, max_restarts, procs_per_node, shm_gib, staging_gib, world_size
+from k8s.derived import (
+    grace_needed_s,
+    heartbeat_seconds,
+    max_restarts,
+    procs_per_node,
+    shm_gib,
+    staging_gib,
+    world_size,
+)
 from k8s.model import (
     FSX_MOUNT,
     PLACEHOLDER,
@@ -35,6 +43,7 @@ _TAINT = re.compile(
 )
 _FAULT = re.compile(
     r"^(?P<kind>kill|hang|sigstop|exception|oom):(?P<when>step|time)=(?P<at>[0-9.]+):rank=(?P<rank>\d+)$"
+    r"|^(?P<nkind>node|drain):(?P<nwhen>step|time)=(?P<nat>[0-9.]+):node=(?P<node>\d+)$"
 )
 _KINDS = re.compile(
     r"^(kill|hang|sigstop|exception|oom):[0-9.]+(,(kill|hang|sigstop|exception|oom):[0-9.]+)*$"
@@ -62,6 +71,16 @@ def check_fields(v: JobValues) -> None:
     _check_names(v)
     if v.nodes < 1:
         _fail("NODES", v.nodes, "must be at least 1")
+    if v.spares < 0:
+        _fail("SPARES", v.spares, "must be 0 or more")
+    if v.replacement_wait_s < 1:
+        _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, "must be at least 1 second")
+    if v.node_failure_limit < 0:
+        _fail("NODE_FAILURE_LIMIT", v.node_failure_limit, "must be 0 (never give a node up) or more")
+    if v.node_failure_window_s < 1:
+        _fail("NODE_FAILURE_WINDOW_S", v.node_failure_window_s, "must be at least 1 second")
+    if not v.checkpoint_write_mib_s > 0:
+        _fail("CHECKPOINT_WRITE_MIB_S", v.checkpoint_write_mib_s, "must be above 0 MiB/s")
     for name in ("procs_per_node", "steps", "checkpoint_interval", "seq_len", "batch_size", "log_every"):
         value = getattr(v, name)
         if value is not None and value < 1:
@@ -86,7 +105,6 @@ def check_fields(v: JobValues) -> None:
     for name in (
         "ttl_seconds_after_finished",
         "backoff_limit_per_index",
-        "termination_grace_s",
         "hugepages_2mi_mib",
     ):
         if getattr(v, name) < 0:
@@ -198,9 +216,12 @@ def parse_faults(spec: str) -> list[dict[str, Any]]:
                 "FAULT_SPEC",
                 spec,
                 f"{part!r} is not KIND:step=N:rank=R or KIND:time=SECONDS:rank=R "
-                "(KIND kill, hang, sigstop, exception or oom)",
+                "(KIND kill, hang, sigstop, exception or oom), nor node|drain:step=N:node=K",
             )
-        faults.append({"kind": m["kind"], m["when"]: float(m["at"]), "rank": int(m["rank"])})
+        if m["nkind"]:
+            faults.append({"kind": m["nkind"], m["nwhen"]: float(m["nat"]), "node": int(m["node"])})
+        else:
+            faults.append({"kind": m["kind"], m["when"]: float(m["at"]), "rank": int(m["rank"])})
     return faults
 
 
@@ -272,9 +293,33 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"the FSx claim {v.fsx_pvc} lives in namespace {v.fsx_pvc_namespace}; "
             f"use NAMESPACE={v.fsx_pvc_namespace} (a pod can mount only claims of its own namespace)",
         )
+    if v.spares and v.launcher != "kit":
+        _fail(
+            "SPARES",
+            v.spares,
+            f"hot spares need LAUNCHER=kit ({v.launcher} is a baseline and keeps its own set-up); "
+            "use SPARES=0 or LAUNCHER=kit",
+        )
+    needed = grace_needed_s(v)
+    if v.termination_grace_s is not None and v.termination_grace_s < needed:
+        _fail(
+            "TERMINATION_GRACE_S",
+            v.termination_grace_s,
+            f"is too short to drain: the job must finish a save in flight and write one more checkpoint "
+            f"({staging_gib(v) * v.nodes:.2f} GiB at CHECKPOINT_WRITE_MIB_S={v.checkpoint_write_mib_s:g}) "
+            f"and commit it before the pod is killed; use at least {needed}, or leave it unset",
+        )
     ws = world_size(v)
+    pods = v.nodes + v.spares
     for fault in parse_faults(v.fault_spec):
-        if fault["rank"] >= ws:
+        if "node" in fault and fault["node"] >= pods:
+            _fail(
+                "FAULT_SPEC",
+                v.fault_spec,
+                f"node={fault['node']} does not exist: the Job has {pods} pods ({v.nodes} nodes + "
+                f"{v.spares} spares), indexes 0-{pods - 1}",
+            )
+        if "rank" in fault and fault["rank"] >= ws:
             _fail(
                 "FAULT_SPEC",
                 v.fault_spec,

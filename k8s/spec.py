@@ -12,8 +12,16 @@ from typing import Any
 
 import yaml
 
-from k8s.derived import heartbeat_seconds, max_restarts, procs_per_node, shm_gib, world_size
-from k8s.model import FSX_MOUNT, RUNS_ROOT, TRAINER_FIELDS, JobValues
+from cliargs import parse_int
+from k8s.derived import (
+    heartbeat_seconds,
+    max_restarts,
+    procs_per_node,
+    shm_gib,
+    termination_grace_s,
+    world_size,
+)
+from k8s.model import FSX_MOUNT, RUNS_ROOT, SYSTEM_NODE_LABELS, TRAINER_FIELDS, JobValues, ValuesError
 from k8s.profiles import get_profile
 
 CONFIG_DIR = "/etc/kit"
@@ -75,10 +83,24 @@ class JobSpec:
     termination_grace_s: int
     fatal_exit_code: int
     kubernetes_version: str
+    pods: int
+    """Indexed Job completions: the training nodes plus the hot spares."""
+    rdzv_store: dict[str, Any] | None
+    """The rendezvous store's Deployment and Service (kit launcher only; the baselines keep pod 0)."""
 
 
 FATAL_CONFIG_EXIT = 78
 """training/exitcodes.FATAL_CONFIG: a bad config; the Job's pod failure policy fails the Job at once."""
+
+
+RDZV_STORE_SUFFIX = "-rdzv"
+"""Names the rendezvous store's Deployment and Service: <run_id>-rdzv."""
+RDZV_STORE_COMPONENT = "rdzv-store"
+
+
+def rdzv_store_host(run_id: str, namespace: str) -> str:
+    """The store Service's DNS name (a ClusterIP: the address stays when the store pod is recreated)."""
+    return f"{run_id}{RDZV_STORE_SUFFIX}.{namespace}.svc.cluster.local"
 
 
 def master_addr(job: str, service: str, namespace: str) -> str:
@@ -139,7 +161,10 @@ def efa_devices(v: JobValues) -> int:
     node talks over NVLink and never uses the network); TRAIN.training.efa_devices=0 turns it off."""
     explicit = v.train.get("training", {}).get("efa_devices")
     if explicit is not None:
-        return int(explicit)
+        try:
+            return parse_int(explicit, "TRAIN.training.efa_devices", lo=0)
+        except ValueError as exc:
+            raise ValuesError(f"{exc} (0 skips the EFA check)") from None
     return get_profile(v.profile).efa if v.nodes > 1 else 0
 
 
@@ -170,6 +195,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
     """
     nnodes, nproc, port = v.nodes, procs_per_node(v), v.rdzv_port
     restarts = max_restarts(v)
+    store_host = rdzv_store_host(v.run_id, v.namespace)
     if v.launcher == "kit":
         trainer = ["-m", "training.train", "--config", config_path]
     else:
@@ -184,13 +210,17 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc}",
             "--node-rank=$(NODE_RANK)",
+            f"--spares={v.spares}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint_host}:{port}",
+            f"--rdzv-endpoint={store_host}:{port}",
             f"--rdzv-id={v.run_id}",
+            f"--rdzv-conf=is_host=0,join_timeout={v.replacement_wait_s}",
             f"--max-restarts={restarts}",
             f"--monitor-interval={v.monitor_interval_s:g}",
             f"--heartbeat-timeout={v.heartbeat_timeout}",
             f"--heartbeat-load-timeout={v.heartbeat_load_timeout_s:g}",
+            f"--node-failure-limit={v.node_failure_limit}",
+            f"--node-failure-window={v.node_failure_window_s}",
         ]
         if v.heartbeat_safety_factor is not None:
             cmd.append(f"--heartbeat-safety-factor={v.heartbeat_safety_factor:g}")
@@ -248,6 +278,7 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": "RUN_ID", "value": v.run_id},
         {"name": "RUN_DIR", "value": run_dir},
         {"name": "KIT_CONFIG", "value": config_path},
+        {"name": "KIT_TERMINATION_GRACE_S", "value": str(termination_grace_s(v))},
     ]
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
@@ -343,6 +374,24 @@ def _storage(v: JobValues) -> tuple[str, dict[str, Any] | None, dict[str, Any] |
     )
 
 
+def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
+    """The store pod's Deployment and Service context; None for the baselines (their store is pod 0's)."""
+    if v.launcher != "kit":
+        return None
+    name = f"{v.run_id}{RDZV_STORE_SUFFIX}"
+    selector = {"app.kubernetes.io/name": "kit-rdzv-store", RUN_ID_LABEL: v.run_id}
+    local = not get_profile(v.profile).requires_image
+    return {
+        "name": name,
+        "labels": {**labels, **selector, "app.kubernetes.io/component": RDZV_STORE_COMPONENT},
+        "selector": selector,
+        "port": v.rdzv_port,
+        "command": ["python", "-m", "training.launcher.store", f"--port={v.rdzv_port}"],
+        "node_selector": {} if local else dict(SYSTEM_NODE_LABELS),
+        "resources": {"cpu": "500m", "memory": "1Gi"},
+    }
+
+
 def job_spec(v: JobValues) -> JobSpec:
     """Derive the template context from validated values."""
     job = service = v.run_id
@@ -429,7 +478,9 @@ def job_spec(v: JobValues) -> JobSpec:
         backoff_limit_per_index=v.backoff_limit_per_index,
         ttl_seconds_after_finished=v.ttl_seconds_after_finished,
         active_deadline_s=v.active_deadline_s,
-        termination_grace_s=v.termination_grace_s,
+        termination_grace_s=termination_grace_s(v),
         fatal_exit_code=FATAL_CONFIG_EXIT,
         kubernetes_version=v.kubernetes_version,
+        pods=v.nodes + v.spares,
+        rdzv_store=rdzv_store(v, labels),
     )

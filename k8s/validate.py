@@ -201,6 +201,11 @@ def policy_problems(manifests: Iterable[Manifest], *, allow_placeholders: bool =
             problems.extend(_selector_problems(where, template.get("spec", {})))
             problems.extend(_pod_spec_problems(where, template.get("spec", {})))
             problems.extend(_job_problems(where, obj, services))
+        if obj.get("kind") == "Deployment":  # the rendezvous store: the same pod rules as the trainers
+            template = obj.get("spec", {}).get("template", {})
+            problems.extend(_label_problems(where, "spec.template.metadata.", template.get("metadata", {})))
+            problems.extend(_selector_problems(where, template.get("spec", {})))
+            problems.extend(_pod_spec_problems(where, template.get("spec", {})))
     return problems
 
 

@@ -16,8 +16,10 @@ Kinds and their own fields:
                   ts = the start of the phase,
                   bytes (optional), error (optional), waited (optional: "staging" when an optimizer step
                   waited for the host copy), reason (on "skipped")
-    fault         fault (kind), step, target_rank: written by the injector just before it acts (for a
-                  time-based fault, step is the last step reached, null if none yet)
+    fault         fault (kind), step, target_rank (rank kinds) or target_node (node, drain: the pod index):
+                  written by the injector just before it acts (for a time-based fault, step is the last
+                  step reached, null if none yet)
+    drained       step (committed before leaving), duration_s, signalled (this rank got the SIGTERM)
     inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:
@@ -25,7 +27,12 @@ Kinds and their own fields:
                   failed first, by exit time; the others died after it)
     hang_detected global_rank (the rank that hung), stale_s, timeout_s, phase, step, ranks ({rank: "stopped" |
                   "elsewhere" | "collective" | "unknown"}: where each silent rank's main thread was), where
+    launcher_start node_rank, nodes, spares (a pod with node_rank >= nodes starts as a hot spare)
+    spare_waiting node_rank: a spare waits warm for the first round to form
+    group_started attempt, ranks (global ranks of this node's workers): a worker group starts
     restart       attempt, reason, remaining (restart budget left)
+    node_given_up node, failures, window_s, reason: the node failed by itself too often
+    spare_exit    reason: a spare (or a replacement pod) was never needed and exits 0
     exit          code, reason
 """
 

@@ -1,8 +1,10 @@
 """Fault injection (design, contract 5): real signals and real hangs, described as data.
 
 Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:rank=R` or
-`KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom. Example:
-`kill:step=20:rank=1,exception:step=45:rank=1`.
+`KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom. Node-level kinds name a
+node (a pod: its Job completion index, else the launcher's group rank) instead of a rank:
+`node:step=N:node=K` or `drain:time=SECONDS:node=K`. Example:
+`kill:step=20:rank=1,exception:step=45:rank=1,node:step=30:node=0`.
 
 - kill: SIGKILL itself (a crashed process, exit -9).
 - hang: the training thread stops making progress forever (sleep loop); the process stays alive.
@@ -11,6 +13,12 @@ Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:r
 - oom: caps its own address space (RLIMIT_AS, current size + 256 MiB) and allocates until
   MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
   than the cap, so the machine is never exhausted.
+- node: the whole pod dies at once, as when its node is lost: the launcher, the zygote and every worker
+  are SIGKILLed together, with no chance to clean up (training/pod.py).
+- drain: the pod is asked to leave, as Kubernetes does on eviction: SIGTERM to the pod's main process,
+  SIGKILL to all of it after its grace period (KIT_TERMINATION_GRACE_S, the Job's
+  terminationGracePeriodSeconds). The trainer then saves the agreed step before it exits (train.py).
+A node-level fault is acted on by local rank 0 of the named pod.
 
 A step fault fires at the top of that step (`maybe_inject(step)`, before the step is computed). A time
 fault fires TIME seconds after the injector is created (trainer start): kill, sigstop and oom act at
@@ -40,10 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from training import pod
 from training.events import EventLog
 
-FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom"]
-KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
+FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "node", "drain"]
+RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
+NODE_KINDS: tuple[str, ...] = ("node", "drain")
+KINDS: tuple[str, ...] = RANK_KINDS + NODE_KINDS
 FAULTS_DIR = "faults"
 OOM_HEADROOM_BYTES = 256 * 1024 * 1024
 
@@ -58,22 +69,41 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:
-    """One planned fault: what, on which rank, and when (a step or seconds after trainer start)."""
+    """One planned fault: what, on which rank (or node, for node-level kinds), and when (a step or seconds
+    after trainer start)."""
 
     kind: FaultKind
-    rank: int
+    rank: int | None = None
     step: int | None = None
     time_s: float | None = None
+    node: int | None = None
+
+    @property
+    def target(self) -> str:
+        """ "rank=R" or "node=K"."""
+        return f"node={self.node}" if self.kind in NODE_KINDS else f"rank={self.rank}"
 
     @property
     def key(self) -> str:
         """Stable name of this fault, used for its once-per-run marker."""
         when = f"step{self.step}" if self.step is not None else f"t{self.time_s:g}"
-        return f"{self.kind}-{when}-rank{self.rank}"
+        return f"{self.kind}-{when}-{self.target.replace('=', '')}"
 
     def __str__(self) -> str:
         when = f"step={self.step}" if self.step is not None else f"time={self.time_s:g}"
-        return f"{self.kind}:{when}:rank={self.rank}"
+        return f"{self.kind}:{when}:{self.target}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeFaultTarget:
+    """Where this process sits: which pod (node index) and its local rank there."""
+
+    node: int
+    local_rank: int
+
+    def acts_on(self, fault: Fault) -> bool:
+        """A node-level fault is acted on once per pod: by local rank 0 of the named pod."""
+        return fault.node == self.node and self.local_rank == 0
 
 
 @dataclass(kw_only=True)
@@ -118,7 +148,7 @@ class FaultConfig:
                 world_size=world_size,
             )
         for fault in faults:
-            if fault.rank >= world_size:
+            if fault.rank is not None and fault.rank >= world_size:
                 raise FaultConfigError(
                     f"fault {fault} targets rank {fault.rank} but the world size is {world_size}; "
                     f"use a rank below {world_size}"
@@ -131,7 +161,10 @@ class FaultConfig:
         return list(dict.fromkeys(faults))
 
 
-_ITEM_HELP = 'write KIND:step=N:rank=R or KIND:time=SECONDS:rank=R, e.g. "kill:step=20:rank=1"'
+_ITEM_HELP = (
+    'write KIND:step=N:rank=R or KIND:time=SECONDS:rank=R, e.g. "kill:step=20:rank=1" '
+    "(node and drain take node=K instead of rank=R)"
+)
 _INT = re.compile(r"[0-9]+")
 
 
@@ -159,22 +192,27 @@ def _parse_item(item: str) -> Fault:
         name, value = name.strip(), value.strip()
         if not sep or not value:
             raise FaultConfigError(f"fault {item!r}: {field!r} is not NAME=VALUE; {_ITEM_HELP}")
-        if name not in ("step", "time", "rank"):
+        if name not in ("step", "time", "rank", "node"):
             raise FaultConfigError(f"fault {item!r}: unknown field {name!r}; {_ITEM_HELP}")
         if name in values:
             raise FaultConfigError(f"fault {item!r}: {name} given twice; give it once")
         values[name] = value
-    if "rank" not in values:
-        raise FaultConfigError(f"fault {item!r}: no rank; {_ITEM_HELP}")
+    who = "node" if kind in NODE_KINDS else "rank"
+    other = "rank" if who == "node" else "node"
+    if other in values:
+        use = "node=K" if who == "node" else "rank=R"
+        raise FaultConfigError(f"fault {item!r}: {kind} takes {who}=, not {other}=; write {use}")
+    if who not in values:
+        raise FaultConfigError(f"fault {item!r}: no {who}; {_ITEM_HELP}")
     if ("step" in values) == ("time" in values):
         raise FaultConfigError(f"fault {item!r}: give exactly one of step= or time=; {_ITEM_HELP}")
-    if not _INT.fullmatch(values["rank"]):
-        raise FaultConfigError(f"fault {item!r}: rank must be an integer >= 0, got {values['rank']!r}")
-    rank = int(values["rank"])
+    if not _INT.fullmatch(values[who]):
+        raise FaultConfigError(f"fault {item!r}: {who} must be an integer >= 0, got {values[who]!r}")
+    target = {who: int(values[who])}
     if "step" in values:
         if not _INT.fullmatch(values["step"]) or int(values["step"]) < 1:
             raise FaultConfigError(f"fault {item!r}: step must be an integer >= 1, got {values['step']!r}")
-        return Fault(kind=kind, rank=rank, step=int(values["step"]))  # type: ignore[arg-type]
+        return Fault(kind=kind, step=int(values["step"]), **target)  # type: ignore[arg-type]
     try:
         time_s = float(values["time"])
     except ValueError:
@@ -183,7 +221,7 @@ def _parse_item(item: str) -> Fault:
         raise FaultConfigError(
             f"fault {item!r}: time must be seconds > 0 after trainer start, got {values['time']!r}"
         )
-    return Fault(kind=kind, rank=rank, time_s=time_s)  # type: ignore[arg-type]
+    return Fault(kind=kind, time_s=time_s, **target)  # type: ignore[arg-type]
 
 
 def parse_kinds(kinds: str) -> list[tuple[FaultKind, float]]:
@@ -191,9 +229,10 @@ def parse_kinds(kinds: str) -> list[tuple[FaultKind, float]]:
     pairs: list[tuple[FaultKind, float]] = []
     for raw in kinds.split(","):
         kind, sep, weight_text = raw.strip().partition(":")
-        if kind not in KINDS:
+        if kind not in RANK_KINDS:
             raise FaultConfigError(
-                f"fault.schedule_kinds {kinds!r}: unknown kind {kind!r}; use one of {', '.join(KINDS)}"
+                f"fault.schedule_kinds {kinds!r}: unknown kind {kind!r}; use one of {', '.join(RANK_KINDS)} "
+                "(the seeded schedule targets ranks; give node-level faults in fault.spec)"
             )
         try:
             weight = float(weight_text) if sep else 1.0
@@ -253,12 +292,15 @@ class FaultInjector:
         max_steps: int,
         events: EventLog,
         run_dir: str | os.PathLike[str] | None = None,
+        local_rank: int = 0,
+        node: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
         self._events = events
         plan = cfg.plan(world_size=world_size, max_steps=max_steps)
-        self._faults = [f for f in plan if f.rank == rank]
+        here = NodeFaultTarget(node=pod.pod_index() if node is None else node, local_rank=local_rank)
+        self._faults = [f for f in plan if (f.rank == rank if f.node is None else here.acts_on(f))]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
         self._marker_dir = Path(run_dir) / FAULTS_DIR if run_dir is not None else None
         self._fired: set[str] = set()
@@ -324,7 +366,8 @@ class FaultInjector:
             os.fsync(fd)
             os.close(fd)
         step = fault.step if fault.step is not None else self._step
-        self._events.emit("fault", fault=fault.kind, step=step, target_rank=fault.rank)
+        target = {"target_node": fault.node} if fault.node is not None else {"target_rank": fault.rank}
+        self._events.emit("fault", fault=fault.kind, step=step, **target)
         return True
 
     def _act(self, fault: Fault) -> None:
@@ -339,6 +382,10 @@ class FaultInjector:
             raise InjectedFault(f"injected fault {fault} (rank {self.rank})")
         elif fault.kind == "oom":
             _die_of_oom()
+        elif fault.kind == "node":
+            pod.kill_pod()
+        elif fault.kind == "drain":
+            pod.drain_pod(pod.grace_period_s())
 
 
 def _die_of_oom() -> None:

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -30,6 +31,9 @@ from training import exitcodes
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
 
 log = logging.getLogger("kit.launch")
+RDZV_DEFAULTS = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "4"}
+"""torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node; 0.5 s x 4 take 2 s
+(training/launcher/spares.py says why not less). Override with --rdzv-conf."""
 UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes on Linux, the terminating NUL included."""
 
@@ -153,6 +157,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="zygote: fork warm workers that already imported torch (default); exec: a fresh python",
     )
     _add(p, "--shutdown-timeout", type=_nonneg_int("--shutdown-timeout"), default=30, help="SIGTERM grace, s")
+    _add(
+        p,
+        "--spares",
+        type=_nonneg_int("--spares"),
+        default=0,
+        help="hot spares beside --nnodes: nodes with --node-rank >= NNODES wait warm in the rendezvous "
+        "(torchelastic's redundancy list) and replace a lost node at once; a spare left at the end exits 0",
+    )
+    _add(
+        p,
+        "--node-failure-limit",
+        type=_nonneg_int("--node-failure-limit"),
+        default=3,
+        help="give this node up after this many failures of its own within --node-failure-window "
+        "(a worker killed by a signal, or a hang that is its own); 0 never gives up (default 3)",
+    )
+    _add(
+        p,
+        "--node-failure-window",
+        type=_positive_float("--node-failure-window"),
+        default=600.0,
+        help="seconds over which --node-failure-limit counts (default 600)",
+    )
     p.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
     _add(p, "--no-python", action="store_true", help="run the target as a program, not with python")
     p.add_argument("training_script", help="module (with -m), script or program to run on every worker")
@@ -182,6 +209,9 @@ class LaunchArgs:
     heartbeat_min_timeout_s: float
     zygote: bool
     shutdown_timeout: int
+    spares: int
+    node_failure_limit: int
+    node_failure_window_s: float
     entrypoint: str
     argv: list[str]
     target_kind: Literal["module", "script", "program"]
@@ -206,14 +236,28 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         parser.error("--rdzv-id is required with --rdzv-endpoint (the same job id on every node)")
     if backend == "static" and min_nodes != max_nodes:
         parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use c10d for MIN:MAX")
-    if a.node_rank >= max_nodes:
-        parser.error(f"--node-rank={a.node_rank} must be below --nnodes ({max_nodes})")
+    if a.spares and (backend != "c10d" or min_nodes != max_nodes):
+        parser.error("--spares needs the c10d rendezvous and a fixed --nnodes=N (the world never changes)")
+    if a.node_rank >= max_nodes + a.spares:
+        parser.error(f"--node-rank={a.node_rank} must be below --nnodes + --spares ({max_nodes + a.spares})")
     configs: dict[str, str] = {}
     for item in filter(None, a.rdzv_conf.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             parser.error(f"--rdzv-conf item {item!r} is not KEY=VALUE")
         configs[key.strip()] = value.strip()
+    for key, value in RDZV_DEFAULTS.items():
+        configs.setdefault(key, value)
+    try:
+        keep_alive = float(configs["keep_alive_interval"])
+        attempts = int(configs["keep_alive_max_attempt"])
+    except ValueError:
+        keep_alive, attempts = math.nan, 0
+    if not (keep_alive > 0 and math.isfinite(keep_alive) and attempts >= 1):
+        parser.error(
+            f"--rdzv-conf keep_alive_interval={configs['keep_alive_interval']!r} must be seconds > 0 and "
+            f"keep_alive_max_attempt={configs['keep_alive_max_attempt']!r} a whole number >= 1"
+        )
     if backend == "static":
         configs["rank"] = str(a.node_rank)
     if a.module and a.no_python:
@@ -242,6 +286,9 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         heartbeat_min_timeout_s=a.heartbeat_min_timeout,
         zygote=a.worker_start == "zygote" and not a.no_python,
         shutdown_timeout=a.shutdown_timeout,
+        spares=a.spares,
+        node_failure_limit=a.node_failure_limit,
+        node_failure_window_s=a.node_failure_window,
         entrypoint=entrypoint,
         argv=worker_argv,
         target_kind="program" if a.no_python else "module" if a.module else "script",
@@ -282,6 +329,11 @@ def check_socket_folder(workdir: str) -> str | None:
 
 def _prepare_environment(workdir: str) -> None:
     """Env the workers and the rendezvous handler read; set before torch creates anything."""
+    from training import pod
+
+    os.environ.setdefault(pod.POD_ROOT_ENV, str(os.getpid()))  # the pod, when no Job names one
+    if os.getpid() == 1:  # a container's PID 1 ignores SIGKILL from inside: the `node` fault uses this
+        signal.signal(pod.PID1_EXIT_SIGNAL, lambda *_: os._exit(128 + signal.SIGKILL))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; 2 threads/rank is slower on CPU
     if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1") != "1":
         log.warning(

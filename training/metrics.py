@@ -72,6 +72,12 @@ class FaultMetrics:
     """Where the state came from: disk, memory or none."""
     lost_steps: int | None = None
     """Steps computed before the fault that were computed again (highest step before it - resume step)."""
+    node: int | None = None
+    """Pod (node index) a node-level fault (`node`, `drain`) targeted; None for rank-level kinds."""
+    takeover: str | None = None
+    """Who trained in the lost node's place: "spare" (a launcher already waiting before the fault),
+    "replacement" (a launcher started after it: the Job's new pod) or "same nodes"; None when no group
+    started after it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +86,9 @@ class RunMetrics:
 
     world_size: int
     """Number of trainer ranks (from the `start` events)."""
+    spare_nodes: int = 0
+    """Hot spare pods the job ran beside its training nodes (launcher `launcher_start` events): their
+    nodes are paid for while they wait, so the cost report counts them."""
     wall_s: float
     """Seconds from the first trainer start to the last trainer end (or last event if the run never ended)."""
     steps_completed: int
@@ -229,10 +238,13 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         lost = max(0, max(before) - (resume_step or 0))
 
     target = fault.get("target_rank", fault.get("rank"))
+    node = _int(fault.get("target_node"))
     return FaultMetrics(
+        node=node,
+        takeover=_takeover(events, t0),
         kind=str(fault.get("fault", "unknown")),
         step=_int(fault.get("step")),
-        rank=_int(target),
+        rank=None if node is not None else _int(target),
         ts=t0,
         detect_s=detect_s,
         recovery_s=None if recovery_end is None else recovery_end - t0,
@@ -245,6 +257,28 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
     )
 
 
+def _launcher_key(e: Event) -> tuple[Any, Any]:
+    return e.get("host"), e.get("pid")
+
+
+def _takeover(events: Sequence[Event], t0: float) -> str | None:
+    """Classify the launchers whose first worker group starts after the fault (see FaultMetrics.takeover)."""
+    launchers = [e for e in events if e.get("role") == "launcher"]
+    born: dict[tuple[Any, Any], float] = {}
+    trained_before: set[tuple[Any, Any]] = set()
+    for e in launchers:
+        born.setdefault(_launcher_key(e), _ts(e))
+        if e["kind"] == "group_started" and _ts(e) < t0:
+            trained_before.add(_launcher_key(e))
+    after = [e for e in launchers if e["kind"] == "group_started" and _ts(e) >= t0]
+    if not after:
+        return None
+    newcomers = {_launcher_key(e) for e in after} - trained_before
+    if not newcomers:
+        return "same nodes"
+    return "spare" if any(born[k] < t0 for k in newcomers) else "replacement"
+
+
 def _unique_faults(events: Sequence[Event]) -> list[Event]:
     """One event per fault even if several ranks' injectors logged it."""
     seen: set[tuple[Any, ...]] = set()
@@ -252,7 +286,8 @@ def _unique_faults(events: Sequence[Event]) -> list[Event]:
     for e in events:
         if e["kind"] != "fault":
             continue
-        key = (e.get("fault"), e.get("step"), e.get("target_rank", e.get("rank")), e.get("attempt"))
+        target = e.get("target_node", e.get("target_rank", e.get("rank")))
+        key = (e.get("fault"), e.get("step"), target, e.get("attempt"))
         if key not in seen:
             seen.add(key)
             out.append(e)
@@ -340,8 +375,10 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         if e["kind"] == "inprocess_restart":
             inprocess[int(e["rank"])] += 1
 
+    spares = [int(e.get("spares") or 0) for e in evs if e["kind"] == "launcher_start"]
     return RunMetrics(
         world_size=world_size,
+        spare_nodes=max(spares, default=0),
         wall_s=wall_s,
         steps_completed=steps_completed,
         steps_computed=steps_computed,

@@ -76,7 +76,7 @@ def faults_table(m: RunMetrics) -> Table:
         "#",
         "kind",
         "step",
-        "rank",
+        "target",
         "detected by",
         "blamed",
         "detect",
@@ -84,6 +84,7 @@ def faults_table(m: RunMetrics) -> Table:
         "downtime",
         "resumed",
         "lost",
+        "took over",
     ):
         table.add_column(col, justify="right" if col not in ("kind", "detected by") else "left")
     for i, f in enumerate(m.faults, 1):
@@ -92,7 +93,7 @@ def faults_table(m: RunMetrics) -> Table:
             str(i),
             f.kind,
             str(f.step),
-            str(f.rank),
+            f"node {f.node}" if f.node is not None else f"rank {f.rank}",
             f.detected_by or "-",
             "-" if f.blamed_rank is None else str(f.blamed_rank),
             _s(f.detect_s),
@@ -100,6 +101,7 @@ def faults_table(m: RunMetrics) -> Table:
             _s(f.downtime_s),
             resumed,
             "-" if f.lost_steps is None else str(f.lost_steps),
+            f.takeover or "-",
         )
     return table
 
@@ -169,7 +171,7 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
         for a in (ax, ax_dur):
             a.axvline(x, color="red", lw=1.2, label="fault" if (i == 0 and a is ax) else None)
         ax.annotate(
-            f"{f.kind}@{f.step} r{f.rank}",
+            f"{f.kind}@{f.step} " + (f"n{f.node}" if f.node is not None else f"r{f.rank}"),
             (x, 0.98),
             xycoords=("data", "axes fraction"),
             rotation=90,

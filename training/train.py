@@ -4,14 +4,16 @@ A Llama-style decoder trained with FSDP2 (`fully_shard` per block, then the root
 then cosine decay, gradient clipping, bf16 mixed precision on GPU. Runs under any launcher that sets the
 torch.distributed environment (torchrun, `python -m training.launch`, NVRx's ft_launcher), or alone.
 
-Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); anything else is a real failure,
-recorded by torch.distributed.elastic's `@record` for the launcher.
+Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); 143 drained (SIGTERM: the job
+saved and committed the agreed step, see `DrainFlag`); anything else is a real failure, recorded by
+torch.distributed.elastic's `@record` for the launcher.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -103,13 +105,47 @@ def build_session(
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 
 
+DRAINED_EXIT = exitcodes.DRAINED
+"""A drained worker's exit code, as if SIGTERM had ended it, after its step was committed."""
+
+
+class DrainFlag:
+    """SIGTERM on any rank (a drained pod) stops every rank of the job at the same step boundary.
+
+    The handler only records the request. The step's loss all-reduce carries it (no extra collective), so
+    every rank learns at the end of the same step that someone must leave; all save and commit that step,
+    and then the workers exit DRAINED_EXIT: the survivors' launchers restart their group with a spare or the
+    replacement pod, which resumes from exactly that step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.agreed = False
+
+    @classmethod
+    def install(cls) -> DrainFlag:
+        flag = cls()
+
+        def on_term(signum: int, frame: object) -> None:
+            flag.requested = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        return flag
+
+
 def train_step(
-    session: Session, *, device: torch.device, grad_clip: float, world_size: int, accum: int = 1
+    session: Session,
+    *,
+    device: torch.device,
+    grad_clip: float,
+    world_size: int,
+    accum: int = 1,
+    drain: DrainFlag | None = None,
 ) -> float:
     """One optimizer step over this rank's next `accum` micro-batches; returns the loss averaged over ranks.
 
     Each micro-batch's loss is divided by `accum` so the summed gradients are the mean over the step's
-    samples; FSDP2 reduces after every backward and accumulates into the sharded gradients."""
+    samples; FSDP2 reduces after every backward and accumulates into the sharded gradients. With `drain`,
+    the same all-reduce tells every rank whether any rank got SIGTERM (`drain.agreed`)."""
     state = session.state
     total = torch.zeros((), device=device)
     for _ in range(accum):
@@ -125,8 +161,14 @@ def train_step(
     state.scheduler.step()
     state.step += 1
     reported = loss.detach().float()
+    if drain is not None:
+        reported = torch.stack([reported, torch.tensor(float(drain.requested), device=reported.device)])
     if world_size > 1:
         dist.all_reduce(reported)
+    if drain is not None:
+        drain.agreed = drain.agreed or float(reported[1]) > 0
+        reported = reported[0]
+    if world_size > 1:
         reported /= world_size
     return float(reported)
 
@@ -146,7 +188,9 @@ class Trainer:
             max_steps=cfg.training.steps,
             events=self.events,
             run_dir=cfg.run.run_dir,
+            local_rank=ctx.local_rank,
         )
+        self.drain = DrainFlag.install()
         self._flops_token: float | None = None
         self._peak: float | None = None
 
@@ -200,6 +244,7 @@ class Trainer:
                 grad_clip=cfg.optim.grad_clip,
                 world_size=self.ctx.world_size,
                 accum=cfg.training.grad_accum_steps,
+                drain=self.drain,
             )
             duration = time.time() - t_start
             rate = self.throughput(duration)
@@ -214,6 +259,8 @@ class Trainer:
             )
             if session.checkpointer.due(step):  # a slow save must not look like a hang to the launcher
                 heartbeat.phase("checkpoint")
+            if self.drain.agreed:
+                self.leave(session, heartbeat)
             session.checkpointer.maybe_save(step, session.ckpt_state)
             heartbeat.beat(step)
             if step % cfg.training.log_every == 0 or step == cfg.training.steps:
@@ -222,6 +269,24 @@ class Trainer:
                     f"step {step}/{cfg.training.steps} loss {loss:.4f} ({duration:.3f} s, "
                     f"{rate.tokens_per_s:,.0f} tokens/s per GPU{mfu})"
                 )
+
+    def leave(self, session: Session, heartbeat: HeartbeatClient) -> None:
+        """A pod is drained: every rank saves and commits this step (after any save in flight), then exits.
+
+        The barrier holds every rank until rank 0 has written the commit record, so a drained pod never
+        leaves before the step it stopped at is committed (design: guarantees)."""
+        step = session.state.step
+        heartbeat.phase("checkpoint")
+        t0 = time.time()
+        session.checkpointer.wait()
+        session.checkpointer.maybe_save(step, session.ckpt_state, force=True)
+        session.checkpointer.wait()
+        if self.ctx.world_size > 1:
+            dist.barrier()
+        self.events.emit("drained", step=step, duration_s=time.time() - t0, signalled=self.drain.requested)
+        self.log(f"drained: step {step} committed in {time.time() - t0:.2f} s; leaving")
+        session.checkpointer.close()
+        raise SystemExit(DRAINED_EXIT)  # run()'s `finally` closes the event log and the heartbeat
 
     def finish(self, session: Session) -> None:
         """Drain the in-flight save (timed on its own), save the final step, optionally dump the model."""

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import torch
 
-from demo.run import FAULT_FREE, KIT, SYNC, Outcome, compare_with_reference, guarantee_holds
+from demo.run import (
+    FAULT_FREE,
+    KIT,
+    KIT_NODE,
+    SYNC,
+    TORCHRUN_NODE,
+    Outcome,
+    compare_with_reference,
+    guarantee_holds,
+)
 from training.checkpoint import CheckpointConfig, Checkpointer
 
 
@@ -47,3 +56,17 @@ def test_a_missing_or_earlier_final_checkpoint_fails_the_demo(tmp_path: Path) ->
     assert "final checkpoint is step_00000002, the reference's step_00000003" in earlier.compare_note
     assert "no committed checkpoint" in missing.compare_note
     assert not guarantee_holds([missing, ref], ref)
+
+
+def test_a_baseline_that_ends_elsewhere_is_shown_but_the_verdict_is_the_kits(tmp_path: Path) -> None:
+    w = torch.arange(4, dtype=torch.float32)
+    ref = _outcome(FAULT_FREE, _run(tmp_path / "ref", w))
+    kit = _outcome(KIT, _run(tmp_path / "kit", w))
+    base = _outcome(TORCHRUN_NODE, _run(tmp_path / "torchrun", w + 1))
+    for o in (kit, base):
+        compare_with_reference(o, ref)
+    assert base.same_final_as == {"reference": False}
+    assert guarantee_holds([kit, base, ref], ref)
+    kit_node = _outcome(KIT_NODE, tmp_path / "kit-node-nothing", succeeded=False)
+    compare_with_reference(kit_node, ref)
+    assert not guarantee_holds([kit, kit_node, ref], ref)  # every kit run must finish, node loss included

@@ -33,8 +33,14 @@ def _with_run_id(overrides: list[str]) -> list[str]:
     return overrides if any(o.upper().startswith("RUN_ID=") for o in overrides) else ["RUN_ID=t", *overrides]
 
 
-def _obj(manifests: list[Manifest], kind: str) -> dict[str, Any]:
-    return next(m.obj for m in manifests if m.obj["kind"] == kind)
+def _obj(manifests: list[Manifest], kind: str, *, store: bool = False) -> dict[str, Any]:
+    """The first object of `kind`: the training Job's own, or (store=True) the rendezvous store's."""
+    return next(
+        m.obj
+        for m in manifests
+        if m.obj["kind"] == kind
+        and (m.obj["metadata"]["labels"].get("app.kubernetes.io/component") == "rdzv-store") == store
+    )
 
 
 def _container(manifests: list[Manifest]) -> dict[str, Any]:
@@ -106,7 +112,8 @@ def test_k8s_rank_discovery(nodes: int, tmp_path: Path) -> None:
     }
     cmd = _container(manifests)["command"]
     assert f"--nnodes={nodes}" in cmd and "--nproc-per-node=8" in cmd and "--node-rank=$(NODE_RANK)" in cmd
-    assert f"--rdzv-endpoint={master}:29500" in cmd
+    assert "--rdzv-endpoint=llama-rdzv.team-a.svc.cluster.local:29500" in cmd  # not pod 0: the store pod
+    assert "--rdzv-conf=is_host=0,join_timeout=600" in cmd
     # What each pod sees, as the kubelet would resolve the env and $(VAR)s for completion index i.
     runner = LocalRunner(load_job(_render_local(nodes)), workdir=tmp_path)
     ranks: list[int] = []
@@ -143,7 +150,9 @@ PER_VALUE = [
     (["BACKOFF_LIMIT_PER_INDEX=7"], "Job", "spec.backoffLimitPerIndex", 7),
     (["TTL_SECONDS_AFTER_FINISHED=0"], "Job", "spec.ttlSecondsAfterFinished", 0),
     (["ACTIVE_DEADLINE_S=3600"], "Job", "spec.activeDeadlineSeconds", 3600),
-    (["TERMINATION_GRACE_S=0"], "Job", f"{JOB}.terminationGracePeriodSeconds", 0),
+    (["TERMINATION_GRACE_S=300"], "Job", f"{JOB}.terminationGracePeriodSeconds", 300),
+    (["SPARES=2"], "Job", "spec.completions", 4),
+    (["SPARES=2"], "Job", "spec.parallelism", 4),
     (["SHM_GIB=100"], "Job", f"{JOB}.volumes.1.emptyDir", {"medium": "Memory", "sizeLimit": "100Gi"}),
     (["HUGEPAGES_2MI_MIB=5120"], "Job", f"{C0}.resources.limits.hugepages-2Mi", "5120Mi"),
     (["HUGEPAGES_2MI_MIB=5120"], "Job", f"{C0}.resources.requests.hugepages-2Mi", "5120Mi"),
@@ -281,13 +290,17 @@ LAUNCH = [
             "--nnodes=2",
             "--nproc-per-node=8",
             "--node-rank=$(NODE_RANK)",
+            "--spares=0",
             "--rdzv-backend=c10d",
-            "--rdzv-endpoint=r1-0.r1.kit-training.svc.cluster.local:29500",
+            "--rdzv-endpoint=r1-rdzv.kit-training.svc.cluster.local:29500",
             "--rdzv-id=r1",
+            "--rdzv-conf=is_host=0,join_timeout=600",
             "--max-restarts=4",
             "--monitor-interval=0.5",
             "--heartbeat-timeout=120",
             "--heartbeat-load-timeout=1200",
+            "--node-failure-limit=3",
+            "--node-failure-window=600",
             "--heartbeat-safety-factor=3",
             "--run-dir=/fsx/runs/r1",
             "-m",
@@ -371,7 +384,7 @@ def test_k8s_job_failure_policy_and_security() -> None:
 def test_k8s_pv_only_when_cdk_has_no_claim() -> None:
     kinds = [m.obj["kind"] for m in _render(["RUN_ID=t"])]
     assert kinds == ["Namespace", "ServiceAccount", "PersistentVolume", "PersistentVolumeClaim", "ConfigMap",
-                     "Service", "Job"]  # fmt: skip
+                     "Service", "Deployment", "Service", "Job"]  # fmt: skip
     assert "PersistentVolume" not in [m.obj["kind"] for m in _render(["RUN_ID=t", "FSX_PVC=from-cdk"])]
 
 
@@ -483,7 +496,7 @@ def test_k8s_validate_reports_every_problem() -> None:
     manifests = _render(["RUN_ID=t"])
     with pytest.raises(ManifestError) as err:
         validate(manifests, versions=["1.35"])  # placeholders not allowed
-    assert len(err.value.problems) == 4 and str(err.value).endswith("(and 3 more)")
+    assert len(err.value.problems) == 5 and str(err.value).endswith("(and 4 more)")  # + the store's image
     assert all("dry-run placeholder" in p for p in err.value.problems)
 
 
@@ -560,3 +573,45 @@ def test_k8s_policy_checks_label_and_annotation_rules(case: str) -> None:
     edit, message = LABEL_EDITS[case]
     problems = policy_problems(_edited(_render(["RUN_ID=t"]), edit), allow_placeholders=True)
     assert len(problems) == 1 and problems[0].startswith(message), problems
+
+
+def test_k8s_rendezvous_store_is_its_own_pod_on_the_system_nodes(stack_outputs: dict) -> None:
+    """The kit's rendezvous lives in a Deployment + ClusterIP Service no training pod owns; pods are
+    clients (is_host=0). Spares add indexes, never ranks; the drain's grace reaches the pods' env."""
+    outputs = merge_stack_outputs(stack_outputs)
+    manifests = _render(["RUN_ID=t", "NODES=2", "SPARES=1"], outputs=outputs)
+    validate(manifests, versions=SCHEMA_VERSIONS)
+    store = _obj(manifests, "Deployment", store=True)
+    pod = store["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "system"} and "tolerations" not in pod
+    assert pod["containers"][0]["command"] == ["python", "-m", "training.launcher.store", "--port=29500"]
+    svc = _obj(manifests, "Service", store=True)
+    assert svc["metadata"]["name"] == "t-rdzv" and svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["selector"] == store["spec"]["selector"]["matchLabels"]
+    trainer_svc = _obj(manifests, "Service")
+    assert trainer_svc["spec"]["selector"].items() - pod.get("labels", {}).items()  # never selects the store
+    job = _obj(manifests, "Job")
+    assert job["spec"]["completions"] == 3
+    env = _env(manifests)
+    assert env["WORLD_SIZE"] == "16" and env["NNODES"] == "2"
+    assert env["KIT_TERMINATION_GRACE_S"] == str(
+        job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    )
+    cmd = _container(manifests)["command"]
+    assert "--spares=1" in cmd and "--nnodes=2" in cmd
+    assert "--rdzv-endpoint=t-rdzv.kit-training.svc.cluster.local:29500" in cmd
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "ft_launcher"])
+def test_k8s_baselines_keep_their_rendezvous_on_pod_0(launcher: str) -> None:
+    manifests = _render(["RUN_ID=t", f"LAUNCHER={launcher}"])
+    assert not [m for m in manifests if m.obj["kind"] == "Deployment"]
+    assert [m.obj["metadata"]["name"] for m in manifests if m.obj["kind"] == "Service"] == ["t"]
+    assert any("t-0.t.kit-training.svc.cluster.local" in a for a in _container(manifests)["command"])
+
+
+def test_k8s_grace_period_is_sized_from_the_checkpoint() -> None:
+    """llama3.1-8b: 96 GB checkpoint, two writes at 1000 MiB/s + 30 s: 214 s; at 2000 MiB/s: 122 s."""
+    grace = _obj(_render(["RUN_ID=t"]), "Job")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    fast = _obj(_render(["RUN_ID=t", "CHECKPOINT_WRITE_MIB_S=2000"]), "Job")
+    assert (grace, fast["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]) == (214, 122)

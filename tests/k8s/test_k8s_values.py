@@ -179,7 +179,7 @@ BAD_VALUES = [
     (
         ["FAULT_SPEC=explode:step=5:rank=1", *LOCAL],
         "FAULT_SPEC=explode:step=5:rank=1: 'explode:step=5:rank=1' is not KIND:step=N:rank=R or "
-        "KIND:time=SECONDS:rank=R (KIND kill, hang, sigstop, exception or oom)",
+        "KIND:time=SECONDS:rank=R (KIND kill, hang, sigstop, exception or oom), nor node|drain:step=N:node=K",
     ),
     (
         ["FAULT_SPEC=kill:step=50:rank=1", "STEPS=40", *LOCAL],
@@ -290,6 +290,26 @@ BAD_VALUES = [
         "TRAIN.checkpoint.mode has its own value; set CHECKPOINT_MODE=sync instead",
     ),
     (["NODES", *LOCAL], "override 'NODES' is not KEY=VALUE; e.g. NODES=4 or ENV.NCCL_DEBUG=INFO"),
+    (["SPARES=-1", *LOCAL], "SPARES=-1: must be 0 or more"),
+    (
+        ["SPARES=1", "LAUNCHER=torchrun", *LOCAL],
+        "SPARES=1: hot spares need LAUNCHER=kit (torchrun is a "
+        "baseline and keeps its own set-up); use SPARES=0 or LAUNCHER=kit",
+    ),
+    (["REPLACEMENT_WAIT_S=0", *LOCAL], "REPLACEMENT_WAIT_S=0: must be at least 1 second"),
+    (["NODE_FAILURE_LIMIT=-2", *LOCAL], "NODE_FAILURE_LIMIT=-2: must be 0 (never give a node up) or more"),
+    (["CHECKPOINT_WRITE_MIB_S=0", *LOCAL], "CHECKPOINT_WRITE_MIB_S=0.0: must be above 0 MiB/s"),
+    (
+        ["TERMINATION_GRACE_S=5", *LOCAL],
+        "TERMINATION_GRACE_S=5: is too short to drain: the job must finish a save in flight and write one "
+        "more checkpoint (0.02 GiB at CHECKPOINT_WRITE_MIB_S=1000) and commit it before the pod is killed; "
+        "use at least 31, or leave it unset",
+    ),
+    (
+        ["FAULT_SPEC=node:step=3:node=3", "SPARES=1", *LOCAL],
+        "FAULT_SPEC=node:step=3:node=3: node=3 does not exist: the Job has 3 pods (2 nodes + 1 spares), "
+        "indexes 0-2",
+    ),
     (
         ["IMAGE=PLACEHOLDER.invalid/kit:1", "RUN_ID=t", "FSX_PVC=fsx"],
         "IMAGE=PLACEHOLDER.invalid/kit:1: is a dry-run placeholder; deploy first or set it explicitly",

@@ -47,6 +47,18 @@ def test_contract_command_line_parses_with_torchrun_names() -> None:
     assert args.argv == ["-u", "-m", "training.train", "--config", "f.yaml", "--training.steps", "5"]
 
 
+def test_spares_and_the_kits_rendezvous_defaults() -> None:
+    args = parse_args(
+        ["--nnodes=2", "--spares=1", "--node-rank=2", "--rdzv-endpoint=s:1", "--rdzv-id=j",
+         "--rdzv-conf=is_host=0", "-m", "training.train"]
+    )  # fmt: skip
+    assert (args.spares, args.node_rank, args.max_nodes) == (1, 2, 2)
+    assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.5", "keep_alive_max_attempt": "4"}
+    assert (args.node_failure_limit, args.node_failure_window_s) == (3, 600.0)
+    given = parse_args(["--standalone", "--rdzv-conf=keep_alive_interval=2", "x.py"])
+    assert given.rdzv_configs["keep_alive_interval"] == "2"
+
+
 def test_underscore_spellings_and_standalone() -> None:
     args = parse_args(
         ["--standalone", "--nproc_per_node", "2", "--max_restarts", "1", "--heartbeat-timeout", "4", "x.py"]
@@ -74,6 +86,24 @@ def test_underscore_spellings_and_standalone() -> None:
         (["--standalone", "--nnodes=2", "-m", "t"], "--standalone runs one node"),
         (["--rdzv-conf=oops", "--standalone", "-m", "t"], "--rdzv-conf item 'oops' is not KEY=VALUE"),
         (["--rdzv-backend=etcd", "-m", "t"], "invalid choice: 'etcd'"),
+        (["--spares=-1", "-m", "t"], "--spares must be an integer >= 0, got '-1'"),
+        (
+            ["--nnodes=2:3", "--spares=1", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],
+            "--spares needs the c10d rendezvous and a fixed --nnodes=N",
+        ),
+        (
+            ["--nnodes=2", "--spares=1", "--node-rank=3", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],
+            "--node-rank=3 must be below --nnodes + --spares (3)",
+        ),
+        (
+            ["--standalone", "--rdzv-conf=keep_alive_interval=nan", "-m", "t"],
+            "--rdzv-conf keep_alive_interval='nan' must be seconds > 0",
+        ),
+        (
+            ["--standalone", "--rdzv-conf=keep_alive_max_attempt=0", "-m", "t"],
+            "keep_alive_max_attempt='0' a whole number >= 1",
+        ),
+        (["--node-failure-window=0", "-m", "t"], "--node-failure-window must be a number of seconds > 0"),
         ([], "the following arguments are required: training_script"),
     ],
 )

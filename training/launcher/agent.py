@@ -11,13 +11,22 @@ It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-
 - `_shutdown`: a broken group (failed or hung) is SIGKILLed at once: a hung or SIGSTOPped rank never
   honours SIGTERM, and its peers are stuck in collectives anyway. A clean stop (signal to the launcher,
   end of run) keeps torchelastic's SIGTERM-then-wait.
+
+A node that keeps failing by itself (`NodeFailures`: a local worker killed by a signal, or a hang whose
+culprit is a local rank, not one waiting in a collective for a peer) is given up: the agent stops
+retrying, says which node and why in one line and a `node_given_up` event, and the launcher exits without
+closing the rendezvous, so a spare or the replacement pod takes its place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import socket
 import time
+from collections import deque
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
@@ -43,6 +52,24 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+class NodeFailures:
+    """This node's own failures in a sliding window; `add` says when the node must be given up."""
+
+    def __init__(self, *, limit: int, window_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def add(self, now: float) -> int | None:
+        """Record one failure; the count within the window when it reached the limit, else None."""
+        self._times.append(now)
+        while self._times and self._times[0] < now - self.window_s:
+            self._times.popleft()
+        if self.limit and len(self._times) >= self.limit:
+            return len(self._times)
+        return None
+
+
 class KitElasticAgent(LocalElasticAgent):
     """LocalElasticAgent with heartbeat hang detection, a never-retry exit code and SIGKILL restarts."""
 
@@ -55,6 +82,9 @@ class KitElasticAgent(LocalElasticAgent):
         events: EventLog,
         stacks_dir: str,
         shutdown_timeout: int = 30,
+        node_failures: NodeFailures | None = None,
+        node_name: str = "",
+        rejoin_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             spec=spec, logs_specs=logs_specs, start_method="spawn", shutdown_timeout=shutdown_timeout
@@ -69,10 +99,15 @@ class KitElasticAgent(LocalElasticAgent):
         self._broken = False
         self._pending_reason: str | None = None
         self._detected_at = 0.0
+        self.node_failures = node_failures or NodeFailures(limit=0, window_s=1.0)
+        self.node_name = node_name or socket.gethostname()
+        self.rejoin_timeout_s = rejoin_timeout_s
+        self.given_up: str | None = None
 
     # --- hooks -------------------------------------------------------------------------------
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._kill_peers_of_a_failed_worker()
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             return self._on_failed(worker_group, result)
@@ -99,6 +134,9 @@ class KitElasticAgent(LocalElasticAgent):
             ranks={str(p.rank): p.state for p in probes},
             where=next((p.where for p in probes if p.rank == stale.rank), ""),
         )
+        culprit_probe = next((p for p in probes if p.rank == stale.rank), None)
+        if culprit_probe is None or culprit_probe.state in ("stopped", "elsewhere"):
+            self._count_own_failure(now, f"hang of rank {stale.rank}")
         self._mark_broken(f"hang of rank {stale.rank}")
         return RunResult(state=WorkerState.UNHEALTHY)
 
@@ -137,6 +175,9 @@ class KitElasticAgent(LocalElasticAgent):
         self._broken = False
         self.monitor.reset([w.global_rank for w in worker_group.workers])
         pids = super()._start_workers(worker_group)
+        self.events.emit(
+            "group_started", attempt=self.attempt, ranks=[w.global_rank for w in worker_group.workers]
+        )
         self.exits.watch(list(pids.values()))
         return pids
 
@@ -146,6 +187,32 @@ class KitElasticAgent(LocalElasticAgent):
         super()._shutdown(death_sig, timeout)
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _kill_peers_of_a_failed_worker(self) -> None:
+        """A worker exited with an error: SIGKILL its live peers now, before torchelastic sees it.
+
+        torchelastic answers a failure by SIGTERMing the other workers and waiting up to 30 s for them; a
+        trainer takes SIGTERM as a drain request (it runs on to the next step boundary, which a broken
+        collective never reaches), so every failure would cost 30 s. The exit is read without reaping
+        (WNOWAIT), so torchelastic still collects it; a clean exit (0, or DRAINED after a committed drain)
+        is not a failure."""
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            return
+        running, failed = [], False
+        for pid in pcontext.pids().values():
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                continue
+            if info is None:
+                running.append(pid)
+            elif info.si_code != os.CLD_EXITED or info.si_status not in (exitcodes.OK, exitcodes.DRAINED):
+                failed = True
+        if failed:
+            for pid in running:  # a shim's worker dies with it (the zygote kills the group of a lost shim)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _on_failed(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         # The earliest exit, to the millisecond (torchelastic's own stamps are whole seconds, taken when it
@@ -185,8 +252,35 @@ class KitElasticAgent(LocalElasticAgent):
                 "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
                 exitcodes.FATAL_CONFIG,
             )
+        own = [f for f in result.failures.values() if f.exitcode < 0]
+        if own and not self.fatal:
+            self._count_own_failure(time.time(), f"rank {first_rank} {describe_exit(own[0].exitcode)}")
         self._mark_broken(self.last_failure)
         return result
+
+    def _count_own_failure(self, now: float, reason: str) -> None:
+        """One failure of this node's own; past the limit the node is given up (no restart left)."""
+        count = self.node_failures.add(now)
+        if count is None or self.given_up is not None:
+            return
+        self.given_up = (
+            f"node {self.node_name} failed {count} times in {self.node_failures.window_s:g} s "
+            f"(last: {reason})"
+        )
+        self._remaining_restarts = 0
+        log.error(
+            "kit-launch: giving up node %s: %s; a spare or the Job's replacement pod takes its place "
+            "(on EKS, node auto-repair replaces the instance)",
+            self.node_name,
+            self.given_up,
+        )
+        self.events.emit(
+            "node_given_up",
+            node=self.node_name,
+            failures=count,
+            window_s=self.node_failures.window_s,
+            reason=reason,
+        )
 
     def _mark_broken(self, reason: str) -> None:
         self._broken = True
@@ -194,6 +288,12 @@ class KitElasticAgent(LocalElasticAgent):
         self._detected_at = time.time()
         if reason.startswith("hang"):
             self.last_failure = reason
+        if self.rejoin_timeout_s is not None and self._remaining_restarts > 0:
+            log.warning(
+                "kit-launch: the group re-forms: waiting up to %g s for every node (a spare, the lost "
+                "node's replacement pod or the same nodes) before giving up (rendezvous join_timeout)",
+                self.rejoin_timeout_s,
+            )
 
 
 def _describe_probes(probes: list[Probe]) -> str:

@@ -4,7 +4,8 @@ outcome to the kit's exit codes.
 `launch_agent` hard-codes `LocalElasticAgent`, so this builds the same WorkerSpec (rendezvous handler
 from the registry, torchrun's LaunchConfig defaults) around `KitElasticAgent`, and closes the
 rendezvous at the end unless the launcher was signalled (as `launch_agent` does): peers then leave
-their next rendezvous at once instead of waiting for its timeout.
+their next rendezvous at once instead of waiting for its timeout. A node that was given up leaves it open
+too (the others go on with a spare), and a spare that was never needed exits 0 (training/launcher/spares.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from training import exitcodes
 from training.events import EventLog
 from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launch import LaunchArgs
-from training.launcher.agent import KitElasticAgent
+from training.launcher import spares
+from training.launcher.agent import KitElasticAgent, NodeFailures
 from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
@@ -34,6 +36,7 @@ log = logging.getLogger("kit.launch")
 def run(args: LaunchArgs, *, workdir: str) -> int:
     """Start the zygote (if any), run the agent, and return the launcher's exit code."""
     events = EventLog(args.run_dir, role="launcher", rank=None)
+    events.emit("launcher_start", node_rank=args.node_rank, nodes=args.max_nodes, spares=args.spares)
     entrypoint, worker_args = args.entrypoint, list(args.argv)
     zygote = None
     if args.zygote:
@@ -86,6 +89,7 @@ def _run_agent(
         monitor_interval=args.monitor_interval,
         shutdown_timeout=args.shutdown_timeout,
     )
+    configs = {k: v for k, v in config.rdzv_configs.items() if not k.startswith("keep_alive")}
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -93,12 +97,19 @@ def _run_agent(
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
         local_addr=config.local_addr,
-        **config.rdzv_configs,
+        **configs,
     )
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    try:
-        rdzv_handler = rdzv_registry.get_rendezvous_handler(params)  # hosts or joins the store now
+    try:  # hosts or joins the store now
+        if config.rdzv_backend == "c10d":
+            rdzv_handler = spares.c10d_handler(
+                params,
+                keep_alive_s=float(args.rdzv_configs["keep_alive_interval"]),
+                attempts=int(args.rdzv_configs["keep_alive_max_attempt"]),
+            )
+        else:
+            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
     except (RendezvousError, RuntimeError, ValueError) as exc:
         message = rendezvous_setup_error(args.rdzv_endpoint, exc)
         log.error("kit-launch: error: %s", message)
@@ -122,6 +133,7 @@ def _run_agent(
         min_timeout_s=args.heartbeat_min_timeout_s,
     )
     monitor = HeartbeatMonitor(os.environ[HEARTBEAT_DIR_ENV], settings)
+    join_timeout = float(args.rdzv_configs.get("join_timeout", 600))
     agent = KitElasticAgent(
         spec,
         config.logs_specs,  # type: ignore[arg-type]
@@ -129,27 +141,53 @@ def _run_agent(
         events=events,
         stacks_dir=os.environ[STACKS_DIR_ENV],
         shutdown_timeout=config.shutdown_timeout or 30,
+        node_failures=NodeFailures(limit=args.node_failure_limit, window_s=args.node_failure_window_s),
+        node_name=os.environ.get("POD_NAME", ""),
+        rejoin_timeout_s=join_timeout if args.max_nodes > 1 else None,
     )
     close_rendezvous = True
+    result = None
+    spare = args.rdzv_backend == "c10d" and spares.is_spare(args.node_rank, args.max_nodes)
     try:
+        if spare:
+            log.info("kit-launch: node %d is a hot spare: waiting warm for a node to replace", args.node_rank)
+            events.emit("spare_waiting", node_rank=args.node_rank)
+            spares.wait_for_first_round(rdzv_handler, join_timeout)
         result = agent.run()
     except SignalException as exc:
         close_rendezvous = False  # as torchrun: a signalled node must not close the job's rendezvous
         log.error("kit-launch: got %s; workers stopped", exc.sigval.name)
         return 128 + int(exc.sigval), f"signal {exc.sigval.name}"
     except RendezvousError as exc:
+        if isinstance(exc, RendezvousClosedError) and agent.attempt < 0:
+            close_rendezvous = False
+            message = "the job finished before this pod was needed (rendezvous closed)"
+            log.info("kit-launch: %s; exiting 0", message)
+            events.emit("spare_exit", reason=message)
+            return exitcodes.OK, message
         message = f"rendezvous failed: {type(exc).__name__}: {exc}"
         log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
         return exitcodes.BUDGET_EXHAUSTED, message
     finally:
         agent.exits.close()
+        if agent.given_up is not None:
+            close_rendezvous = False  # the others go on (with a spare); closing would end them all
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
+    if result is None:  # agent.run() swallowed RendezvousGracefulExitError: a spare, never needed
+        message = "hot spare not needed: the job finished (rendezvous closed)"
+        log.info("kit-launch: %s; exiting 0", message)
+        events.emit("spare_exit", reason=message)
+        return exitcodes.OK, message
     # Only SUCCEEDED means every worker finished: the inherited loop also returns an UNHEALTHY result (a hang)
     # when no restart is left, and `RunResult.is_failed()` is False for it.
     if result.state == WorkerState.SUCCEEDED:
         log.info("kit-launch: workers finished after %d restart(s); exiting 0", max(agent.attempt, 0))
         return exitcodes.OK, "workers finished"
+    if agent.given_up is not None:
+        message = f"node given up: {agent.given_up}"
+        log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
+        return exitcodes.BUDGET_EXHAUSTED, message
     if agent.fatal:
         message = f"fatal config error in a worker ({agent.last_failure}); not retried"
         log.error("kit-launch: %s; exiting %d", message, exitcodes.FATAL_CONFIG)

@@ -1,0 +1,109 @@
+"""Whole-node faults through the rendered manifests and the local runner (real processes, gloo on CPU).
+
+2 pods x 1 rank (+1 hot spare): a `node` fault (the pod's every process SIGKILLed at once) or a `drain`
+(SIGTERM, SIGKILL after the grace period) on pod 1 or on pod 0, the pod that used to host the rendezvous.
+Each run must finish with its final checkpoint, verified and loaded back from disk
+(training/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no step.
+Without spares the lost pod is recreated, as the Job controller would, and the job still finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import metrics
+from training.checkpoint.compare import compare_checkpoints, final_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+JOB = ["NODES=2", "STEPS=10", "CHECKPOINT_INTERVAL=4", "CHECKPOINT_MODE=sync", "MONITOR_INTERVAL_S=0.1"]
+FAULT_STEP = 6
+
+
+def run_job(tmp: Path, run_id: str, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`python -m k8s local` as a user runs it; returns the process and the run folder."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "k8s", "local", *JOB, *overrides, f"RUN_ID={run_id}",
+         "--workdir", str(tmp), "--timeout", "240"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return proc, tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+
+
+def assert_same_model(run_dir: Path, reference: Path) -> None:
+    """The persisted final checkpoints, verified and loaded back from disk, are bitwise equal."""
+    result = compare_checkpoints(final_checkpoint(run_dir), final_checkpoint(reference))
+    assert result.equal, result.summary()
+    assert {"model", "optim"} <= result.groups
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fault-free run's folder (same job, no fault, no spare)."""
+    return run_job(tmp_path_factory.mktemp("ref"), "ref")[1]
+
+
+def _launcher_events(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in metrics.load_events(run_dir) if e["kind"] == kind and e.get("role") == "launcher"]
+
+
+@pytest.mark.parametrize(("kind", "node"), [("node", 1), ("node", 0), ("drain", 1), ("drain", 0)])
+def test_node_fault_with_a_spare_finishes_bitwise_equal(
+    tmp_path: Path, fault_free: Path, kind: str, node: int
+) -> None:
+    run_id = f"{kind}{node}"
+    proc, run_dir = run_job(tmp_path, run_id, "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}")
+    assert_same_model(run_dir, fault_free)
+    m = metrics.load_run_metrics(run_dir)
+    assert (m.world_size, m.steps_completed) == (2, 10)
+    assert [(f.kind, f.step) for f in m.faults] == [(kind, FAULT_STEP)]
+    # the spare was started warm and either replaced the lost pod or, left over, exited 0 (the runner's
+    # success means every index, spares included, ended with exit 0)
+    assert _launcher_events(run_dir, "spare_waiting")
+    assert _launcher_events(run_dir, "spare_exit")  # 3 pods were left for 2 places: one exited 0 unused
+    logs = tmp_path / run_id / "logs"
+    lost = (logs / f"{run_id}-{node}-local.log").read_text()
+    if kind == "node":
+        assert f"pod {run_id}-{node}-local: exit code -9" in proc.stdout  # every process of it at once
+    else:
+        assert "drained: step" in (lost + "".join(p.read_text() for p in logs.glob("*.log")))
+        assert f"pod {run_id}-{node}-local: exit code 143" in proc.stdout  # left inside its grace period
+        assert m.faults[0].lost_steps == 0
+        assert m.faults[0].resume_step == FAULT_STEP  # saved and committed at the agreed step
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_node_loss_without_spares_waits_for_the_recreated_pod(
+    tmp_path: Path, fault_free: Path, node: int
+) -> None:
+    run_id = f"nospare{node}"
+    proc, run_dir = run_job(tmp_path, run_id, f"FAULT_SPEC=node:step={FAULT_STEP}:node={node}")
+    assert f"pod {run_id}-{node}-local: exit code -9" in proc.stdout
+    assert (
+        f"pod {run_id}-{node}-local-r1: exit code 0" in proc.stdout
+    )  # recreated, as the Job controller does
+    assert_same_model(run_dir, fault_free)
+    survivor = (tmp_path / run_id / "logs" / f"{run_id}-{1 - node}-local.log").read_text()
+    assert "the group re-forms: waiting up to 600 s" in survivor
+
+
+def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
+    tmp_path: Path, fault_free: Path
+) -> None:
+    """NODE_FAILURE_LIMIT=1: the first failure of the node's own (its worker SIGKILLed) gives it up."""
+    run_id = "giveup"
+    proc, run_dir = run_job(
+        tmp_path, run_id, "SPARES=1", "NODE_FAILURE_LIMIT=1", f"FAULT_SPEC=kill:step={FAULT_STEP}:rank=1"
+    )
+    given_up = _launcher_events(run_dir, "node_given_up")
+    assert len(given_up) == 1 and given_up[0]["failures"] == 1
+    assert "signal SIGKILL" in given_up[0]["reason"]
+    assert "exit code 75" in proc.stdout  # the given-up pod; the Job replaces it (a new spare)
+    assert_same_model(run_dir, fault_free)

@@ -1,0 +1,50 @@
+"""The job's rendezvous store, in a pod of its own: `python -m training.launcher.store --port P`.
+
+torchelastic's c10d rendezvous keeps its state in a TCPStore that, by default, the agent on the endpoint's
+host serves (pod 0): lose pod 0's node and every launcher loses the rendezvous. Here a small process that
+trains nothing serves it instead (a Deployment on the system node group behind its own Service, rendered by
+k8s/; the local runner starts it as its own pod), and every agent is a client (`--rdzv-conf is_host=0`).
+
+If the store itself restarts, its state is gone: the workers' own store lives in the group's rank-0 worker,
+but every agent's next rendezvous call (a keep-alive, a membership check) fails within a second; the agent
+stops its workers with SIGTERM (the drain path: the current step is committed), the launchers exit 75, and
+the Job's replacement pods meet in the new, empty store and resume from that step. See docs/launcher.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from datetime import timedelta
+
+from cliargs import OneLineParser, int_arg
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m training.launcher.store", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    p.add_argument("--port", type=int_arg(lo=1, hi=65535), required=True, help="TCP port")
+    args: argparse.Namespace = p.parse_args(sys.argv[1:] if argv is None else argv)
+    from torch.distributed import TCPStore
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        store = TCPStore(
+            args.host, args.port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+    except (RuntimeError, ValueError) as exc:
+        print(f"kit-store: error: cannot serve {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    print(f"kit-store: serving the rendezvous on {args.host}:{args.port}", flush=True)
+    stop.wait()
+    del store
+    print("kit-store: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
