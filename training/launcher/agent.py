@@ -252,9 +252,9 @@ class KitElasticAgent(LocalElasticAgent):
                 "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
                 exitcodes.FATAL_CONFIG,
             )
-        own = [f for f in result.failures.values() if f.exitcode < 0]
-        if own and not self.fatal:
-            self._count_own_failure(time.time(), f"rank {first_rank} {describe_exit(own[0].exitcode)}")
+        # Only the first failure is the node's own: we SIGKILL its peers (_kill_peers_of_a_failed_worker).
+        if first.exitcode < 0 and not self.fatal:
+            self._count_own_failure(time.time(), self.last_failure)
         self._mark_broken(self.last_failure)
         return result
 
