@@ -40,7 +40,9 @@ def _faults(kind: str) -> str:
 def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     tmp_path: Path, reference_run: Path, kind: str, inprocess: bool
 ) -> None:
-    launcher = ["--max-restarts", "4", *(["--heartbeat-timeout", "3"] if kind == "hang" else [])]
+    # Four faults of this node's own on purpose: never give the node up (--node-failure-limit 0).
+    launcher = ["--max-restarts", "4", "--node-failure-limit", "0"]
+    launcher += ["--heartbeat-timeout", "3"] if kind == "hang" else []
     run_dir, args = launch_trainer(
         tmp_path,
         f"{kind}-{'inproc' if inprocess else 'group'}",

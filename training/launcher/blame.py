@@ -10,7 +10,9 @@ Two kinds of evidence, both taken by the launcher without trusting the workers' 
   are blocked inside a collective waiting for it; the hung rank is somewhere else (or SIGSTOPped). On
   request each worker's faulthandler writes every thread's Python stack to a file, from C, so it works
   while the main thread is blocked in gloo or NCCL (`install`, called by the zygote and the trainer).
-  A rank whose main thread is outside `torch.distributed`, or that is stopped, is the one that hung.
+  A rank whose main thread is not in `torch.distributed` now, or that is stopped, is the one that hung.
+  "Now" is the innermost frames: torch.distributed frames further out (torchelastic's `@record` around
+  the trainer's `main`, a DCP call into the program's own code) say nothing about where it waits.
 
 Standard library only: workers import `install` without pulling in the launcher.
 """
@@ -23,6 +25,7 @@ import os
 import re
 import select
 import signal
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass
@@ -31,8 +34,12 @@ from typing import TextIO
 
 STACKS_DIR_ENV = "KIT_STACKS_DIR"
 STACK_SIGNAL = signal.SIGUSR2
-COLLECTIVE_PATH = f"{os.sep}torch{os.sep}distributed{os.sep}"
-"""A main-thread frame under this path means the rank waits in a collective (FSDP hooks, c10d, DCP)."""
+TORCH_PATH = f"{os.sep}torch{os.sep}"
+COLLECTIVE_PATH = f"{TORCH_PATH}distributed{os.sep}"
+"""A frame under this path among the main thread's innermost library frames means the rank waits in a
+collective (FSDP hooks, c10d, DCP)."""
+_STDLIB = tuple({sysconfig.get_paths()[key] + os.sep for key in ("stdlib", "platstdlib")})
+_THIRD_PARTY = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 _stack_file: TextIO | None = None
 
@@ -92,16 +99,41 @@ def probe(directory: str | os.PathLike[str], rank: int, pid: int, *, timeout_s: 
         return Probe(rank=rank, state="unknown")
     path_top, line, func = frames[0]
     where = f"{os.path.basename(path_top)}:{line} in {func}"
-    waiting = any(COLLECTIVE_PATH in frame[0] for frame in frames)
+    waiting = waits_in_collective([frame[0] for frame in frames])
     return Probe(rank=rank, state="collective" if waiting else "elsewhere", where=where)
 
 
+def waits_in_collective(paths: list[str]) -> bool:
+    """Whether the innermost frames (`paths`, innermost first) are a torch.distributed call.
+
+    Walking outward through torch's and the standard library's own frames (`torch.ops` dispatch,
+    `threading` waits) a torch.distributed frame means the rank waits in a collective; the first frame
+    of any other code (the trainer, a fault's sleep) means it is busy or stuck there, whatever calls it.
+    """
+    for path in paths:
+        if COLLECTIVE_PATH in path:
+            return True
+        if not _is_library(path):
+            return False
+    return False
+
+
+def _is_library(path: str) -> bool:
+    """torch's or the standard library's own code (frames a collective's wait passes through)."""
+    if TORCH_PATH in path or path.startswith("<frozen "):
+        return True
+    return path.startswith(_STDLIB) and not any(part in path for part in _THIRD_PARTY)
+
+
 def culprit(probes: list[Probe], *, default: int) -> int:
-    """The rank that hung: stopped first, then outside any collective (in the given order), else `default`."""
+    """The rank that hung: stopped first, then outside any collective, else `default` (the stalest heartbeat).
+
+    Where several ranks share the deciding state (two outside any collective: one may wait on a store or
+    an event, which has no Python frame of torch.distributed), `default` wins among them, else the first."""
     for state in ("stopped", "elsewhere"):
-        for item in probes:
-            if item.state == state:
-                return item.rank
+        ranks = [item.rank for item in probes if item.state == state]
+        if ranks:
+            return default if default in ranks else ranks[0]
     return default
 
 

@@ -1,0 +1,118 @@
+"""The hang's blame under the real trainer: torchelastic's `@record` wraps the trainer's `main`, so every
+rank's stack has a torch.distributed frame at its outer end; only the innermost frames say whether a
+rank waits in a collective (issue 10 item 7: `make demo`'s kit run blamed rank 0 for rank 1's hang)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from trainer_helpers import REPO, trainer_env
+
+from training import exitcodes
+from training.events import read_events
+from training.launcher import blame
+
+DEMO_FAULTS = "kill:step=10:rank=1,exception:step=19:rank=1,hang:step=28:rank=1"
+"""`make demo`'s schedule (demo.run.FULL): the hang comes after an in-process restart and a full one."""
+
+HANGING_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from training.launcher import blame
+
+    def stuck():
+        print("ready", flush=True)
+        while True:
+            time.sleep(3600)
+
+    @record
+    def main():
+        blame.install()
+        stuck()
+
+    main()
+    """
+)
+
+
+def test_a_rank_asleep_under_record_is_elsewhere_not_in_a_collective(tmp_path: Path) -> None:
+    script = tmp_path / "hanging_worker.py"
+    script.write_text(HANGING_WORKER)
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    env = trainer_env(tmp_path) | {blame.STACKS_DIR_ENV: str(stacks), "RANK": "3"}
+    with subprocess.Popen(
+        [sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            found = blame.probe(stacks, 3, proc.pid, timeout_s=10)
+        finally:
+            proc.kill()
+    assert found.state == "elsewhere", found
+    assert found.where.startswith(f"{script.name}:") and found.where.endswith(" in stuck"), found
+    dump = blame.stack_path(stacks, 3, proc.pid).read_text()
+    assert f"{blame.COLLECTIVE_PATH}elastic" in dump  # the @record frame is there, and is not the verdict
+
+
+def test_innermost_frames_decide_whether_a_rank_waits_in_a_collective() -> None:
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations
+    torch_dir = spec.submodule_search_locations[0]
+    c10d = f"{torch_dir}/distributed/distributed_c10d.py"
+    ops = f"{torch_dir}/_ops.py"
+    mine = str(REPO / "training/train.py")
+    record = f"{torch_dir}/distributed/elastic/multiprocessing/errors/__init__.py"
+    assert blame.waits_in_collective([c10d, mine, record])
+    assert blame.waits_in_collective([ops, f"{torch_dir}/distributed/_functional_collectives.py", mine])
+    assert not blame.waits_in_collective([str(REPO / "training/faults.py"), mine, record])
+    assert not blame.waits_in_collective([f"{torch_dir}/nn/functional.py", mine, record])
+
+
+def test_culprit_is_the_stalest_heartbeat_among_ranks_that_share_the_deciding_state() -> None:
+    waiting, elsewhere, stopped = (
+        blame.Probe(rank=0, state="collective"),
+        blame.Probe(rank=1, state="elsewhere"),
+        blame.Probe(rank=2, state="stopped"),
+    )
+    assert blame.culprit([waiting, elsewhere], default=0) == 1
+    assert blame.culprit([waiting, elsewhere, stopped], default=1) == 2
+    also_elsewhere = blame.Probe(rank=3, state="elsewhere")
+    assert blame.culprit([waiting, elsewhere, also_elsewhere], default=3) == 3
+    assert blame.culprit([waiting, elsewhere, also_elsewhere], default=0) == 1
+    assert blame.culprit([waiting], default=5) == 5
+
+
+@pytest.mark.slow
+def test_demo_schedule_with_inprocess_restart_blames_the_rank_that_hung(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run_dir = root / "kit"
+    cmd = [
+        sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", "10", "--monitor-interval", "0.5", "--heartbeat-timeout", "auto",
+        "--log-dir", str(tmp_path / "logs"), "--run-dir", str(run_dir),
+        "-m", "training.train", "--run.id", "kit", "--run.root", str(root),
+        "--model.name", "tiny", "--data.seq_len", "32", "--data.batch_size", "2",
+        "--training.log_every", "1", "--training.steps", "36",
+        "--checkpoint.mode", "async", "--checkpoint.interval", "6",
+        "--inprocess.enabled", "true", "--fault.spec", DEMO_FAULTS,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=trainer_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == exitcodes.OK, proc.stderr[-4000:]
+    events = read_events(run_dir)
+    assert {e["rank"] for e in events if e["kind"] == "inprocess_restart"} == {0, 1}  # step 19, in place
+    (hang,) = [e for e in events if e["kind"] == "hang_detected"]
+    assert hang["global_rank"] == 1, hang
+    assert hang["ranks"] == {"0": "collective", "1": "elsewhere"}, hang
+    assert hang["where"].startswith("faults.py:")
+    assert "kit-launch: hang detected: rank 1 heartbeat stale for" in proc.stderr
+    restarts = [e["reason"] for e in events if e["kind"] == "restart"]
+    assert restarts[-1] == "hang of rank 1", restarts
