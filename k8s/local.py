@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from k8s.render import Manifest
 from k8s.spec import INDEX_ANNOTATION
 
@@ -364,8 +366,14 @@ class LocalRunner:
             self._stop([self._store])
 
     def _stop(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        """SIGTERM, then at the grace period's end SIGKILL every process the pod started, as a container's
+        end does. A launcher may start workers in sessions of their own (torchrun does): they are found as
+        descendants when the stop begins, since they are orphaned once the launcher is gone."""
+        members: list[psutil.Process] = []
         for proc in procs:
             if proc.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    members += psutil.Process(proc.pid).children(recursive=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + min(self.job.grace_s, 30.0)
@@ -376,6 +384,9 @@ class LocalRunner:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for member in members:  # psutil checks the start time: a reused pid is not killed
+            with contextlib.suppress(psutil.Error):
+                member.kill()
 
     def run(self, *, timeout_s: float | None = None, run_dir: Path) -> LocalResult:
         """Run every index to completion under the Job's failure rules."""
