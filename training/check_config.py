@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 
+from cliargs import parse_int
 from training import exitcodes
 
 ELSEWHERE = "--elsewhere"
@@ -47,7 +48,7 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
         i = args.index(MEMORY)
         memory, args = args[i + 1 : i + 2], args[:i] + args[i + 2 :]
         try:
-            world, ranks, gpu_mib, host_mib = (int(x) for x in memory[0].split(","))
+            world, ranks, gpu_mib, host_mib = (parse_int(x, MEMORY, lo=0) for x in memory[0].split(","))
         except (IndexError, ValueError):
             return f"{MEMORY} takes WORLD,RANKS_PER_NODE,GPU_MIB,HOST_MIB (whole numbers), got {memory}", None
     if elsewhere:
