@@ -51,6 +51,7 @@ from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import CommitRecord, CommitRefused, FileEntry, merge_rank_files, write_commit
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
+from training.checkpoint.interval import AutoInterval
 from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
 from training.checkpoint.planner import ScopedSavePlanner
 from training.checkpoint.resume import CheckpointError, one_line, resume
@@ -114,7 +115,13 @@ class Checkpointer:
         self._holds = SaveHolds(run_dir, rank)
         self._inflight: _Save | None = None
         self._last_step: int | None = None
+        """The step last saved or restored: a second save of it is skipped; `auto` counts from it."""
         self._busy_waits = 0
+        self._auto = (
+            AutoInterval(cfg, run_dir=run_dir, rank=rank, events=self.events)
+            if cfg.auto and cfg.mode != "off"
+            else None
+        )
         self._async = cfg.mode == "async"
         self._stager = HostStager() if self._async and cfg.backend == "kit" else None
         self._dcp_stager: Any = None
@@ -125,11 +132,39 @@ class Checkpointer:
 
     # ----------------------------------------------------------------------------------------- saving
     def due(self, step: int) -> bool:
-        """Whether `maybe_save(step, ...)` will save (every `interval` steps), so callers can announce it."""
-        return self.cfg.mode != "off" and step % self.cfg.interval == 0
+        """Whether `maybe_save(step, ...)` will save, so callers can announce it: every `interval` steps
+        (step % interval == 0), or with `auto` once the agreed interval has passed since the last save or
+        restore (the same on every rank: see training.checkpoint.interval)."""
+        if self.cfg.mode == "off":
+            return False
+        if self._auto is None:
+            return step % self.cfg.interval == 0
+        if self._last_step is None:  # a fresh start, or restored by another (the previous) checkpointer
+            self._last_step = step - 1
+        return step - self._last_step >= self._auto.current(self.world_size)
+
+    def interval_proposal(self) -> float | None:
+        """With `auto`: this rank's share of the interval that train_step's loss all-reduce (SUM) carries
+        (rank 0's choice, 0 elsewhere); None with a fixed interval (nothing to carry)."""
+        return self._auto.proposal() if self._auto is not None else None
+
+    def agree_interval(self, value: float) -> None:
+        """The all-reduced interval (rank 0's choice), the same on every rank: `due` uses it from now on."""
+        if self._auto is not None:
+            self._auto.agree(value)
 
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
-        """Save `state` as step `step` if it is due (every `interval` steps) or forced; True if started."""
+        """Save `state` as step `step` if it is due or forced; True if started. With `auto`, rank 0 also
+        measures here: the step before this call, and this call's stall (forced final saves excepted)."""
+        entered = time.perf_counter()
+        started = self._save_if_due(step, state, force=force)
+        if self._auto is not None and not force:
+            left = time.perf_counter()
+            writing = self._inflight is not None and not self._inflight.done.is_set()
+            self._auto.observe(step, entered=entered, left=left, saved=started, writing=writing)
+        return started
+
+    def _save_if_due(self, step: int, state: dict[str, Any], *, force: bool) -> bool:
         if self.cfg.mode == "off" or not (force or self.due(step)):
             return False
         if step == self._last_step:
