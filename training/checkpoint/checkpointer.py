@@ -156,13 +156,16 @@ class Checkpointer:
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Save `state` as step `step` if it is due or forced; True if started. With `auto`, rank 0 also
         measures here: the step before this call, and this call's stall (forced final saves excepted)."""
-        entered = time.perf_counter()
+        entered, busy = time.perf_counter(), self._writing()
         started = self._save_if_due(step, state, force=force)
         if self._auto is not None and not force:
-            left = time.perf_counter()
-            writing = self._inflight is not None and not self._inflight.done.is_set()
-            self._auto.observe(step, entered=entered, left=left, saved=started, writing=writing)
+            left, writing = time.perf_counter(), self._writing()
+            self._auto.observe(step, entered=entered, left=left, saved=started, busy=busy, writing=writing)
         return started
+
+    def _writing(self) -> bool:
+        """A save's background part is still running."""
+        return self._inflight is not None and not self._inflight.done.is_set()
 
     def _save_if_due(self, step: int, state: dict[str, Any], *, force: bool) -> bool:
         if self.cfg.mode == "off" or not (force or self.due(step)):

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import socket
 import statistics
 import time
 from collections import deque
@@ -130,12 +131,12 @@ class RunHistory:
     def read(cls, run_dir: str | os.PathLike[str]) -> RunHistory:
         history = cls()
         picked: list[dict[str, Any]] = []
-        me = f"-{os.getpid()}.jsonl"
+        me = f"trainer-rank0-{socket.gethostname()}-{os.getpid()}.jsonl"  # as EventLog names its file
         for path in sorted(Path(events_dir(run_dir)).glob("trainer-rank0-*.jsonl")):
             first, last = _scan(path, picked)
             if first is None:
                 continue
-            if path.name.endswith(me):
+            if path.name == me:
                 history.own_start = first
             else:
                 history.past_exposure_s += last - first
@@ -263,10 +264,13 @@ class AutoInterval:
         return self.agreed
 
     # -- measurement (rank 0) --------------------------------------------------------------------------
-    def observe(self, step: int, *, entered: float, left: float, saved: bool, writing: bool) -> None:
+    def observe(
+        self, step: int, *, entered: float, left: float, saved: bool, busy: bool, writing: bool
+    ) -> None:
         """One `maybe_save` call: `entered`/`left` (perf_counter) bound it, `saved` says it started a
-        save, `writing` whether a background write is in flight as it returns. The step before it ran from
-        the previous call's `left` to this `entered`."""
+        save, `busy` whether the previous write was still in flight as it was entered (a save then waits for
+        it), `writing` whether a write is in flight as it returns. The step before it ran from the previous
+        call's `left` to this `entered`."""
         if self.rank != 0:
             return
         if self._mark is not None:
@@ -276,7 +280,7 @@ class AutoInterval:
             else:
                 self._clean.append(duration)
             if self._pending is not None and (saved or not self._writing_at_mark):
-                self._settle(step, waited=saved and self._writing_at_mark)
+                self._settle(step, waited=saved and busy)
         if saved:
             self._pending = _Pending(step=step, stall_s=left - entered, overlapped=[])
         self._mark, self._writing_at_mark = left, writing

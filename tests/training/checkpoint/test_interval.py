@@ -11,6 +11,7 @@ import pytest
 
 from training.checkpoint import CheckpointConfig
 from training.checkpoint.interval import (
+    AutoInterval,
     RunHistory,
     blended_mtbf_s,
     choose,
@@ -19,6 +20,7 @@ from training.checkpoint.interval import (
     young_s,
 )
 from training.config import ConfigError, load_config
+from training.events import EventLog, read_events
 
 
 def test_young_is_sqrt_2_cost_mtbf_and_daly_refines_it() -> None:
@@ -121,3 +123,50 @@ def test_the_cli_takes_auto_or_a_whole_number(value: str, match: str) -> None:
         load_config([*base, "--checkpoint.interval", value], env={})
     with pytest.raises(ConfigError, match=r"checkpoint\.mtbf_s='inf': must be a finite number"):
         load_config([*base, "--checkpoint.mtbf_s", "inf"], env={})
+
+
+def _observe(auto: AutoInterval, step: int, entered: float, left: float, **flags: bool) -> None:
+    auto.observe(
+        step, entered=entered, left=left, **{"saved": False, "busy": False, "writing": False, **flags}
+    )
+
+
+def test_a_save_costs_its_stall_plus_the_slowdown_of_the_steps_over_its_write(
+    tmp_path: Path,
+) -> None:
+    cfg = CheckpointConfig(interval="auto", mtbf_s=3600.0, interval_min=2, interval_max=1000)
+    events = EventLog(tmp_path, role="trainer", rank=0)
+    auto = AutoInterval(cfg, run_dir=tmp_path, rank=0, events=events)
+    assert auto.chosen == 2 and auto.proposal() == 2.0
+    _observe(auto, 1, 0.0, 0.0)
+    _observe(auto, 2, 1.0, 1.5, saved=True, writing=True)  # step 2: 1 s clean, then a 0.5 s stall
+    _observe(auto, 3, 3.5, 3.5, busy=True, writing=True)  # 2 s: overlapped the write
+    _observe(auto, 4, 5.0, 5.0, busy=True)  # 1.5 s: overlapped, the write ended in it
+    assert auto.chosen == 2, "not settled until a step starts with the write over"
+    _observe(auto, 5, 6.0, 6.0)  # 1 s clean: the save is fully measured
+    # cost = 0.5 stall + (2 - 1) + (1.5 - 1) slow-down = 2 s; step 1 s; the write took 2 steps
+    assert auto.chosen == round(daly_s(2.0, 3600.0) / 1.0) == 119
+    events.close()
+    (logged,) = [e for e in read_events(tmp_path) if e["kind"] == "interval" and e["reason"] == "measured"]
+    assert (logged["cost_s"], logged["step_s"], logged["write_steps"]) == (2.0, 1.0, 2)
+    assert (logged["previous"], logged["interval"], logged["step"]) == (2, 119, 5)
+
+    again = AutoInterval(cfg, run_dir=tmp_path, rank=0, events=EventLog(None, role="trainer", rank=0))
+    assert again.chosen == 119, "a new session starts from the last measured inputs"
+    peer = AutoInterval(cfg, run_dir=tmp_path, rank=1, events=EventLog(None, role="trainer", rank=1))
+    assert peer.proposal() == 0.0, "only rank 0's choice is summed into the all-reduce"
+    peer.agree(119.0)
+    assert peer.current(world_size=2) == 119
+
+
+def test_a_save_that_waits_for_the_previous_write_raises_the_floor(tmp_path: Path) -> None:
+    cfg = CheckpointConfig(interval="auto", mtbf_s=1.0, interval_min=1, interval_max=50)
+    auto = AutoInterval(cfg, run_dir=tmp_path, rank=0, events=EventLog(None, role="trainer", rank=0))
+    _observe(auto, 1, 0.0, 0.0)
+    _observe(auto, 2, 1.0, 1.0)
+    _observe(auto, 3, 2.0, 2.01, saved=True, writing=True)
+    _observe(auto, 4, 3.0, 3.0, busy=True, writing=True)
+    _observe(auto, 5, 4.0, 7.0, busy=True, saved=True, writing=True)  # due again: waited 3 s for the write
+    assert auto.chosen == 3, "two steps over the write, plus the wait: a tiny optimum is floored at 3"
+    with pytest.raises(RuntimeError, match="needs the interval agreed by train_step's all-reduce"):
+        AutoInterval(cfg, run_dir=tmp_path, rank=1, events=EventLog(None, role="trainer", rank=1)).current(2)
