@@ -38,7 +38,7 @@ import socket
 import statistics
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,8 @@ class RunHistory:
     few kinds needed, so a long run's millions of step lines of every rank are not parsed."""
 
     faults: int = 0
-    """Interruptions: every session (a process start, or an in-process restart) after the first, except one
-    that follows a clean end (`end` event: a planned stop_at)."""
+    """Interruptions: every session (a process start, or an in-process restart) after the first, the one
+    starting now included, except one that follows a clean end (`end` event: a planned stop_at)."""
     past_exposure_s: float = 0.0
     """Seconds earlier rank-0 processes ran (first to last event of each file), this one excluded."""
     own_start: float | None = None
@@ -131,33 +131,64 @@ class RunHistory:
     def read(cls, run_dir: str | os.PathLike[str]) -> RunHistory:
         history = cls()
         picked: list[dict[str, Any]] = []
-        me = f"trainer-rank0-{socket.gethostname()}-{os.getpid()}.jsonl"  # as EventLog names its file
+        me = (socket.gethostname(), os.getpid())
         for path in sorted(Path(events_dir(run_dir)).glob("trainer-rank0-*.jsonl")):
             first, last = _scan(path, picked)
             if first is None:
                 continue
-            if path.name == me:
+            if path.name == f"trainer-rank0-{me[0]}-{me[1]}.jsonl":  # as EventLog names this process's file
                 history.own_start = first
             else:
                 history.past_exposure_s += last - first
         picked.sort(key=lambda e: e["ts"])
-        clean, seen = True, False  # the run's first session follows no fault
+        sessions = _Sessions()
         for e in picked:
-            if e["kind"] == "resume":
-                history.faults += 0 if clean else 1
-                clean, seen = False, True
-            elif e["kind"] == "end":
-                clean = True
-            elif e.get("step_s"):  # an interval chosen from measurements (not a bare start)
-                history.last = e
-        history.faults += 0 if clean or not seen else 1  # the session starting now
+            sessions.see(e)
+        if me in sessions.resumed or me not in sessions.started:  # the session starting now
+            sessions.begin()
+        history.faults = sessions.faults
+        history.last = next(
+            (e for e in reversed(picked) if e["kind"] == INTERVAL_EVENT and e.get("step_s")), None
+        )
         return history
 
     def exposure_s(self, now: float) -> float:
         return self.past_exposure_s + (now - self.own_start if self.own_start is not None else 0.0)
 
 
-_KINDS = ("resume", "end", INTERVAL_EVENT)
+@dataclass
+class _Sessions:
+    """Counts interruptions in rank 0's `start`, `resume` and `end` events: a session begins at each process
+    start and at each in-process restart (a second `resume` in one process); one that begins while the
+    previous did not end cleanly follows a fault (a crash before the first resume included)."""
+
+    count: int = 0
+    faults: int = 0
+    clean: bool = True
+    started: set[tuple[Any, Any]] = field(default_factory=set)
+    resumed: set[tuple[Any, Any]] = field(default_factory=set)
+    """Processes (host, pid) whose current session has resumed: their next `resume` is a restart."""
+
+    def begin(self) -> None:
+        self.faults += 1 if self.count and not self.clean else 0
+        self.count += 1
+        self.clean = False
+
+    def see(self, e: dict[str, Any]) -> None:
+        who = (e.get("host"), e.get("pid"))
+        if e["kind"] == "start":
+            self.begin()
+            self.started.add(who)
+            self.resumed.discard(who)
+        elif e["kind"] == "resume":
+            if who in self.resumed:
+                self.begin()
+            self.resumed.add(who)
+        elif e["kind"] == "end":
+            self.clean = True
+
+
+_KINDS = ("start", "resume", "end", INTERVAL_EVENT)
 _WANTED = tuple(f'"{k}"' for k in _KINDS)
 """Quick test before parsing a line (step lines never hold these strings); the parsed kind decides."""
 

@@ -61,30 +61,42 @@ def _events(run_dir: Path, name: str, lines: list[dict]) -> None:
 
 
 def test_history_counts_every_session_after_the_first_except_after_a_clean_end(tmp_path: Path) -> None:
+    a, b, c = ({"host": "h", "pid": pid} for pid in (1, 2, 3))
     _events(
         tmp_path,
         "trainer-rank0-h-1.jsonl",
         [
-            {"ts": 10.0, "kind": "start"},
-            {"ts": 11.0, "kind": "resume"},
-            {"ts": 20.0, "kind": "end"},
+            {"ts": 10.0, "kind": "start", **a},
+            {"ts": 11.0, "kind": "resume", **a},
+            {"ts": 20.0, "kind": "end", **a},
         ],
     )  # a planned stop (stop_at): the next start is no fault
     _events(
         tmp_path,
         "trainer-rank0-h-2.jsonl",
         [
-            {"ts": 30.0, "kind": "start"},
-            {"ts": 31.0, "kind": "resume"},
-            {"ts": 35.0, "kind": "interval", "interval": 7, "cost_s": 1.5, "step_s": 0.25, "write_steps": 2},
-            {"ts": 36.0, "kind": "resume"},  # an in-process restart
-            {"ts": 40.0, "kind": "step"},
+            {"ts": 30.0, "kind": "start", **b},
+            {"ts": 31.0, "kind": "resume", **b},
+            {
+                "ts": 35.0,
+                "kind": "interval",
+                "interval": 7,
+                "cost_s": 1.5,
+                "step_s": 0.25,
+                "write_steps": 2,
+                **b,
+            },
+            {"ts": 36.0, "kind": "resume", **b},  # an in-process restart: fault 1
+            {"ts": 40.0, "kind": "step", **b},
         ],
-    )  # then killed: the session starting now is the second fault
-    _events(tmp_path, "trainer-rank1-h-3.jsonl", [{"ts": 12.0, "kind": "resume"}])  # not rank 0: ignored
+    )  # then killed
+    _events(
+        tmp_path, "trainer-rank0-h-3.jsonl", [{"ts": 50.0, "kind": "start", **c}]
+    )  # fault 2, crashed early
+    _events(tmp_path, "trainer-rank1-h-4.jsonl", [{"ts": 12.0, "kind": "resume"}])  # not rank 0: ignored
     history = RunHistory.read(tmp_path)
-    assert history.faults == 2
-    assert history.past_exposure_s == pytest.approx((20 - 10) + (40 - 30)), "first to last whole line"
+    assert history.faults == 3, "and the session starting now, after the crash"
+    assert history.past_exposure_s == pytest.approx((20 - 10) + (40 - 30) + 0), "first to last whole line"
     assert history.last is not None and history.last["interval"] == 7
     assert RunHistory.read(tmp_path / "empty").faults == 0
 
