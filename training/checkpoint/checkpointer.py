@@ -15,6 +15,10 @@ silently double it exactly when storage is slow. The wait is visible (stall even
 the fix: a longer interval or faster storage). Skipping would also need a collective to agree, since
 ranks may disagree on whether their own write finished (reference: torch-on-cpu.md §2.5).
 
+When: every `interval` steps, or with `interval: auto` the interval rank 0 chooses from its measurements
+(training.checkpoint.interval: Young/Daly), which train_step's loss all-reduce hands to every rank
+(`interval_proposal` / `agree_interval`), so all ranks save at the same steps.
+
 Events (`ckpt`, see training.events): stall (loop blocked: in maybe_save, and in the optimizer pre-hook
 if the copy was not done), write (this rank's shard durable; duration from the save request), commit
 (rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
