@@ -311,7 +311,7 @@ def recovery_phases(events: Sequence[Mapping[str, Any]]) -> dict[str, float] | N
     if not (detected and formed and started) or math.isnan(max(ends)):
         return None
     marks = [t0, min(detected), max(formed), max(started), loaded, max(ends)]
-    return {name: b - a for name, a, b in zip(PHASES, marks, marks[1:], strict=True)}
+    return {name: b - a for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
 
 
 @dataclass(frozen=True, kw_only=True)
