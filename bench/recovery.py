@@ -275,42 +275,45 @@ def run_case(case: Case, workdir: Path, index: int, *, timeout_s: float) -> Outc
     return outcome
 
 
-PHASES = ("detect", "rendezvous", "worker start", "checkpoint load", "redo")
+PHASES = ("detect", "rendezvous", "worker start", "setup", "checkpoint load", "redo")
 """Where a recovery's time goes, in order; they add up to the recovery (fault -> end of the first step)."""
 
 
 def recovery_phases(events: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     """Split the first fault's recovery at the launchers' and the trainers' events (None if one is missing).
 
-    detect: fault -> the first launcher failure event; rendezvous: -> the last launcher's `group_started` of
-    the new round (a spare's included); worker start: -> the last rank's trainer `start`; checkpoint load: ->
-    the last rank's `resume`; redo: -> the end of the last rank's first step after it (the recovery's end).
+    detect: fault -> the first launcher failure event; rendezvous: -> the new round's last `group_started`
+    (a spare's launcher included); worker start: -> the last rank's trainer `start`; setup (process group,
+    model, optimizer): -> the last rank's checkpoint load begins (`resume` ts); checkpoint load: -> the last
+    rank's load ends (ts + duration_s); redo: -> the end of the last rank's first step after it.
     """
     faults = [e for e in events if e["kind"] == "fault"]
     if not faults:
         return None
     t0 = float(faults[0]["ts"])
     trainer = [e for e in events if e.get("role") == "trainer" and float(e["ts"]) > t0]
-    resumes: dict[Any, float] = {}
+    loads: dict[Any, tuple[float, float]] = {}  # rank -> (load begins, load ends) of its first resume
     for e in trainer:
         if e["kind"] == "resume":
-            resumes.setdefault(e["rank"], float(e["ts"]))
-    if not resumes:
+            loads.setdefault(e["rank"], (float(e["ts"]), float(e["ts"]) + float(e.get("duration_s") or 0.0)))
+    steps = [(e["rank"], float(e["ts"])) for e in trainer if e["kind"] == "step"]
+    ends = [
+        min((ts for r, ts in steps if r == rank and ts > end), default=math.nan)
+        for rank, (_, end) in loads.items()
+    ]
+    if not loads or math.isnan(max(ends)):
         return None
-    loaded = max(resumes.values())
-    ends = []
-    for rank, ts in resumes.items():
-        ends += [min((float(e["ts"]) for e in trainer if e["kind"] == "step" and e["rank"] == rank and
-                      float(e["ts"]) > ts), default=math.nan)]  # fmt: skip
-    window = [e for e in events if t0 < float(e["ts"]) <= loaded]
+    load_begins = max(begin for begin, _ in loads.values())
+    window = [e for e in events if t0 < float(e["ts"]) <= load_begins]
     detected = [
         float(e["ts"]) for e in window if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS
     ]
     formed = [float(e["ts"]) for e in window if e["kind"] == "group_started"]
     started = [float(e["ts"]) for e in window if e["kind"] == "start" and e.get("role") == "trainer"]
-    if not (detected and formed and started) or math.isnan(max(ends)):
+    if not (detected and formed and started):
         return None
-    marks = [t0, min(detected), max(formed), max(started), loaded, max(ends)]
+    loaded = max(end for _, end in loads.values())
+    marks = [t0, min(detected), max(formed), max(started), load_begins, loaded, max(ends)]
     return {name: b - a for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
 
 

@@ -79,15 +79,16 @@ def test_recovery_phases_split_a_spare_takeover_at_the_events() -> None:
         _event(102.8, "group_started", "launcher"),  # the spare's launcher
         _event(103.0, "start", "trainer", rank=0),
         _event(103.1, "start", "trainer", rank=1),
-        _event(104.0, "resume", "trainer", rank=0),
-        _event(104.1, "resume", "trainer", rank=1),
+        _event(103.5, "resume", "trainer", rank=0, duration_s=0.5),  # ts: the load began
+        _event(103.6, "resume", "trainer", rank=1, duration_s=0.5),
         _event(105.5, "step", "trainer", rank=0, step=11),
         _event(105.6, "step", "trainer", rank=1, step=11),
         _event(106.0, "step", "trainer", rank=0, step=12),
     ]
     phases = recovery.recovery_phases(events)
     assert phases is not None and list(phases) == list(recovery.PHASES)
-    expected = {"detect": 0.5, "rendezvous": 2.3, "worker start": 0.3, "checkpoint load": 1.0, "redo": 1.5}
+    expected = {"detect": 0.5, "rendezvous": 2.3, "worker start": 0.3, "setup": 0.5, "checkpoint load": 0.5}
+    expected["redo"] = 1.5
     assert phases == pytest.approx(expected)
     assert recovery.recovery_phases([e for e in events if e["kind"] != "group_started"]) is None
 
@@ -96,4 +97,7 @@ def test_the_doc_keeps_its_hand_written_notes(tmp_path: Path) -> None:
     doc = tmp_path / "recovery.md"
     assert recovery.with_notes("## new tables\n", doc) == "## new tables\n"
     doc.write_text(f"## old tables\n\n{recovery.NOTES_MARK}\n- a reading note\n", encoding="utf-8")
-    assert recovery.with_notes("## new tables\n", doc) == f"## new tables\n\n{recovery.NOTES_MARK}\n- a reading note\n"
+    assert (
+        recovery.with_notes("## new tables\n", doc)
+        == f"## new tables\n\n{recovery.NOTES_MARK}\n- a reading note\n"
+    )
