@@ -101,3 +101,18 @@ def test_the_doc_keeps_its_hand_written_notes(tmp_path: Path) -> None:
         recovery.with_notes("## new tables\n", doc)
         == f"## new tables\n\n{recovery.NOTES_MARK}\n- a reading note\n"
     )
+
+
+def test_every_ratio_case_runs_reps_times_and_quick_keeps_only_the_result_cases() -> None:
+    full = dict(recovery.plan(False, reps=7, nvrx=True))
+    ratio_cases = [c for c, r in full.items() if r == 7]
+    assert {(c.mechanism, c.fault) for c in ratio_cases} == {
+        ("kit", "kill"), ("ft_launcher", "kill"), ("kit", "hang"), ("kit-inproc", "exception"),
+        ("nvrx-wrapper", "exception"), ("kit+spare", "node"),
+    }  # fmt: skip
+    assert set(full.values()) == {7, 3, 1}
+    quick = dict(recovery.plan(True, reps=2, nvrx=False))
+    assert all(c.mechanism not in recovery.NVRX_MECHANISMS for c in quick)
+    assert len([c for c, r in quick.items() if r == 2]) == 4 and len(quick) == 6
+    empty = recovery.figures(recovery.Results())
+    assert recovery.result_line(empty) == "RESULT " + " ".join(f"{k}=nan" for k in recovery.RESULT_KEYS)
