@@ -59,9 +59,12 @@ from training.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "recovery.md"
+SEQ_LEN, BATCH_SIZE, LOG_EVERY = 64, 2, 50
+"""The job's shape, the same for the single-fault and the node cases (the ratio compares like with like)."""
 JOB = [
-    "--model.name", "tiny", "--data.seq_len", "64", "--data.batch_size", "2", "--optim.warmup_steps", "3",
-    "--training.log_every", "50", "--checkpoint.mode", "async", "--checkpoint.interval", "5",
+    "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
+    "--optim.warmup_steps", "3", "--training.log_every", str(LOG_EVERY), "--checkpoint.mode", "async",
+    "--checkpoint.interval", "5",
 ]  # fmt: skip
 FAULT_STEP = 12
 """Two steps after the step-10 checkpoint: every mechanism redoes the same two steps."""
@@ -136,7 +139,8 @@ def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOut
     run_id = f"n-{case.mechanism}-{case.fault}{case.node}".replace("+", "-").replace("_", "-")
     argv = [
         sys.executable, "-m", "k8s", "local", "NODES=2", f"STEPS={NODE_STEPS}", "CHECKPOINT_INTERVAL=5",
-        "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8",
+        "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8", f"SEQ_LEN={SEQ_LEN}", f"BATCH_SIZE={BATCH_SIZE}",
+        f"LOG_EVERY={LOG_EVERY}",
         f"FAULT_SPEC={case.fault}:step={FAULT_STEP}:node={case.node}", f"RUN_ID={run_id}",
         *NODE_MECHANISMS[case.mechanism], "--workdir", str(workdir), "--timeout", str(timeout_s),
     ]  # fmt: skip
