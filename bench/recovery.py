@@ -650,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps if args.reps is not None else REPS[args.quick]
     if not 1 <= reps <= 50:
         parser.error(f"--reps must be a whole number from 1 to 50, got {reps}")
+    if args.json is not None and not _writable(args.json):
+        parser.error(f"--json {args.json}: cannot write there; give a file in a writable folder")
     nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
     if not nvrx:
         if not args.quick:
@@ -688,7 +690,6 @@ def main(argv: list[str] | None = None) -> int:
     table = render(results, figs, reps=reps, quick=args.quick, elapsed_s=elapsed)
     print(table)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         record = to_json(figs, results, reps=reps, quick=args.quick, elapsed_s=elapsed)
         args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
@@ -698,6 +699,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {DOC.relative_to(REPO)}")
     print(result_line(figs))
     return 0
+
+
+def _writable(path: Path) -> bool:
+    """Checked before the run, so that a bad --json path does not cost the whole run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return not path.is_dir() and os.access(path.parent, os.W_OK)
 
 
 NOTES_MARK = "<!-- notes below: written by hand, kept when bench.recovery rewrites this file -->"

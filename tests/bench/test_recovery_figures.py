@@ -116,3 +116,17 @@ def test_every_ratio_case_runs_reps_times_and_quick_keeps_only_the_result_cases(
     assert len([c for c, r in quick.items() if r == 2]) == 4 and len(quick) == 6
     empty = recovery.figures(recovery.Results())
     assert recovery.result_line(empty) == "RESULT " + " ".join(f"{k}=nan" for k in recovery.RESULT_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reps", "0"], "--reps must be a whole number from 1 to 50, got 0"),
+        (["--json", "DIR"], "cannot write there; give a file in a writable folder"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors_before_any_run(argv, message, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        recovery.main([str(tmp_path) if a == "DIR" else a for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err.splitlines()[-1]
