@@ -731,6 +731,7 @@ def _runs(values: Sequence[float | None]) -> str:
 
 def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bool, elapsed_s: float) -> str:
     mode = " ".join((["--quick"] if quick else []) + ([f"--reps {reps}"] if reps != REPS[quick] else []))
+    others = 1 if quick else min(3, reps)
     lines = [
         "## Recovery: kit launcher and in-process restart vs NVRx and torchrun",
         "",
@@ -740,8 +741,8 @@ def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bo
         f"steps; one fault on rank 1 at the top of step {FAULT_STEP} (hang, sigstop: step {HANG_STEP}), two",
         "steps after the last checkpoint. Recovery = fault -> end of the first step after the resume;",
         "detection = fault -> the launcher's event (training.metrics). Repetitions interleaved (rep 1 of",
-        f"every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {min(3, reps)} of the others;",
-        "n = runs that gave a figure; spread = min-max over them.",
+        f"every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {others} of the others",
+        "(the no-spare and baseline node cases: 1); n = runs that gave a figure; spread = min-max over them.",
         "",
         "| mechanism | fault | recovery (median) | spread | n | detection (median) | median step | notes |",
         "|---|---|---|---|---|---|---|---|",
@@ -812,10 +813,10 @@ def render_nodes(results: Results) -> list[str]:
     if phased:
         lines += [
             "",
-            "Where the recovery goes (median s over the runs with every event; training.launch and trainer",
-            "events): detect = fault -> first launcher failure event; rendezvous -> the new round's last",
-            "`group_started`; worker start -> last trainer `start`; checkpoint load -> last `resume`;",
-            "redo -> end of the redone step.",
+            "Where the recovery goes (recovery_phases; median s over the runs with every event): detect =",
+            "fault -> first launcher failure event; rendezvous -> the new round's last `group_started`;",
+            "worker start -> last trainer `start`; setup -> last checkpoint load begins; checkpoint load ->",
+            "it ends; redo -> end of the redone step.",
             "",
             f"| case | n | {' | '.join(PHASES)} | total |",
             "|---|---|" + "---|" * (len(PHASES) + 1),
