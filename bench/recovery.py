@@ -15,13 +15,13 @@ Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (f
 mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict goodput per mechanism.
 
 Node cases (the same side-by-side run): 2 pods x 1 rank through the rendered `local` Job and the local
-runner (`python -m k8s local`), the same job and the same node-level fault for every mechanism: `node` on
-pod 1, `node` on pod 0, `drain` on pod 1. Mechanisms: kit+spare (SPARES=1), kit (no spare: the lost pod is
+runner (`python -m k8s local`), in the single-fault cases' job shape, with a node-level fault: kit+spare
+(SPARES=1) gets `node` on pod 1, `node` on pod 0 and `drain` on pod 1; kit without a spare (the lost pod is
 recreated at once by the local runner, the best case of the Kubernetes path, which on EKS adds scheduling,
-image pull and a new node), torchrun and ft_launcher as the study deployed them (rendezvous on pod 0).
-Reported: recovery (fault -> end of the first step after the resume), lost steps, whether the job survived
-(the Job completed), and where the spare's recovery went (recovery_phases); a baseline's lost job is
-reported as it is.
+image pull and a new node) `node` on pod 1; torchrun and ft_launcher as the study deployed them (rendezvous
+on pod 0) `node` on pods 1 and 0 (full mode). Reported: recovery (fault -> end of the first step after the
+resume), lost steps, whether the job survived (the Job completed), and where the spare's recovery went
+(recovery_phases); a baseline's lost job is reported as it is.
 
 Repetitions (issue 15: figures that hold still): each RESULT ratio's numerator and denominator run --reps
 times (default 7, --quick 2) in this one run, interleaved (rep 1 of every case, then rep 2, ...) so that a
