@@ -419,7 +419,11 @@ def torchrun_node_loss_line(base: Outcome, fault: Any) -> str:
         "maybe a new node (the study's 270 s per fault)"
     )
     if base.same_final_as and not all(base.same_final_as.values()):
-        said += "; its final model differs from the fault-free run's (see the table)"
+        said += (
+            "; its final model differs from the fault-free run's, which its restart from disk does not do "
+            "by itself (reruns are bitwise equal): check this machine's CPU kernels and threads, "
+            "docs/runbook.md 'torchrun after losing pod 0'"
+        )
     return said
 
 

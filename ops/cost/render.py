@@ -68,7 +68,8 @@ class CostReport:
             )
         if self.faults is not None:
             f, sec = self.faults, "faults and stalls (run)"
-            note = f"{f.gpus} GPUs x {f.usd_per_gpu_hour:.4g} USD/GPU-h ({f.price_source})"
+            spare_gpus = f" + {f.spare_nodes * f.gpus_per_node} spare" if f.spare_nodes else ""
+            note = f"{f.gpus}{spare_gpus} GPUs x {f.usd_per_gpu_hour:.4g} USD/GPU-h ({f.price_source})"
             notes = {"total": note, "spares": _spares_note(f)}
             for k in ("total", "useful", "stall", "recovery", "rework", "spares"):
                 rows.append(Row(sec, f"GPU-hours {k}", f.gpu_hours[k], "GPU-h", notes.get(k, "")))

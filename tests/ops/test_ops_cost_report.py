@@ -272,6 +272,7 @@ def test_spares_are_billed_for_the_whole_run(
     rows = {r["item"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
     assert float(rows["spare nodes"]["value"]) == spares
     if spares:
+        assert rows["GPU-hours total"]["note"].startswith(f"2 + {spares * gpus_per_node} spare GPUs x 10 USD")
         assert f"{spares} spare node(s) x {gpus_per_node} GPUs" in rows["GPU-hours spares"]["note"]
         assert f"{gpus_per_node * price:g} USD per node-hour" in rows["GPU-hours spares"]["note"]
         assert "took over 0 of 1 fault(s)" in rows["spare nodes"]["note"]  # a rank kill: no takeover
