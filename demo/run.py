@@ -298,6 +298,8 @@ def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Co
     t0 = time.monotonic()
     with progress:
         result = run_local(manifests, workdir=workdir / variant.key, timeout_s=timeout, on_line=on_line)
+        if result.succeeded:  # the bar follows pod 0's log; after a node loss another pod trained on
+            progress.update(task, completed=scenario.steps)
     outcome = Outcome(
         variant=variant,
         succeeded=result.succeeded,
