@@ -16,8 +16,8 @@
    them at once: the best case of that path.
 6. Checks the guarantee on what is persisted: each run's final checkpoint, verified and loaded back from
    disk, must equal the fault-free run's value by value (model, optimizer, scheduler, data position, RNG;
-   `training.checkpoint.compare`). The demo exits 1 when the kit's run (or any other run that finished)
-   differs, or has no final checkpoint.
+   `training.checkpoint.compare`). The demo exits 1 when a run of the kit's launcher (node loss included)
+   differs or has no final checkpoint; the baselines are shown as they are.
 
 `--quick` (the test suite's form) skips the synth, trains fewer steps, and runs only the kit's faulted run
 and the fault-free reference.
