@@ -24,7 +24,8 @@ cores, and robust to other load). Last line, medians over the repetitions:
 `RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=... cpu_ratio=...`
 (kit vs sync stall, kit's efficiency, kit vs sync cost, kit vs the better dcp.async_save's extra wall, kit
 memory, kit's extra CPU per save vs the cheaper dcp.async_save's); the line before it, `SPREAD`, holds each
-figure's min-max.
+figure's min-max. `--json PATH` records the figures; `--check-stability A.json B.json C.json` says whether
+runs agree within 10 % on every RESULT figure (issue 15's test of a benchmark that holds still).
 glibc's dynamic mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers return to the OS and
 each competitor's peak memory is its own.
 """
@@ -65,6 +66,8 @@ class Size:
 QUICK = Size(width=1536, layers=6, batch=16, saves=3, reps=3)
 FULL = Size(width=2048, layers=8, batch=16, saves=6, reps=5)
 RESULT_KEYS = ("stall_ratio", "efficiency", "cost_ratio", "vs_dcp_async", "mem_ratio", "cpu_ratio")
+STABILITY_TOLERANCE = 0.10
+"""Issue 15: three consecutive full runs on an idle machine agree within 10 % on every RESULT figure."""
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -430,6 +433,44 @@ def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def unstable(medians: list[dict[str, float]], tolerance: float = STABILITY_TOLERANCE) -> dict[str, float]:
+    """RESULT figure -> its spread across runs, (max - min) / min of the runs' medians, for every figure
+    over `tolerance` (a figure missing or not finite in any run counts as inf)."""
+    out = {}
+    for key in RESULT_KEYS:
+        values = [run.get(key, math.nan) for run in medians]
+        if not all(math.isfinite(v) for v in values) or min(values) <= 0:
+            out[key] = math.inf
+        elif (spread := (max(values) - min(values)) / min(values)) > tolerance:
+            out[key] = spread
+    return out
+
+
+def check_stability(paths: list[str]) -> int:
+    """`--check-stability A.json B.json C.json`: one line per RESULT figure, exit 0 if all agree."""
+    if len(paths) < 2:
+        print(f"error: --check-stability needs 2 or more --json files, got {len(paths)}", file=sys.stderr)
+        return 2
+    medians = []
+    for path in paths:
+        try:
+            result = json.loads(Path(path).read_text())["result"]
+            medians.append({k: float(v[0]) for k, v in result.items()})
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            print(
+                f"error: {path} is not a bench.checkpoint --json file ({exc!r}); rerun with --json",
+                file=sys.stderr,
+            )
+            return 2
+    bad = unstable(medians)
+    for key in RESULT_KEYS:
+        values = ", ".join(f"{run.get(key, math.nan):.4f}" for run in medians)
+        verdict = "ok" if key not in bad else f"NOT STABLE ({bad[key]:.0%})"
+        print(f"{key:14} {values}  {verdict}")
+    print(f"stable within {STABILITY_TOLERANCE:.0%}: {'yes' if not bad else 'no'} across {len(paths)} runs")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -439,12 +480,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dir", default=None, help="folder for the checkpoints (default: a temporary folder)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--check-stability",
+        nargs="+",
+        metavar="JSON",
+        help="compare the RESULT medians of runs saved with --json (agree within 10 %%?) and exit",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args)
         return 0
+    if args.check_stability is not None:
+        return check_stability(args.check_stability)
     if args.dir is not None and not Path(args.dir).parent.is_dir():
         print(
             f"error: --dir {args.dir}: parent folder does not exist; create it or pick another",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
-from bench.checkpoint import COMPETITORS, RESULT_KEYS, Measured, _summarize_reps, _table
+from bench.checkpoint import COMPETITORS, RESULT_KEYS, Measured, _summarize_reps, _table, main
 
 SAVES = 2
 
@@ -61,3 +63,26 @@ def test_a_ratio_over_no_difference_is_left_out_of_the_median() -> None:
     flat = {**base, "sync": 10.0}  # a loaded machine: sync's extra wall came out 0
     _, result = _summarize_reps(_ranks([(base, base), (base, flat), (base, base)]))
     assert result["cost_ratio"] == pytest.approx([0.25, 0.25, 0.25])
+
+
+def _run_json(tmp_path: Path, name: str, **medians: float) -> str:
+    result = {k: [medians.get(k, 0.5), 0.0, 1.0] for k in RESULT_KEYS}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"result": result}))
+    return str(path)
+
+
+def test_check_stability_passes_runs_within_ten_percent_and_names_the_figure_that_is_not(
+    tmp_path: Path, capsys
+) -> None:
+    steady = [_run_json(tmp_path, f"s{i}", cost_ratio=c) for i, c in enumerate((0.30, 0.32, 0.31))]
+    assert main(["--check-stability", *steady]) == 0
+    assert "stable within 10%: yes across 3 runs" in capsys.readouterr().out
+    drifting = [*steady[:2], _run_json(tmp_path, "d", cost_ratio=0.40)]
+    assert main(["--check-stability", *drifting]) == 1
+    out = capsys.readouterr().out
+    assert "cost_ratio     0.3000, 0.3200, 0.4000  NOT STABLE (33%)" in out
+    assert "cpu_ratio      0.5000, 0.5000, 0.5000  ok" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["--check-stability", steady[0], str(tmp_path / "bad.json")]) == 2
+    assert "bad.json is not a bench.checkpoint --json file" in capsys.readouterr().err
