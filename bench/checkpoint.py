@@ -1,7 +1,7 @@
 """Checkpoint benchmark: the training-time cost of each way to save, side by side in one run.
 
 `python -m bench.checkpoint [--quick]` starts 2 ranks (gloo, FSDP2, 1 thread each), which train the same
-model on the same data once per competitor:
+model on the same data once per competitor and repetition:
   none          no checkpoint (the baseline wall time)
   sync          torch `dcp.save` (stock FileSystemWriter)
   dcp_thread    torch `dcp.async_save`, thread mode, default stager (blocking copy per save)
@@ -12,12 +12,20 @@ model on the same data once per competitor:
 The interval is calibrated so that sync's efficiency is about 60 % (interval x step time = 1.5 x sync save).
 Each save gets a full interval to overlap; the final drain is timed separately.
 
+Repetitions: every competitor runs once per repetition, in an order rotated by one each repetition (so a
+drift of the machine, or a position in the sequence, hits all of them alike). Every figure is computed per
+repetition and reported as its median with the spread (min-max) over the repetitions.
+
 Per competitor: stall per save (loop blocked), slow-down of the steps that overlap a background write, peak
 host memory growth per rank / checkpoint size per rank, efficiency as the study defines it
 (1 - stalls / wall, drain excluded) and the honest cost (extra wall over `none`, drain included, as a
-fraction of sync's). Last line:
-`RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=...`
-(kit vs sync, kit's efficiency, kit vs sync cost, kit vs the better dcp.async_save, kit memory).
+fraction of sync's), extra CPU seconds per save (both ranks; the cost that slows overlapped steps on busy
+cores, and robust to other load). Last line, medians over the repetitions:
+`RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=... cpu_ratio=...`
+(kit vs sync stall, kit's efficiency, kit vs sync cost, kit vs the better dcp.async_save's extra wall, kit
+memory, kit's extra CPU per save vs the cheaper dcp.async_save's); the line before it, `SPREAD`, holds each
+figure's min-max. `--json PATH` records the figures; `--check-stability A.json B.json C.json` says whether
+runs agree within 10 % on every RESULT figure (issue 15's test of a benchmark that holds still).
 glibc's dynamic mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers return to the OS and
 each competitor's peak memory is its own.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -49,16 +58,24 @@ class Size:
     layers: int
     batch: int
     saves: int
+    """Per competitor and repetition."""
+    reps: int
+    """Repetitions of the whole set of competitors."""
 
 
-QUICK = Size(width=1536, layers=6, batch=16, saves=3)
-FULL = Size(width=2048, layers=8, batch=16, saves=5)
+QUICK = Size(width=1536, layers=6, batch=16, saves=3, reps=3)
+FULL = Size(width=2048, layers=8, batch=16, saves=6, reps=5)
+RESULT_KEYS = ("stall_ratio", "efficiency", "cost_ratio", "vs_dcp_async", "mem_ratio", "cpu_ratio")
+STABILITY_TOLERANCE = 0.10
+"""Issue 15: three consecutive full runs on an idle machine agree within 10 % on every RESULT figure."""
 
 
 # ------------------------------------------------------------------------------------------- worker
 @dataclass
 class Measured:
     name: str
+    rep: int = 0
+    """Repetition this run belongs to."""
     available: bool = True
     reason: str = ""
     wall_s: float = 0.0
@@ -240,17 +257,21 @@ def _worker(args: argparse.Namespace) -> None:
             shutil.rmtree(folder, ignore_errors=True)
         return m
 
+    reason = nvrx_unavailable_reason() or "needs a GPU run (bench/gpu/checkpoint_gpu.py)"
+    runnable = [n for n in COMPETITORS if n != "nvrx"]
     results = []
-    for name in COMPETITORS:
-        if name == "nvrx":
-            reason = nvrx_unavailable_reason() or "needs a GPU run (bench/gpu/checkpoint_gpu.py)"
-            results.append(Measured(name=name, available=False, reason=reason))
-            continue
-        results.append(run(name))
+    for rep in range(size.reps):
+        shift = rep % len(runnable)
+        for name in runnable[shift:] + runnable[:shift]:
+            m = run(name)
+            m.rep = rep
+            results.append(m)
+        results.append(Measured(name="nvrx", rep=rep, available=False, reason=reason))
     out = {
         "rank": rank,
         "interval": interval,
         "steps": total_steps,
+        "reps": size.reps,
         "ckpt_bytes": ckpt_bytes,
         "calib_sync_s": sync_s,
         "calib_step_s": step_s,
@@ -284,7 +305,7 @@ def _free_port() -> int:
 
 
 def _summarize(ranks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Per competitor: worst rank for stalls and memory, mean for walls."""
+    """One repetition, per competitor: worst rank for stalls and memory, mean for walls, sum for CPU."""
     ckpt_bytes = max(r["ckpt_bytes"] for r in ranks)
     by_name: dict[str, list[dict[str, Any]]] = {}
     for r in ranks:
@@ -333,21 +354,62 @@ def _summarize(ranks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
     kit = get["kit"]
     dcp_rows = [get[n] for n in ("dcp_thread", "dcp_staging") if get[n]["available"]]
     best_dcp = min((r["extra_wall_s"] for r in dcp_rows), default=float("inf"))
+    best_dcp_cpu = min((r["extra_cpu_per_save_s"] for r in dcp_rows), default=float("inf"))
     result = {
         "stall_ratio": kit["stall_per_save_s"] / get["sync"]["stall_per_save_s"],
         "efficiency": kit["efficiency"],
         "cost_ratio": kit["cost_ratio"],
         "vs_dcp_async": kit["extra_wall_s"] / best_dcp if best_dcp > 0 else float("inf"),
         "mem_ratio": kit["mem_ratio"],
+        "cpu_ratio": kit["extra_cpu_per_save_s"] / best_dcp_cpu if best_dcp_cpu > 0 else float("inf"),
     }
     return rows, result
+
+
+def _summarize_reps(ranks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """`_summarize` per repetition; every figure becomes its median, with `<figure>_min` / `_max` in the
+    rows, and each RESULT figure is [median, min, max] over the repetitions."""
+    reps = sorted({m.get("rep", 0) for r in ranks for m in r["results"]})
+    per_rep = [
+        _summarize([{**r, "results": [m for m in r["results"] if m.get("rep", 0) == k]} for r in ranks])
+        for k in reps
+    ]
+    rows = []
+    for i, row in enumerate(per_rep[0][0]):
+        merged = dict(row)
+        for key, value in row.items():
+            if isinstance(value, float):
+                merged[key], merged[f"{key}_min"], merged[f"{key}_max"] = _spread(
+                    [rep_rows[i][key] for rep_rows, _ in per_rep]
+                )
+        rows.append(merged)
+    result = {key: list(_spread([res[key] for _, res in per_rep])) for key in RESULT_KEYS}
+    return rows, result
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the finite values (a ratio over a zero or negative difference, which only a
+    heavily loaded machine produces, is left out); all nan if none is finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, math.nan
+    return statistics.median(finite), min(finite), max(finite)
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    """`median (min-max)` where the row has a spread, else the value."""
+    text = format(row[key], fmt)
+    if f"{key}_min" in row:
+        text += f" ({format(row[f'{key}_min'], fmt)}-{format(row[f'{key}_max'], fmt)})"
+    return text
 
 
 def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"2 ranks, checkpoint {meta['ckpt_mb']:.0f} MB per rank, step {meta['step_s']:.3f} s, "
         f"sync save {meta['sync_s']:.2f} s, interval {meta['interval']} steps, "
-        f"{meta['steps']} steps per competitor",
+        f"{meta['steps']} steps per competitor and repetition, {meta.get('reps', 1)} repetition(s)"
+        + (" (median (min-max) over them)" if meta.get("reps", 1) > 1 else ""),
         "",
         "| competitor | stall/save s | overlapped-step slow-down | mem / ckpt (above none) | efficiency | "
         "extra wall s | cost vs sync | drain s | extra CPU s per save (both ranks) |",
@@ -357,26 +419,81 @@ def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if not r["available"]:
             lines.append(f"| {r['name']} | not available: {r['reason']} | | | | | | | |")
             continue
-        lines.append(
-            f"| {r['name']} | {r['stall_per_save_s']:.3f} | {r['overlap_slowdown']:+.0%} | "
-            f"{r['mem_ratio']:.2f} | "
-            f"{r['efficiency']:.4f} | {r['extra_wall_s']:.2f} | {r['cost_ratio']:.2f} | {r['drain_s']:.2f} | "
-            f"{r['extra_cpu_per_save_s']:.2f} |"
-        )
+        cells = [
+            _cell(r, "stall_per_save_s", ".3f"),
+            _cell(r, "overlap_slowdown", "+.0%"),
+            _cell(r, "mem_ratio", ".2f"),
+            _cell(r, "efficiency", ".4f"),
+            _cell(r, "extra_wall_s", ".2f"),
+            _cell(r, "cost_ratio", ".2f"),
+            _cell(r, "drain_s", ".2f"),
+            _cell(r, "extra_cpu_per_save_s", ".2f"),
+        ]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def unstable(medians: list[dict[str, float]], tolerance: float = STABILITY_TOLERANCE) -> dict[str, float]:
+    """RESULT figure -> its spread across runs, (max - min) / min of the runs' medians, for every figure
+    over `tolerance` (a figure missing or not finite in any run counts as inf)."""
+    out = {}
+    for key in RESULT_KEYS:
+        values = [run.get(key, math.nan) for run in medians]
+        if not all(math.isfinite(v) for v in values) or min(values) <= 0:
+            out[key] = math.inf
+        elif (spread := (max(values) - min(values)) / min(values)) > tolerance:
+            out[key] = spread
+    return out
+
+
+def check_stability(paths: list[str]) -> int:
+    """`--check-stability A.json B.json C.json`: one line per RESULT figure, exit 0 if all agree."""
+    if len(paths) < 2:
+        print(f"error: --check-stability needs 2 or more --json files, got {len(paths)}", file=sys.stderr)
+        return 2
+    medians = []
+    for path in paths:
+        try:
+            result = json.loads(Path(path).read_text())["result"]
+            medians.append({k: float(v[0]) for k, v in result.items()})
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            print(
+                f"error: {path} is not a bench.checkpoint --json file ({exc!r}); rerun with --json",
+                file=sys.stderr,
+            )
+            return 2
+    bad = unstable(medians)
+    for key in RESULT_KEYS:
+        values = ", ".join(f"{run.get(key, math.nan):.4f}" for run in medians)
+        verdict = "ok" if key not in bad else f"NOT STABLE ({bad[key]:.0%})"
+        print(f"{key:14} {values}  {verdict}")
+    print(f"stable within {STABILITY_TOLERANCE:.0%}: {'yes' if not bad else 'no'} across {len(paths)} runs")
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller model, 3 saves (under 2 minutes on 2 cores)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smaller model, {QUICK.saves} saves x {QUICK.reps} repetitions (under 3 minutes, 2 idle cores)",
+    )
     p.add_argument("--dir", default=None, help="folder for the checkpoints (default: a temporary folder)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--check-stability",
+        nargs="+",
+        metavar="JSON",
+        help="compare the RESULT medians of runs saved with --json (agree within 10 %%?) and exit",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args)
         return 0
+    if args.check_stability is not None:
+        return check_stability(args.check_stability)
     if args.dir is not None and not Path(args.dir).parent.is_dir():
         print(
             f"error: --dir {args.dir}: parent folder does not exist; create it or pick another",
@@ -411,18 +528,20 @@ def main(argv: list[str] | None = None) -> int:
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows, result = _summarize(ranks)
+    rows, result = _summarize_reps(ranks)
     meta = {
         "ckpt_mb": ranks[0]["ckpt_bytes"] / 1e6,
         "step_s": ranks[0]["calib_step_s"],
         "sync_s": ranks[0]["calib_sync_s"],
         "interval": ranks[0]["interval"],
         "steps": ranks[0]["steps"],
+        "reps": ranks[0]["reps"],
     }
     print(_table(rows, meta))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "result": result}, indent=1))
-    print("RESULT " + " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+    print("SPREAD " + " ".join(f"{k}={lo:.4f}-{hi:.4f}" for k, (_, lo, hi) in result.items()))
+    print("RESULT " + " ".join(f"{k}={med:.4f}" for k, (med, _, _) in result.items()))
     return 0
 
 

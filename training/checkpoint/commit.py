@@ -2,9 +2,14 @@
 
 A step folder counts only with a `commit.json` that lists exactly the files of its world size
 (`.metadata` plus one `__<rank>_0.distcp` per rank: `expected_files`) and whose files all match: sizes
-always, CRC32 checksums when asked. The commit refuses any other file set (`merge_rank_files`), and resume
+always, checksums when asked. The commit refuses any other file set (`merge_rank_files`), and resume
 refuses a record that lists one (`file_set_problem`). The checksums come from the writer (computed while
 the bytes went out), so saving never re-reads a shard; verification at resume reads each file once.
+
+Each file entry names its checksum by its key: `crc32c` (CRC-32C, Castagnoli: hardware CRC instructions
+through the `crc32c` package, ~15 GB/s on one core here against zlib's ~4, GIL released) is what the writer
+records; `crc32` (zlib) is what records written before it hold, and they still verify. A CRC detects every
+flipped byte and every burst of up to 32 bits; CRC-32C is also the checksum S3 can verify natively.
 """
 
 from __future__ import annotations
@@ -13,14 +18,22 @@ import json
 import os
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import crc32c
 
 from training.checkpoint.layout import COMMIT_FILE, fsync_dir
 
 FORMAT = "kit-dcp-commit/1"
 METADATA_FILE = ".metadata"
 _READ_CHUNK = 8 << 20
+
+CHECKSUMS: dict[str, Callable[[object, int], int]] = {"crc32c": crc32c.crc32c, "crc32": zlib.crc32}
+"""Checksum name (its key in a file entry) -> running update `f(data, previous) -> value`, from 0."""
+WRITTEN_CHECKSUM = "crc32c"
+"""What the writer records for every new file."""
 
 
 class CommitRefused(ValueError):
@@ -53,10 +66,37 @@ def file_set_problem(names: set[str], world_size: int) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class FileEntry:
+    """One file of a checkpoint: its size and exactly one checksum of the whole file."""
+
     size: int
     """Bytes in the file."""
-    crc32: int
-    """zlib CRC32 of the whole file."""
+    crc32c: int | None = None
+    """CRC-32C of the whole file (what the writer records), or None."""
+    crc32: int | None = None
+    """zlib CRC32 of the whole file (records written before crc32c), or None."""
+
+    def __post_init__(self) -> None:
+        named = [algo for algo in CHECKSUMS if getattr(self, algo) is not None]
+        if len(named) != 1:
+            raise ValueError(f"a file entry needs exactly one checksum of {', '.join(CHECKSUMS)}: {named}")
+
+    @property
+    def algo(self) -> str:
+        return next(algo for algo in CHECKSUMS if getattr(self, algo) is not None)
+
+    @property
+    def checksum(self) -> int:
+        return getattr(self, self.algo)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"size": self.size, self.algo: self.checksum}
+
+    @classmethod
+    def from_dict(cls, body: dict[str, object]) -> FileEntry:
+        unknown = sorted(set(body) - {"size", *CHECKSUMS})
+        if unknown:
+            raise ValueError(f"unknown file entry key(s) {', '.join(unknown)} (a newer kit's checksum?)")
+        return cls(**{k: int(v) for k, v in body.items()})  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +114,7 @@ class CommitRecord:
 
     def to_json(self) -> str:
         body = asdict(self)
-        body["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
+        body["files"] = {k: v.to_dict() for k, v in sorted(self.files.items())}
         return json.dumps(body, indent=1, sort_keys=True)
 
     @classmethod
@@ -82,9 +122,7 @@ class CommitRecord:
         body = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
         if body.get("format") != FORMAT:
             raise ValueError(f"unknown commit format {body.get('format')!r} (expected {FORMAT})")
-        files = {
-            name: FileEntry(size=int(e["size"]), crc32=int(e["crc32"])) for name, e in body["files"].items()
-        }
+        files = {name: FileEntry.from_dict(e) for name, e in body["files"].items()}
         return cls(
             step=int(body["step"]),
             world_size=int(body["world_size"]),
@@ -136,14 +174,16 @@ def read_commit(folder: Path) -> CommitRecord:
     return CommitRecord.from_json((folder / COMMIT_FILE).read_text(encoding="utf-8"))
 
 
-def file_crc32(path: Path) -> int:
-    crc = 0
+def file_checksum(path: Path, algo: str) -> int:
+    """The `algo` checksum (a key of CHECKSUMS) of the whole file, read once in large chunks."""
+    update = CHECKSUMS[algo]
+    value = 0
     buf = bytearray(_READ_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as fh:
         while n := fh.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return crc
+            value = update(view[:n], value)
+    return value
 
 
 def verify_file(folder: Path, name: str, entry: FileEntry, *, checksum: bool) -> str | None:
@@ -157,9 +197,9 @@ def verify_file(folder: Path, name: str, entry: FileEntry, *, checksum: bool) ->
         return f"{name}: size {size} != recorded {entry.size}"
     if checksum:
         try:
-            crc = file_crc32(path)
+            value = file_checksum(path, entry.algo)
         except OSError as exc:
             return f"{name}: unreadable ({exc.strerror})"
-        if crc != entry.crc32:
-            return f"{name}: crc32 {crc:08x} != recorded {entry.crc32:08x}"
+        if value != entry.checksum:
+            return f"{name}: {entry.algo} {value:08x} != recorded {entry.checksum:08x}"
     return None

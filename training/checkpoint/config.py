@@ -56,7 +56,7 @@ class CheckpointConfig:
     """Async implementation: kit (own host staging + raw-bytes DCP writer, cheapest in CPU), dcp
     (PyTorch's dcp.async_save with async staging), nvrx (NVRx TorchAsyncCheckpoint; needs NVRx and CUDA)."""
     verify: Literal["checksum", "size"] = "checksum"
-    """What resume checks before trusting a checkpoint: checksum (sizes and CRC32 of every file, recorded
+    """What resume checks before trusting a checkpoint: checksum (sizes and CRC-32C of every file, recorded
     while writing) or size (sizes only, for very large checkpoints on slow storage)."""
     pg_timeout_s: float = 600.0
     """Timeout in seconds of the checkpoint's own gloo process group (a save whose peer died fails after

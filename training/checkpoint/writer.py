@@ -5,8 +5,15 @@ Why not the stock `FileSystemWriter`: in torch 2.13 it runs `torch.save` per ten
 CRC32 on (miniz, about 0.26 GB/s on one core here, against 3.4 GB/s with it off), and nothing records a
 whole-file checksum. This writer keeps the exact on-disk layout that `FileSystemReader` / `dcp.load`
 read (one `__<rank>_0.distcp` per rank holding one torch zip archive per item, plus `.metadata`), turns
-the per-record zip CRC off, and computes one zlib CRC32 per file over the same memory it writes
-(no second pass, no re-read). The recorded (size, crc32) of every file feeds the commit record.
+the per-record zip CRC off, and computes one CRC-32C per file over the same memory it writes (no second
+pass, no re-read; hardware CRC, ~15 GB/s on one core, GIL released). The recorded (size, crc32c) of every
+file feeds the commit record.
+
+Where the CPU of a save goes (201 MB per rank, measured on one core): the host copy into reused buffers
+~0.03 s, the write() into the page cache ~0.04 s, the checksum ~0.01 s (zlib's CRC32 took ~0.05 s). The zip
+writer also emits ~40 small pieces per tensor (headers, pickle, padding, directory): those are gathered in
+one user-space buffer and written together, while tensor bytes go straight from the staging buffer to the
+kernel (no extra copy).
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import io
 import os
 import pickle
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +39,53 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from training.checkpoint.commit import METADATA_FILE, FileEntry, shard_name
+from training.checkpoint.commit import CHECKSUMS, METADATA_FILE, WRITTEN_CHECKSUM, FileEntry, shard_name
 from training.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
 
 _MAX_WRITE = 1 << 30
+_SMALL = 64 << 10
+"""Writes below this size are gathered in the user-space buffer (one syscall and checksum call per MiB)."""
+_BUFFER = 1 << 20
 
 
 class ChecksumFile:
-    """A write-only file that keeps a running CRC32 and size of everything written, then fsyncs."""
+    """A write-only file that keeps a running CRC-32C and size of everything written, then fsyncs.
+
+    Small writes are gathered (in order) and flushed before any large one; large ones go out from the
+    caller's memory without a copy. `tell()` counts both, so zip offsets stay right."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fh = open(path, "wb", buffering=0)  # noqa: SIM115
+        self._checksum = CHECKSUMS[WRITTEN_CHECKSUM]
+        self._pending = bytearray()
         self.size = 0
-        self.crc32 = 0
+        self.value = 0
         self.failed: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        n = len(view)
         if self.failed is not None:
-            return len(view)  # doomed file: let the zip writer finish (its destructor writes too)
-        self.crc32 = zlib.crc32(view, self.crc32)
+            return n  # doomed file: let the zip writer finish (its destructor writes too)
+        if n < _SMALL:
+            self._pending += view
+            self.size += n
+            if len(self._pending) >= _BUFFER:
+                self._flush_pending()
+            return n
+        self._flush_pending()
+        self._write_out(view)
+        self.size += n
+        return n
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            self._write_out(memoryview(self._pending))
+            self._pending = bytearray()
+
+    def _write_out(self, view: memoryview) -> None:
+        self.value = self._checksum(view, self.value)
         done = 0
         try:
             while done < len(view):
@@ -61,28 +93,27 @@ class ChecksumFile:
         except OSError as exc:
             self.failed = exc
             raise
-        self.size += done
-        return done
 
     def flush(self) -> None:
-        """Unbuffered: nothing to flush (the torch zip writer calls this)."""
+        """Kept gathered until a large write or `close` (the torch zip writer calls this)."""
 
     def tell(self) -> int:
         return self.size
 
     def close(self, *, fsync: bool = True) -> FileEntry:
+        self._flush_pending()
         if fsync:
             os.fsync(self._fh.fileno())
         self._fh.close()
-        return FileEntry(size=self.size, crc32=self.crc32)
+        return FileEntry(size=self.size, **{WRITTEN_CHECKSUM: self.value})
 
     def abort(self) -> None:
         self._fh.close()
 
 
-def _write_tensor(out: ChecksumFile, tensor: torch.Tensor) -> None:
-    """`torch.save(tensor, out)` without the zip's own CRC pass (our file CRC covers the bytes)."""
-    writer = torch._C.PyTorchFileWriter(out, False, torch.serialization._get_storage_alignment())
+def _write_tensor(out: ChecksumFile, tensor: torch.Tensor, alignment: int) -> None:
+    """`torch.save(tensor, out)` without the zip's own CRC pass (our file checksum covers the bytes)."""
+    writer = torch._C.PyTorchFileWriter(out, False, alignment)
     try:
         torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
     except RuntimeError:
@@ -150,6 +181,7 @@ class KitStorageWriter(FileSystemWriter):
         if rank is not None and name != shard_name(rank):
             raise SaveAbandoned(f"DCP planned {name} for rank {rank} (a plan cached from another group?)")
         out = ChecksumFile(Path(self.path) / name)
+        alignment = torch.serialization._get_storage_alignment()
         results: list[WriteResult] = []
         try:
             for item in plan.items:
@@ -169,7 +201,7 @@ class KitStorageWriter(FileSystemWriter):
                         tensor = tensor.cpu()
                     if tensor.untyped_storage().nbytes() != tensor.nbytes:
                         tensor = tensor.clone()  # a view: save only its own bytes
-                    _write_tensor(out, tensor)
+                    _write_tensor(out, tensor, alignment)
                 length = out.tell() - offset
                 results.append(
                     WriteResult(

@@ -89,7 +89,7 @@ def test_truncated_and_flipped_files_fail_verification(tmp_path: Path) -> None:
     entry = read_commit(folder).files["__0_0.distcp"]
     _flip_byte(folder / "__0_0.distcp", entry.size // 2)
     assert verify_file(folder, "__0_0.distcp", entry, checksum=False) is None  # same size
-    assert "crc32" in verify_file(folder, "__0_0.distcp", entry, checksum=True)
+    assert "crc32c" in verify_file(folder, "__0_0.distcp", entry, checksum=True)
     os.truncate(folder / "__0_0.distcp", entry.size - 1)
     assert f"size {entry.size - 1} != recorded {entry.size}" in verify_file(
         folder, "__0_0.distcp", entry, checksum=False
@@ -111,7 +111,7 @@ def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
         step, app = _resume(tmp_path)
     assert (step, app.step) == (2, 2)
-    assert "step_00000003 skipped: damaged (__0_0.distcp: crc32" in caplog.text
+    assert "step_00000003 skipped: damaged (__0_0.distcp: crc32c" in caplog.text
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
     assert (resumes[-1]["step"], resumes[-1]["fallback_from"], resumes[-1]["source"]) == (2, 3, "disk")
 
