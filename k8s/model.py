@@ -190,8 +190,9 @@ class JobValues:
     """Deterministic algorithms (bitwise-reproducible resumes on CPU)."""
     checkpoint_mode: CheckpointMode = "async"
     """Checkpointing: off, sync or async (staged through /dev/shm, written in the background)."""
-    checkpoint_interval: int | None = None
-    """Steps between checkpoints."""
+    checkpoint_interval: int | Literal["auto"] | None = None
+    """Steps between checkpoints, or auto: chosen by the run from the measured save cost, step time and
+    faults (Young/Daly; bounds and MTBF prior via TRAIN.checkpoint.interval_min, interval_max, mtbf_s)."""
     checkpoint_keep: int | None = None
     """Committed checkpoints kept (at least 2: the newest may still be in flight)."""
     checkpoint_backend: CheckpointBackend | None = None

@@ -88,11 +88,25 @@ def _strict(parse, *args, **kwargs):
 def parse_scalar(name: str, raw: str) -> Any:
     """Parse `raw` for field `name` by its type; ValuesError names the key and the expected form."""
     hint = _hints()[name]
-    args = typing.get_args(hint)
-    if type(None) in args:
-        hint = next(a for a in args if a is not type(None))
-        if raw.strip().lower() in ("", "none", "null"):
-            return None
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    members = typing.get_args(hint) if union else (hint,)
+    args = [a for a in members if a is not type(None)]
+    if len(args) < len(members) and raw.strip().lower() in ("", "none", "null"):
+        return None
+    words = [w for a in args if typing.get_origin(a) is Literal for w in typing.get_args(a)]
+    others = [a for a in args if typing.get_origin(a) is not Literal]
+    if words and len(others) == 1:  # a number or a word, e.g. `int | Literal["auto"]`
+        if raw in words:
+            return raw
+        (number,) = others
+        try:
+            return _parse_plain(name, number, raw)
+        except ValuesError as exc:
+            raise ValuesError(f"{exc} (or {' or '.join(words)})") from None
+    return _parse_plain(name, args[0], raw)
+
+
+def _parse_plain(name: str, hint: Any, raw: str) -> Any:
     label = key_label(name)
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)

@@ -83,7 +83,7 @@ def check_fields(v: JobValues) -> None:
         _fail("CHECKPOINT_WRITE_MIB_S", v.checkpoint_write_mib_s, "must be above 0 MiB/s")
     for name in ("procs_per_node", "steps", "checkpoint_interval", "seq_len", "batch_size", "log_every"):
         value = getattr(v, name)
-        if value is not None and value < 1:
+        if value is not None and value != "auto" and value < 1:
             _fail(_key_label(name), value, "must be at least 1")
     if v.checkpoint_keep is not None and v.checkpoint_keep < 2:
         _fail("CHECKPOINT_KEEP", v.checkpoint_keep, "must be at least 2 (the newest may still be in flight)")
@@ -334,7 +334,8 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             v.fault_schedule_seed,
             "the schedule never faults rank 0, so it needs a world size of 2 or more",
         )
-    if v.checkpoint_interval is not None and v.steps is not None and v.checkpoint_interval > v.steps:
+    fixed_interval = v.checkpoint_interval if isinstance(v.checkpoint_interval, int) else None
+    if fixed_interval is not None and v.steps is not None and fixed_interval > v.steps:
         _fail(
             "CHECKPOINT_INTERVAL",
             v.checkpoint_interval,

@@ -20,6 +20,9 @@ Kinds and their own fields:
                   written by the injector just before it acts (for a time-based fault, step is the last
                   step reached, null if none yet)
     drained       step (committed before leaving), duration_s, signalled (this rank got the SIGTERM)
+    interval      rank 0, checkpoint.interval=auto, when the chosen interval changes: interval, previous,
+                  reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
+                  faults_seen, exposure_s, optimum_s (training.checkpoint.interval)
     inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:

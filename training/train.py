@@ -145,7 +145,8 @@ def train_step(
 
     Each micro-batch's loss is divided by `accum` so the summed gradients are the mean over the step's
     samples; FSDP2 reduces after every backward and accumulates into the sharded gradients. With `drain`,
-    the same all-reduce tells every rank whether any rank got SIGTERM (`drain.agreed`)."""
+    the same all-reduce tells every rank whether any rank got SIGTERM (`drain.agreed`); with an auto
+    checkpoint interval, it hands every rank rank 0's interval (`Checkpointer.agree_interval`)."""
     state = session.state
     total = torch.zeros((), device=device)
     for _ in range(accum):
@@ -161,13 +162,22 @@ def train_step(
     state.scheduler.step()
     state.step += 1
     reported = loss.detach().float()
-    if drain is not None:
-        reported = torch.stack([reported, torch.tensor(float(drain.requested), device=reported.device)])
+    # What every rank must agree on at this step rides on the loss all-reduce (SUM), never an extra
+    # collective: the drain flag (any rank's SIGTERM) and, with checkpoint.interval=auto, rank 0's interval.
+    interval = session.checkpointer.interval_proposal()
+    carried = [float(drain.requested)] if drain is not None else []
+    carried += [interval] if interval is not None else []
+    if carried:
+        reported = torch.cat([reported.view(1), torch.tensor(carried, device=reported.device)])
     if world_size > 1:
         dist.all_reduce(reported)
-    if drain is not None:
-        drain.agreed = drain.agreed or float(reported[1]) > 0
+    if carried:
+        agreed = reported[1:].tolist()
         reported = reported[0]
+        if drain is not None:
+            drain.agreed = drain.agreed or agreed.pop(0) > 0
+        if interval is not None:
+            session.checkpointer.agree_interval(agreed.pop(0))
     if world_size > 1:
         reported /= world_size
     return float(reported)

@@ -245,6 +245,11 @@ TRAINER = [
         "checkpoint",
         {"mode": "sync", "interval": 500, "keep": 2, "backend": "dcp"},
     ),
+    (
+        ["CHECKPOINT_INTERVAL=auto", "TRAIN.checkpoint.mtbf_s=3600", "TRAIN.checkpoint.interval_max=400"],
+        "checkpoint",
+        {"mode": "async", "interval": "auto", "mtbf_s": 3600, "interval_max": 400},
+    ),
     (["FAULT_SPEC=kill:step=5:rank=1"], "fault", {"spec": "kill:step=5:rank=1"}),
     (
         ["FAULT_SCHEDULE_SEED=42", "FAULT_SCHEDULE_COUNT=5", "FAULT_SCHEDULE_AFTER_STEP=10"],

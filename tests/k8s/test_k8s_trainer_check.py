@@ -131,3 +131,11 @@ def test_the_check_sees_the_jobs_world_size() -> None:
     check_trainer_config(config, memory=(2, 2, 0, 4096))
     with pytest.raises(ValueError, match="targets rank 1 but the world size is 1"):
         check_trainer_config(config, memory=(1, 1, 0, 4096))
+
+
+def test_check_config_refuses_bad_auto_interval_bounds_in_one_line(tmp_path: Path) -> None:
+    config = _config("CHECKPOINT_INTERVAL=auto", "TRAIN.checkpoint.interval_min=0")
+    proc = _check_config(tmp_path, config, "--elsewhere")
+    assert (proc.returncode, proc.stdout) == (78, "")
+    message = "checkpoint.interval_min must be an integer in [1, 16777216] (steps), got 0"
+    assert proc.stderr == f"error: {message}\n"

@@ -202,6 +202,13 @@ BAD_VALUES = [
         "CHECKPOINT_INTERVAL=5: is set but CHECKPOINT_MODE=off; remove one of them",
     ),
     (
+        ["CHECKPOINT_MODE=off", "CHECKPOINT_INTERVAL=auto", *LOCAL],
+        "CHECKPOINT_INTERVAL=auto: is set but CHECKPOINT_MODE=off; remove one of them",
+    ),
+    (["CHECKPOINT_INTERVAL=soon", *LOCAL], "CHECKPOINT_INTERVAL='soon': not a whole number (or auto)"),
+    (["CHECKPOINT_INTERVAL=Auto", *LOCAL], "CHECKPOINT_INTERVAL='Auto': not a whole number (or auto)"),
+    (["CHECKPOINT_INTERVAL=0", *LOCAL], "CHECKPOINT_INTERVAL=0: must be at least 1"),
+    (
         ["HEARTBEAT_TIMEOUT=soon", *LOCAL],
         "HEARTBEAT_TIMEOUT=soon: must be auto or a number of seconds above 0",
     ),

@@ -47,6 +47,13 @@ def _one_line(err: str) -> str:
         (["--inprocess.barrier_timeout_s", "inf"], 1, "inprocess.barrier_timeout_s='inf': must be a finite"),
         (["--checkpoint.pg_timeout_s", "-inf"], 1, "checkpoint.pg_timeout_s='-inf': must be a finite number"),
         (["--optim.lr", "fast"], 1, "optim.lr='fast': not a number; pass a number"),
+        (["--checkpoint.interval", "soon"], 1, "checkpoint.interval must be int | auto, got 'soon'"),
+        (["--checkpoint.mtbf_s", "nan"], 1, "checkpoint.mtbf_s='nan': must be a finite number"),
+        (
+            ["--checkpoint.interval=auto", "--checkpoint.interval_min=50", "--checkpoint.interval_max=5"],
+            1,
+            "checkpoint.interval_min (50) must be <= checkpoint.interval_max (5): raise interval_max",
+        ),
         (
             ["--fault.spec", "kill:step=1:rank=5"],
             2,

@@ -15,6 +15,10 @@ silently double it exactly when storage is slow. The wait is visible (stall even
 the fix: a longer interval or faster storage). Skipping would also need a collective to agree, since
 ranks may disagree on whether their own write finished (reference: torch-on-cpu.md §2.5).
 
+When: every `interval` steps, or with `interval: auto` the interval rank 0 chooses from its measurements
+(training.checkpoint.interval: Young/Daly), which train_step's loss all-reduce hands to every rank
+(`interval_proposal` / `agree_interval`), so all ranks save at the same steps.
+
 Events (`ckpt`, see training.events): stall (loop blocked: in maybe_save, and in the optimizer pre-hook
 if the copy was not done), write (this rank's shard durable; duration from the save request), commit
 (rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
@@ -51,6 +55,7 @@ from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.checkpoint.commit import CommitRecord, CommitRefused, FileEntry, merge_rank_files, write_commit
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
+from training.checkpoint.interval import AutoInterval
 from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
 from training.checkpoint.planner import ScopedSavePlanner
 from training.checkpoint.resume import CheckpointError, one_line, resume
@@ -114,7 +119,13 @@ class Checkpointer:
         self._holds = SaveHolds(run_dir, rank)
         self._inflight: _Save | None = None
         self._last_step: int | None = None
+        """The step last saved or restored: a second save of it is skipped; `auto` counts from it."""
         self._busy_waits = 0
+        self._auto = (
+            AutoInterval(cfg, run_dir=run_dir, rank=rank, events=self.events)
+            if cfg.auto and cfg.mode != "off"
+            else None
+        )
         self._async = cfg.mode == "async"
         self._stager = HostStager() if self._async and cfg.backend == "kit" else None
         self._dcp_stager: Any = None
@@ -125,11 +136,42 @@ class Checkpointer:
 
     # ----------------------------------------------------------------------------------------- saving
     def due(self, step: int) -> bool:
-        """Whether `maybe_save(step, ...)` will save (every `interval` steps), so callers can announce it."""
-        return self.cfg.mode != "off" and step % self.cfg.interval == 0
+        """Whether `maybe_save(step, ...)` will save, so callers can announce it: every `interval` steps
+        (step % interval == 0), or with `auto` once the agreed interval has passed since the last save or
+        restore (the same on every rank: see training.checkpoint.interval)."""
+        if self.cfg.mode == "off":
+            return False
+        if self._auto is None:
+            return step % self.cfg.interval == 0
+        if self._last_step is None:  # a fresh start, or restored by another (the previous) checkpointer
+            self._last_step = step - 1
+        return step - self._last_step >= self._auto.current(self.world_size)
+
+    def interval_proposal(self) -> float | None:
+        """With `auto`: this rank's share of the interval that train_step's loss all-reduce (SUM) carries
+        (rank 0's choice, 0 elsewhere); None with a fixed interval (nothing to carry)."""
+        return self._auto.proposal() if self._auto is not None else None
+
+    def agree_interval(self, value: float) -> None:
+        """The all-reduced interval (rank 0's choice), the same on every rank: `due` uses it from now on."""
+        if self._auto is not None:
+            self._auto.agree(value)
 
     def maybe_save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
-        """Save `state` as step `step` if it is due (every `interval` steps) or forced; True if started."""
+        """Save `state` as step `step` if it is due or forced; True if started. With `auto`, rank 0 also
+        measures here: the step before this call, and this call's stall (forced final saves excepted)."""
+        entered, busy = time.perf_counter(), self._writing()
+        started = self._save_if_due(step, state, force=force)
+        if self._auto is not None and not force:
+            left, writing = time.perf_counter(), self._writing()
+            self._auto.observe(step, entered=entered, left=left, saved=started, busy=busy, writing=writing)
+        return started
+
+    def _writing(self) -> bool:
+        """A save's background part is still running."""
+        return self._inflight is not None and not self._inflight.done.is_set()
+
+    def _save_if_due(self, step: int, state: dict[str, Any], *, force: bool) -> bool:
         if self.cfg.mode == "off" or not (force or self.due(step)):
             return False
         if step == self._last_step:

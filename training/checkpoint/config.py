@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -9,6 +10,10 @@ Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
 _MODES = ("off", "sync", "async")
 _BACKENDS = ("kit", "dcp", "nvrx")
+_WEEK_S = 7 * 24 * 3600.0
+"""Ceiling of every duration (`*_s`), as training.config.MAX_SECONDS (which imports this module)."""
+INTERVAL_CAP = 2**24
+"""Largest interval_max: the chosen interval travels in a float32 all-reduce, exact up to 2**24."""
 
 
 def nvrx_unavailable_reason() -> str | None:
@@ -29,8 +34,22 @@ class CheckpointConfig:
     mode: Mode = "async"
     """off: never save; sync: the loop waits for every shard to be durable; async: the loop pays only for
     taking the state (a host copy runs in the background) and the write overlaps training."""
-    interval: int = 100
-    """Save every this many steps (>= 1): the most work a fault can lose, in steps."""
+    interval: int | Literal["auto"] = 100
+    """Save every this many steps (an integer >= 1: the most work a fault can lose, in steps), or `auto`: the
+    interval is chosen from what the run measures (the cost of one save, the step time, the faults seen),
+    Young/Daly's optimum, re-evaluated after every save within [interval_min, interval_max] and logged
+    (`interval` events) when it changes; see docs/checkpointing.md "Choosing the interval"."""
+    mtbf_s: float = 86400.0
+    """auto only: the job's expected mean time between failures, seconds (> 0, at most a week). The run's own
+    faults refine it: MTBF = (mtbf_s + seconds run) / (1 + faults seen). Default one day, for a small p5
+    job: Llama 3 saw 419 unexpected interruptions in 54 days on 2,048 8-GPU nodes (~6,300 node-hours per
+    node, i.e. ~16 days for 16 nodes), but small jobs also meet node repairs, capacity-block ends and
+    software faults; a day errs towards saving more often, and the interval grows only as sqrt(MTBF)."""
+    interval_min: int = 10
+    """auto only: fewest steps between saves (>= 1); also the interval until the first save is measured."""
+    interval_max: int = 1000
+    """auto only: most steps between saves (>= interval_min): your bound on lost work, which wins over the
+    measured optimum and over the steps one background write takes."""
     keep: int = 3
     """Committed checkpoints to keep (>= 2; the newest may still be in flight or damaged)."""
     backend: Backend = "kit"
@@ -52,10 +71,14 @@ class CheckpointConfig:
             )
         if self.verify not in ("checksum", "size"):
             raise ValueError(f"checkpoint.verify must be checksum or size, got {self.verify!r}")
-        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
+        if self.interval != "auto" and (
+            isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1
+        ):
             raise ValueError(
-                f"checkpoint.interval must be an integer >= 1 (steps between saves), got {self.interval!r}"
+                f"checkpoint.interval must be an integer >= 1 (steps between saves) or auto, "
+                f"got {self.interval!r}"
             )
+        self._check_auto()
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 2:
             raise ValueError(
                 f"checkpoint.keep must be an integer >= 2, got {self.keep!r}: with 1 the only copy may be "
@@ -70,3 +93,28 @@ class CheckpointConfig:
                 )
         if not self.pg_timeout_s > 0:
             raise ValueError(f"checkpoint.pg_timeout_s must be > 0 seconds, got {self.pg_timeout_s!r}")
+
+    @property
+    def auto(self) -> bool:
+        """The interval is chosen by the run (training.checkpoint.interval)."""
+        return self.interval == "auto"
+
+    def _check_auto(self) -> None:
+        for name in ("interval_min", "interval_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INTERVAL_CAP:
+                raise ValueError(
+                    f"checkpoint.{name} must be an integer in [1, {INTERVAL_CAP}] (steps), got {value!r}"
+                )
+        if self.interval_min > self.interval_max:
+            raise ValueError(
+                f"checkpoint.interval_min ({self.interval_min}) must be <= checkpoint.interval_max "
+                f"({self.interval_max}): raise interval_max or lower interval_min"
+            )
+        mtbf = self.mtbf_s
+        if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not math.isfinite(mtbf):
+            raise ValueError(f"checkpoint.mtbf_s must be a finite number of seconds, got {mtbf!r}")
+        if not 0 < mtbf <= _WEEK_S:
+            raise ValueError(
+                f"checkpoint.mtbf_s must be > 0 and at most {_WEEK_S:.0f} seconds (a week), got {mtbf!r}"
+            )

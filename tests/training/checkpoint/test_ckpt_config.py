@@ -15,7 +15,10 @@ from training.checkpoint import CheckpointConfig
     [
         ({"keep": 1}, r"checkpoint\.keep must be an integer >= 2, got 1: with 1 the only copy"),
         ({"keep": 0}, r"checkpoint\.keep must be an integer >= 2, got 0"),
-        ({"interval": 0}, r"checkpoint\.interval must be an integer >= 1 \(steps between saves\), got 0"),
+        (
+            {"interval": 0},
+            r"checkpoint\.interval must be an integer >= 1 \(steps between saves\) or auto, got 0",
+        ),
         ({"interval": 2.5}, r"checkpoint\.interval must be an integer >= 1 .*got 2\.5"),
         ({"mode": "sometimes"}, r"checkpoint\.mode must be one of off, sync, async, got 'sometimes'"),
         ({"backend": "s3"}, r"checkpoint\.backend must be one of kit, dcp, nvrx, got 's3'"),
