@@ -4,7 +4,8 @@
 2,000 steps with the study's seeded schedule (reference/seed-system.md §11: seed 42, 5 faults after step
 10, kinds exception 0.6 / hang 0.4, never rank 0), side by side under:
   kit              the kit as deployed: heartbeat launcher (`python -m training.launch`), in-process restart
-                   (exceptions recovered in process), async checkpoints at the kit's interval
+                   (exceptions recovered in process), async checkpoints at the kit's interval: `auto`
+                   (Young/Daly from the measured save cost) given the schedule's MTBF, steps x ~0.2 s / 5
   kit@study        the same with the study's interval (500 steps)
   kit-sync         the same as kit with `--checkpoint.mode sync` (the kit's interval)
   ft_launcher      NVRx 0.4.1 ft_launcher (5 s heartbeat timeout), sync checkpoints every 500 steps
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.recovery import NVRX_MECHANISMS, Case, Outcome, run_case
+from training.checkpoint.interval import INTERVAL_EVENT
 from training.events import read_events
 from training.metrics import Goodput, RunMetrics, goodput_over, time_budget
 from training.report import write_timeline
@@ -44,10 +46,10 @@ PNG = DOC.with_name("goodput_timeline.png")
 STUDY_STEPS = 2000
 STUDY_INTERVAL = 500
 STUDY_AFTER_STEP = 10
-KIT_INTERVAL = 25
-"""The kit's checkpoint interval at 2,000 steps: Young/Daly, sqrt(2 x save cost x MTBF), with an async save
-costing ~0.15 s (its stall and the slower steps beside the write) and the schedule's MTBF of
-2,000 x ~0.2 s / 5 faults = 80 s: ~4.9 s, ~25 steps."""
+STEP_S = 0.2
+"""The tiny job's expected step time on 2 ranks here (seconds): sets the MTBF the kit's interval is given."""
+KIT_INTERVAL_MIN = 10
+"""The kit's fewest steps between saves at 2,000 steps (checkpoint.interval_min's default), scaled."""
 BASELINE_TIMEOUT_S = 60.0
 """torchrun's collective timeout: the study's NCCL timeout, the time its baseline takes to see a hang."""
 
@@ -89,7 +91,8 @@ class Mechanism:
 
 MECHANISMS = (
     Mechanism(label="kit", base="kit-inproc", mode="async", study_interval=False,
-              describe="heartbeat launcher + in-process restart, async checkpoints, the kit's interval"),
+              describe="heartbeat launcher, in-process restart, async checkpoints, the kit's interval (auto, "
+                       "given the schedule's MTBF; the intervals it chose in order)"),
     Mechanism(label="kit@study", base="kit-inproc", mode="async", study_interval=True,
               describe="the same with the study's interval"),
     Mechanism(label="kit-sync", base="kit-inproc", mode="sync", study_interval=False,
@@ -101,8 +104,17 @@ MECHANISMS = (
 )  # fmt: skip
 
 
-def interval(mech: Mechanism, scale: Scale) -> int:
-    return scale.scaled(STUDY_INTERVAL if mech.study_interval else KIT_INTERVAL)
+def mtbf_s(scale: Scale) -> float:
+    """The schedule's mean time between faults: the run's expected step time over its fault count."""
+    return scale.steps * STEP_S / scale.faults
+
+
+def interval_args(mech: Mechanism, scale: Scale) -> list[str]:
+    """The study's interval (scaled), or the kit's: `auto` (Young/Daly) given the schedule's MTBF."""
+    if mech.study_interval:
+        return ["--checkpoint.interval", str(scale.scaled(STUDY_INTERVAL))]
+    return ["--checkpoint.interval", "auto", "--checkpoint.mtbf_s", f"{mtbf_s(scale):g}",
+            "--checkpoint.interval_min", str(scale.scaled(KIT_INTERVAL_MIN))]  # fmt: skip
 
 
 def case(mech: Mechanism, scale: Scale) -> Case:
@@ -110,7 +122,7 @@ def case(mech: Mechanism, scale: Scale) -> Case:
         "--fault.schedule_seed", "42", "--fault.schedule_count", str(scale.faults),
         "--fault.schedule_kinds", scale.kinds,
         "--fault.schedule_after_step", str(scale.scaled(STUDY_AFTER_STEP)),
-        "--checkpoint.mode", mech.mode, "--checkpoint.interval", str(interval(mech, scale)),
+        "--checkpoint.mode", mech.mode, *interval_args(mech, scale),
     ]  # fmt: skip
     if mech.base == "torchrun":
         trainer += ["--training.collective_timeout_s", f"{scale.baseline_timeout_s:g}"]
@@ -127,6 +139,8 @@ class Run:
     outcome: Outcome
     goodput: Goodput | None
     """Over the job's wall time (launch to exit); None when the run left no events."""
+    intervals: tuple[int, ...] = ()
+    """The intervals `auto` chose, in order (its `interval` events); empty for a fixed interval."""
 
     @property
     def metrics(self) -> RunMetrics | None:
@@ -135,8 +149,20 @@ class Run:
 
 def measure(mech: Mechanism, scale: Scale, workdir: Path, index: int, *, timeout_s: float) -> Run:
     outcome = run_case(case(mech, scale), workdir, index, timeout_s=timeout_s)
-    m = outcome.metrics
-    return Run(mech=mech, outcome=outcome, goodput=goodput_over(m, outcome.wall_s) if m else None)
+    m, folder = outcome.metrics, run_dir(workdir, mech, index)
+    events = read_events(folder) if (folder / "events").exists() else []
+    logged = [int(e["interval"]) for e in events if e["kind"] == INTERVAL_EVENT]
+    chosen = tuple(v for i, v in enumerate(logged) if i == 0 or logged[i - 1] != v)  # changes only
+    return Run(
+        mech=mech, outcome=outcome, goodput=goodput_over(m, outcome.wall_s) if m else None, intervals=chosen
+    )
+
+
+def interval_cell(mech: Mechanism, scale: Scale, runs: Sequence[Run]) -> str:
+    if mech.study_interval:
+        return str(scale.scaled(STUDY_INTERVAL))
+    chosen = ["-".join(str(i) for i in r.intervals) or "?" for r in runs]
+    return f"auto: {'; '.join(chosen)}"
 
 
 def run_dir(workdir: Path, mech: Mechanism, index: int) -> Path:
@@ -210,7 +236,7 @@ def _row(mech: Mechanism, runs: Sequence[Run], scale: Scale) -> str:
     fault_range = f" ({min(per_fault):.1f}-{max(per_fault):.1f} s)" if per_fault else ""
     cells = [
         mech.label,
-        str(interval(mech, scale)),
+        interval_cell(mech, scale, runs),
         ", ".join(sorted({str(r.outcome.returncode) for r in runs})),
         _spread([r.outcome.wall_s for r in runs], ".0f", " s"),
         _spread([r.goodput.strict if r.goodput else None for r in runs]),
