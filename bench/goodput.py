@@ -92,7 +92,7 @@ class Mechanism:
 MECHANISMS = (
     Mechanism(label="kit", base="kit-inproc", mode="async", study_interval=False,
               describe="heartbeat launcher, in-process restart, async checkpoints, the kit's interval (auto, "
-                       "given the schedule's MTBF; the intervals it chose in order)"),
+                       "given the schedule's MTBF; the range it chose, and its last choice)"),
     Mechanism(label="kit@study", base="kit-inproc", mode="async", study_interval=True,
               describe="the same with the study's interval"),
     Mechanism(label="kit-sync", base="kit-inproc", mode="sync", study_interval=False,
@@ -140,7 +140,7 @@ class Run:
     goodput: Goodput | None
     """Over the job's wall time (launch to exit); None when the run left no events."""
     intervals: tuple[int, ...] = ()
-    """The intervals `auto` chose, in order (its `interval` events); empty for a fixed interval."""
+    """The intervals `auto` logged, in order (its `interval` events); empty for a fixed interval."""
 
     @property
     def metrics(self) -> RunMetrics | None:
@@ -151,18 +151,18 @@ def measure(mech: Mechanism, scale: Scale, workdir: Path, index: int, *, timeout
     outcome = run_case(case(mech, scale), workdir, index, timeout_s=timeout_s)
     m, folder = outcome.metrics, run_dir(workdir, mech, index)
     events = read_events(folder) if (folder / "events").exists() else []
-    logged = [int(e["interval"]) for e in events if e["kind"] == INTERVAL_EVENT]
-    chosen = tuple(v for i, v in enumerate(logged) if i == 0 or logged[i - 1] != v)  # changes only
+    chosen = tuple(int(e["interval"]) for e in events if e["kind"] == INTERVAL_EVENT)
     return Run(
         mech=mech, outcome=outcome, goodput=goodput_over(m, outcome.wall_s) if m else None, intervals=chosen
     )
 
 
 def interval_cell(mech: Mechanism, scale: Scale, runs: Sequence[Run]) -> str:
+    """The study's fixed interval, or what `auto` chose: its range over the run and its last value."""
     if mech.study_interval:
         return str(scale.scaled(STUDY_INTERVAL))
-    chosen = ["-".join(str(i) for i in r.intervals) or "?" for r in runs]
-    return f"auto: {'; '.join(chosen)}"
+    chosen = [f"{min(r.intervals)}-{max(r.intervals)}, last {r.intervals[-1]}" for r in runs if r.intervals]
+    return f"auto: {'; '.join(chosen) or '?'}"
 
 
 def run_dir(workdir: Path, mech: Mechanism, index: int) -> Path:
