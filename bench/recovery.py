@@ -1,7 +1,7 @@
 """Recovery benchmark: the same tiny FSDP job and the same faults under every restart mechanism, in one run.
 
-`python -m bench.recovery [--quick] [--reps N]` runs the trainer (tiny model, 2 ranks x 1 thread, gloo, async
-checkpoints every 5 steps) with one injected fault per run, under:
+`python -m bench.recovery [--quick] [--reps N] [--json PATH]` runs the trainer (tiny model, 2 ranks x 1
+thread, gloo, async checkpoints every 5 steps) with one injected fault per run, under:
   kit          python -m training.launch (heartbeats, learned timeout, warm zygote workers)
   kit-exec     the same launcher without the zygote (--worker-start exec), to show what the zygote buys
   ft_launcher  NVRx 0.4.1 ft_launcher (heartbeats through RankMonitorClient, 5 s heartbeat timeout)
@@ -15,22 +15,32 @@ Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (f
 mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict goodput per mechanism.
 
 Node cases (the same side-by-side run): 2 pods x 1 rank through the rendered `local` Job and the local
-runner (`python -m k8s local`), the same job and the same node-level fault for every mechanism: `node` on
-pod 1, `node` on pod 0, `drain` on pod 1. Mechanisms: kit+spare (SPARES=1), kit (no spare: the lost pod is
+runner (`python -m k8s local`), in the single-fault cases' job shape, with a node-level fault: kit+spare
+(SPARES=1) gets `node` on pod 1, `node` on pod 0 and `drain` on pod 1; kit without a spare (the lost pod is
 recreated at once by the local runner, the best case of the Kubernetes path, which on EKS adds scheduling,
-image pull and a new node), torchrun and ft_launcher as the study deployed them (rendezvous on pod 0).
-Reported: recovery (fault -> end of the first step after the resume), lost steps, and whether the job
-survived (the Job completed); a baseline's lost job is reported as it is.
+image pull and a new node) `node` on pod 1; torchrun and ft_launcher as the study deployed them (rendezvous
+on pod 0) `node` on pods 1 and 0 (full mode). Reported: recovery (fault -> end of the first step after the
+resume), lost steps, whether the job survived (the Job completed), and where the spare's recovery went
+(recovery_phases); a baseline's lost job is reported as it is.
+
+Repetitions (issue 15: figures that hold still): each RESULT ratio's numerator and denominator run --reps
+times (default 7, --quick 2) in this one run, interleaved (rep 1 of every case, then rep 2, ...) so that a
+slow minute of the machine hits both; a ratio is the median of the per-repetition ratios, with its min-max
+spread. The cases behind the doc's other claims run min(3, reps) times, the baselines' node cases once.
+--json PATH records the figures; --check-stability A.json B.json C.json says whether runs agree within 10 %.
 
 Last line: `RESULT kill_recovery_ratio=<kit / ft_launcher> inprocess_ratio=<kit-inproc / nvrx-wrapper>
 hang_detect_steps=<kit hang detection / median step time> false_restarts=<restarts in the fault-free run>
-node_recovery_ratio=<kit+spare node loss / kit single-rank kill> pod0_survived=<1|0> drain_lost_steps=<n>`.
-Full mode writes docs/benchmarks/recovery.md; --quick (one repetition, the core cases) only prints.
+node_recovery_ratio=<kit+spare node loss / kit single-rank kill> pod0_survived=<1 if every rep survived|0>
+drain_lost_steps=<most lost in a rep>`. Full mode writes docs/benchmarks/recovery.md (keeping its
+hand-written notes); --quick (the RESULT cases only) only prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import socket
@@ -39,17 +49,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from training.events import read_events
-from training.metrics import RunMetrics, load_run_metrics
+from training.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "recovery.md"
+SEQ_LEN, BATCH_SIZE, LOG_EVERY = 64, 2, 50
+"""The job's shape, the same for the single-fault and the node cases (the ratio compares like with like)."""
 JOB = [
-    "--model.name", "tiny", "--data.seq_len", "64", "--data.batch_size", "2", "--optim.warmup_steps", "3",
-    "--training.log_every", "50", "--checkpoint.mode", "async", "--checkpoint.interval", "5",
+    "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
+    "--optim.warmup_steps", "3", "--training.log_every", str(LOG_EVERY), "--checkpoint.mode", "async",
+    "--checkpoint.interval", "5",
 ]  # fmt: skip
 FAULT_STEP = 12
 """Two steps after the step-10 checkpoint: every mechanism redoes the same two steps."""
@@ -109,6 +124,8 @@ class NodeOutcome:
     wall_s: float
     metrics: RunMetrics | None
     note: str = ""
+    phases: dict[str, float] | None = None
+    """recovery_phases of the run (None if an event is missing)."""
 
     @property
     def survived(self) -> bool:
@@ -122,7 +139,8 @@ def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOut
     run_id = f"n-{case.mechanism}-{case.fault}{case.node}".replace("+", "-").replace("_", "-")
     argv = [
         sys.executable, "-m", "k8s", "local", "NODES=2", f"STEPS={NODE_STEPS}", "CHECKPOINT_INTERVAL=5",
-        "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8",
+        "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8", f"SEQ_LEN={SEQ_LEN}", f"BATCH_SIZE={BATCH_SIZE}",
+        f"LOG_EVERY={LOG_EVERY}",
         f"FAULT_SPEC={case.fault}:step={FAULT_STEP}:node={case.node}", f"RUN_ID={run_id}",
         *NODE_MECHANISMS[case.mechanism], "--workdir", str(workdir), "--timeout", str(timeout_s),
     ]  # fmt: skip
@@ -135,25 +153,18 @@ def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOut
         code, tail = 124, f"timed out after {timeout_s:.0f} s"
     wall = time.monotonic() - t0
     run_dir = workdir / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+    events = read_events(run_dir) if (run_dir / "events").exists() else []
     try:
-        metrics = load_run_metrics(run_dir) if (run_dir / "events").exists() else None
+        metrics = load_run_metrics(run_dir) if events else None
     except ValueError as exc:
         metrics, tail = None, f"{tail}\nmetrics: {exc}"
-    outcome = NodeOutcome(case=case, returncode=code, wall_s=wall, metrics=metrics)
+    outcome = NodeOutcome(
+        case=case, returncode=code, wall_s=wall, metrics=metrics, phases=recovery_phases(events)
+    )
     if code != 0:
         failed = [line for line in tail.splitlines() if "local job failed" in line or "timed out" in line]
         outcome.note = (failed or [f"exit {code}"])[-1].strip()
     return outcome
-
-
-def node_plan(quick: bool, *, nvrx: bool) -> list[NodeCase]:
-    kit = [NodeCase(mechanism=m, fault=f, node=n) for m in ("kit+spare", "kit") for f, n in
-           (("node", 1), ("node", 0), ("drain", 1))]  # fmt: skip
-    if quick:  # every spare case, and node loss without a spare
-        kit = [c for c in kit if c.mechanism == "kit+spare" or (c.fault, c.node) == ("node", 1)]
-    baselines = ("torchrun", "ft_launcher") if nvrx else ("torchrun",)
-    faults = (("node", 0),) if quick else (("node", 1), ("node", 0), ("drain", 1))
-    return kit + [NodeCase(mechanism=m, fault=f, node=n) for m in baselines for f, n in faults]
 
 
 @dataclass(kw_only=True)
@@ -166,6 +177,8 @@ class Outcome:
     hang_detect_s: float | None = None
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] | None = None
+    """recovery_phases of the run (None if an event is missing)."""
 
 
 def free_port() -> int:
@@ -253,11 +266,89 @@ def run_case(case: Case, workdir: Path, index: int, *, timeout_s: float) -> Outc
     faults = [e for e in events if e["kind"] == "fault"]
     hang_detect = hang[0]["ts"] - faults[0]["ts"] if hang and faults else None
     outcome = Outcome(
-        case=case, returncode=code, wall_s=wall, metrics=metrics, restarts=restarts, hang_detect_s=hang_detect
+        case=case,
+        returncode=code,
+        wall_s=wall,
+        metrics=metrics,
+        restarts=restarts,
+        hang_detect_s=hang_detect,
+        phases=recovery_phases(events),
     )
     if code != 0:
         outcome.note = tail.strip().splitlines()[-1] if tail.strip() else f"exit {code}"
     return outcome
+
+
+PHASES = ("detect", "rendezvous", "worker start", "setup", "checkpoint load", "redo")
+"""Where a recovery's time goes, in order; they add up to the recovery (fault -> end of the first step)."""
+
+
+def recovery_phases(events: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Split the first fault's recovery at the launchers' and the trainers' events (None if one is missing).
+
+    detect: fault -> the first launcher failure event; rendezvous: -> the new round's last `group_started`
+    (a spare's launcher included); worker start: -> the last rank's trainer `start`; setup (process group,
+    model, optimizer): -> the last rank's checkpoint load begins (`resume` ts); checkpoint load: -> the last
+    rank's load ends (ts + duration_s); redo: -> the end of the last rank's first step after it.
+    """
+    faults = [e for e in events if e["kind"] == "fault"]
+    if not faults:
+        return None
+    t0 = float(faults[0]["ts"])
+    trainer = [e for e in events if e.get("role") == "trainer" and float(e["ts"]) > t0]
+    loads: dict[Any, tuple[float, float]] = {}  # rank -> (load begins, load ends) of its first resume
+    for e in trainer:
+        if e["kind"] == "resume":
+            loads.setdefault(e["rank"], (float(e["ts"]), float(e["ts"]) + float(e.get("duration_s") or 0.0)))
+    steps = [(e["rank"], float(e["ts"])) for e in trainer if e["kind"] == "step"]
+    ends = [
+        min((ts for r, ts in steps if r == rank and ts > end), default=math.nan)
+        for rank, (_, end) in loads.items()
+    ]
+    if not loads or math.isnan(max(ends)):
+        return None
+    load_begins = max(begin for begin, _ in loads.values())
+    window = [e for e in events if t0 < float(e["ts"]) <= load_begins]
+    detected = [
+        float(e["ts"]) for e in window if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS
+    ]
+    formed = [float(e["ts"]) for e in window if e["kind"] == "group_started"]
+    started = [float(e["ts"]) for e in window if e["kind"] == "start" and e.get("role") == "trainer"]
+    if not (detected and formed and started):
+        return None
+    loaded = max(end for _, end in loads.values())
+    marks = [t0, min(detected), max(formed), max(started), load_begins, loaded, max(ends)]
+    return {name: b - a for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """A RESULT figure of one run: the median over its repetitions and their spread."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+    """Repetitions that gave a value (a ratio's numerator and denominator both measured in the same rep)."""
+
+    def text(self, digits: int = 2) -> str:
+        return "nan" if self.value is None else f"{self.value:.{digits}f}"
+
+    def spread(self, digits: int = 2) -> str:
+        if self.low is None or self.high is None:
+            return "-"
+        return f"{self.low:.{digits}f}-{self.high:.{digits}f}"
+
+
+RATIO_KEYS = ("kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "node_recovery_ratio")
+"""RESULT figures compared by relative spread across runs (--check-stability)."""
+COUNT_KEYS = ("false_restarts", "pod0_survived", "drain_lost_steps")
+"""RESULT figures that are whole numbers: runs agree only if they are equal."""
+RESULT_KEYS = ("kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "false_restarts",
+               "node_recovery_ratio", "pod0_survived", "drain_lost_steps")  # fmt: skip
+"""The RESULT line's figures, in its order (bench/goodput.py and the docs read them by name)."""
+STABILITY_TOLERANCE = 0.10
+"""Issue 15: three full runs on an idle machine agree within 10 % on every RESULT ratio."""
 
 
 def recovery(o: Outcome) -> float | None:
@@ -272,7 +363,12 @@ def detection(o: Outcome) -> float | None:
     return o.metrics.faults[0].detect_s
 
 
-def median(values: list[float | None]) -> float | None:
+def node_recovery(o: NodeOutcome) -> float | None:
+    f = _node_fault(o)
+    return None if f is None else f.recovery_s
+
+
+def median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
 
@@ -281,25 +377,60 @@ def fmt(value: float | None, unit: str = " s") -> str:
     return "-" if value is None else f"{value:.2f}{unit}"
 
 
-def plan(quick: bool) -> tuple[list[Case], list[Case]]:
-    """(single-fault cases, whole-run cases)."""
-    single = [
+def figure(values: Sequence[float | None]) -> Figure:
+    present = [v for v in values if v is not None]
+    if not present:
+        return Figure(value=None, low=None, high=None, n=0)
+    return Figure(value=statistics.median(present), low=min(present), high=max(present), n=len(present))
+
+
+def paired_ratio(nums: Sequence[float | None], dens: Sequence[float | None]) -> Figure:
+    """Median and spread of the per-repetition ratios num[i] / den[i] (interleaved: one drift hits both)."""
+    ratios = [a / b if a is not None and b else None for a, b in zip(nums, dens, strict=False)]
+    return figure(ratios)
+
+
+REPS = {True: 2, False: 7}
+"""Default repetitions of each RESULT ratio's numerator and denominator (quick, full). Full: a kit kill's
+recovery scatters by ~20 % run to run (torch's random 0-0.3 s re-rendezvous delay on ~1.5 s); the median of 7
+cuts that to ~9 %, and 7 keeps the full run near 23 minutes on an idle 2-core machine."""
+
+
+def plan(quick: bool, *, reps: int, nvrx: bool) -> list[tuple[Case | NodeCase, int]]:
+    """Every repeated case with its repetitions: each ratio's numerator and denominator `reps` times; the
+    cases behind the doc's other claims min(3, reps) times; the baselines' node cases once."""
+    claim = min(3, reps)
+    ratio_cases: list[Case | NodeCase] = [
         Case(mechanism="kit", fault="kill"),
         Case(mechanism="ft_launcher", fault="kill"),
         Case(mechanism="kit", fault="hang"),
         Case(mechanism="kit-inproc", fault="exception"),
         Case(mechanism="nvrx-wrapper", fault="exception"),
+        NodeCase(mechanism="kit+spare", fault="node", node=1),
     ]
+    planned = [(c, reps) for c in ratio_cases]
+    # pod0_survived and drain_lost_steps: the worst repetition counts
+    planned += [(NodeCase(mechanism="kit+spare", fault=f, node=n), 1 if quick else claim)
+                for f, n in (("node", 0), ("drain", 1))]  # fmt: skip
     if not quick:
-        single += [
-            Case(mechanism="torchrun", fault="kill"),
-            Case(mechanism="kit-exec", fault="kill"),
-            Case(mechanism="ft_launcher", fault="hang"),
-            Case(mechanism="kit", fault="sigstop"),
-            Case(mechanism="ft_launcher", fault="sigstop"),
-            Case(mechanism="kit", fault="oom"),
-            Case(mechanism="kit", fault="exception"),
-        ]
+        planned += [
+            (Case(mechanism=m, fault=f), claim)
+            for m, f in (
+                ("torchrun", "kill"), ("kit-exec", "kill"), ("ft_launcher", "hang"), ("kit", "sigstop"),
+                ("ft_launcher", "sigstop"), ("kit", "oom"), ("kit", "exception"),
+            )
+        ]  # fmt: skip
+        planned += [(NodeCase(mechanism="kit", fault="node", node=1), 1)]
+        # the baselines' node losses, once (their drain backs no doc claim: cut for time)
+        planned += [(NodeCase(mechanism=m, fault="node", node=n), 1) for m in ("torchrun", "ft_launcher")
+                    for n in (1, 0)]  # fmt: skip
+    if not nvrx:
+        planned = [(c, r) for c, r in planned if c.mechanism not in NVRX_MECHANISMS]
+    return planned
+
+
+def whole_plan(quick: bool) -> list[Case]:
+    """Runs done once: the fault-free run (false restarts) and, in full mode, the 5-fault schedule."""
     whole = [Case(mechanism="kit", fault="none", steps=FREE_STEPS[quick])]
     if not quick:
         schedule = (
@@ -310,22 +441,219 @@ def plan(quick: bool) -> tuple[list[Case], list[Case]]:
             Case(mechanism=m, fault="schedule", steps=80, trainer=schedule)
             for m in ("kit", "kit-inproc", "ft_launcher")
         ]
-    return single, whole
+    return whole
+
+
+@dataclass(kw_only=True)
+class Results:
+    """Every outcome of one benchmark run, by case, in the order the repetitions ran."""
+
+    single: dict[Case, list[Outcome]] = field(default_factory=dict)
+    nodes: dict[NodeCase, list[NodeOutcome]] = field(default_factory=dict)
+
+    def of(self, mechanism: str, fault: str) -> list[Outcome]:
+        return self.single.get(Case(mechanism=mechanism, fault=fault), [])
+
+    def node(self, mechanism: str, fault: str, node: int) -> list[NodeOutcome]:
+        return self.nodes.get(NodeCase(mechanism=mechanism, fault=fault, node=node), [])
+
+
+def figures(results: Results) -> dict[str, Figure]:
+    """The RESULT figures: medians over the repetitions, ratios paired per repetition."""
+
+    def rec(mechanism: str, fault: str) -> list[float | None]:
+        return [recovery(o) for o in results.of(mechanism, fault)]
+
+    hangs = results.of("kit", "hang")
+    steps = [o.metrics.median_step_s if o.metrics else None for o in hangs]
+    free = [o for c, outs in results.single.items() if c.fault == "none" for o in outs]
+    pod0 = results.node("kit+spare", "node", 0)
+    drains = [_node_fault(o) for o in results.node("kit+spare", "drain", 1)]
+    lost = [f.lost_steps for f in drains if f is not None and f.lost_steps is not None]
+    survived = [int(o.survived) for o in pod0]
+    restarts = [o.restarts for o in free]
+    return {
+        "kill_recovery_ratio": paired_ratio(rec("kit", "kill"), rec("ft_launcher", "kill")),
+        "inprocess_ratio": paired_ratio(rec("kit-inproc", "exception"), rec("nvrx-wrapper", "exception")),
+        "hang_detect_steps": paired_ratio([o.hang_detect_s for o in hangs], steps),
+        "false_restarts": _worst(restarts, max),
+        "node_recovery_ratio": paired_ratio(
+            [node_recovery(o) for o in results.node("kit+spare", "node", 1)], rec("kit", "kill")
+        ),
+        "pod0_survived": _worst(survived, min),
+        "drain_lost_steps": _worst(lost, max),
+    }
+
+
+def _worst(values: list[int], pick: Callable[[list[int]], int]) -> Figure:
+    """A count over the repetitions: the worst one is the figure (a job lost once is not survived)."""
+    if not values:
+        return Figure(value=None, low=None, high=None, n=0)
+    return Figure(value=pick(values), low=min(values), high=max(values), n=len(values))
+
+
+def result_line(figs: Mapping[str, Figure]) -> str:
+    """`RESULT k=v ...` in RESULT_KEYS order: ratios to 2 decimals, counts whole."""
+    return "RESULT " + " ".join(f"{k}={figs[k].text(2 if k in RATIO_KEYS else 0)}" for k in RESULT_KEYS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stability:
+    key: str
+    values: tuple[float | None, ...]
+    spread: float | None
+    """Ratios: (max - min) / min across the runs; counts: 0 if all equal, else inf; None if a run lacks it."""
+    ok: bool
+
+
+def stability(runs: Sequence[Mapping[str, float | None]], *, tolerance: float = STABILITY_TOLERANCE
+              ) -> list[Stability]:  # fmt: skip
+    """Do the runs agree? Every pair of runs within `tolerance` of each other on every ratio (relative to
+    the smaller), and exactly on every count. A figure missing (nan) in any run fails."""
+    rows = []
+    for key in RESULT_KEYS:
+        values = tuple(run.get(key) for run in runs)
+        present = [v for v in values if v is not None and math.isfinite(v)]
+        spread: float | None = None
+        if len(present) == len(values) and present:
+            low, high = min(present), max(present)
+            if key in COUNT_KEYS:
+                spread = 0.0 if low == high else math.inf
+            else:
+                spread = 0.0 if low == high else (high - low) / low if low > 0 else math.inf
+        rows.append(
+            Stability(key=key, values=values, spread=spread, ok=spread is not None and spread <= tolerance)
+        )
+    return rows
+
+
+def check_stability(paths: Sequence[Path]) -> int:
+    """`--check-stability RUN.json ...`: a line per RESULT figure, then the verdict (exit 0: all agree)."""
+    if len(paths) < 2:
+        print(f"error: --check-stability needs 2 or more --json files, got {len(paths)}", file=sys.stderr)
+        return 2
+    runs = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            result = data["result"]
+            if not isinstance(result, dict):
+                raise TypeError("'result' is not an object")
+            runs.append({k: _number(v) for k, v in result.items()})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(
+                f"error: {path} is not a bench.recovery --json file ({exc}); rerun with --json",
+                file=sys.stderr,
+            )
+            return 2
+    rows = stability(runs)
+    print(f"{'figure':22} {'runs':36} {'spread':>8}  (criterion: ratios within "
+          f"{STABILITY_TOLERANCE:.0%}, counts equal)")  # fmt: skip
+    for row in rows:
+        values = ", ".join("nan" if v is None else f"{v:g}" for v in row.values)
+        spread = "-" if row.spread is None else "differ" if math.isinf(row.spread) else f"{row.spread:.1%}"
+        print(f"{row.key:22} {values:36} {spread:>8}  {'ok' if row.ok else 'NOT STABLE'}")
+    failed = [r.key for r in rows if not r.ok]
+    print(f"stable: {'yes' if not failed else 'no (' + ', '.join(failed) + ')'} across {len(runs)} runs")
+    return 0 if not failed else 1
+
+
+def _number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def to_json(
+    figs: Mapping[str, Figure], results: Results, *, reps: int, quick: bool, elapsed_s: float
+) -> dict:
+    """The per-run record --json writes and --check-stability reads."""
+
+    def values(outcomes: Sequence[Outcome | NodeOutcome]) -> list[float | None]:
+        return [recovery(o) if isinstance(o, Outcome) else node_recovery(o) for o in outcomes]
+
+    return {
+        "benchmark": "bench.recovery",
+        "mode": "quick" if quick else "full",
+        "reps": reps,
+        "elapsed_s": round(elapsed_s, 1),
+        "result": {k: f.value for k, f in figs.items()},
+        "figures": {k: {"median": f.value, "min": f.low, "max": f.high, "n": f.n} for k, f in figs.items()},
+        "cases": [
+            {
+                "mechanism": c.mechanism,
+                "fault": getattr(c, "label", c.fault),
+                "recovery_s": values(outs),
+                "wall_s": [round(o.wall_s, 1) for o in outs],
+                "phases_s": [o.phases for o in outs],
+            }
+            for c, outs in [*results.single.items(), *results.nodes.items()]
+        ],
+    }
+
+
+def run_repeated(planned: Sequence[tuple[Case | NodeCase, int]], workdir: Path, results: Results) -> None:
+    """Repetition 1 of every case, then repetition 2, ...: a slow minute of the machine hits every case."""
+    rounds = max((reps for _, reps in planned), default=0)
+    for rep in range(rounds):
+        for case, reps in planned:
+            if rep >= reps:
+                continue
+            tag = f"rep {rep + 1}/{reps}"
+            if isinstance(case, NodeCase):
+                node = run_node_case(case, workdir / "nodes" / f"r{rep}", timeout_s=240)
+                results.nodes.setdefault(case, []).append(node)
+                f = _node_fault(node)
+                print(
+                    f"{case.mechanism:13} {case.label:11} {tag}: exit {node.returncode}, "
+                    f"survived {int(node.survived)}, recovery {fmt(f.recovery_s if f else None)}, "
+                    f"lost {'-' if f is None or f.lost_steps is None else f.lost_steps}"
+                    + (f"  [{node.note}]" if node.note else ""),
+                    flush=True,
+                )
+                continue
+            outcome = run_case(case, workdir, rep, timeout_s=240)
+            results.single.setdefault(case, []).append(outcome)
+            print(
+                f"{case.mechanism:13} {case.fault:11} {tag}: exit {outcome.returncode}, "
+                f"recovery {fmt(recovery(outcome))}, detection {fmt(detection(outcome))}"
+                + (f"  [{outcome.note}]" if outcome.note else ""),
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition of the core cases, no doc")
+    parser.add_argument("--quick", action="store_true", help="the RESULT cases only, 2 repetitions, no doc")
     parser.add_argument(
-        "--reps", type=int, default=None, help="repetitions per single-fault case (default 3)"
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions of each ratio's numerator and denominator (default 7, quick 2); other cases "
+        "min(3, reps)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the run's figures here"
+    )
+    parser.add_argument(
+        "--check-stability",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RUN.json",
+        help="compare the RESULT figures of runs written by --json (10 %% criterion) and exit",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
-    if reps < 1:
-        parser.error(f"--reps must be >= 1, got {reps}")
-    single, whole = plan(args.quick)
-    if shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is None:
+    if args.check_stability is not None:
+        return check_stability(args.check_stability)
+    reps = args.reps if args.reps is not None else REPS[args.quick]
+    if not 1 <= reps <= 50:
+        parser.error(f"--reps must be a whole number from 1 to 50, got {reps}")
+    if args.json is not None and not _writable(args.json):
+        parser.error(f"--json {args.json}: cannot write there; give a file in a writable folder")
+    nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
+    if not nvrx:
         if not args.quick:
             print(
                 "error: NVRx is not installed in this environment; run `make bench-setup` "
@@ -334,43 +662,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print("note: NVRx is not installed: the ft_launcher and nvrx-wrapper cases are skipped", flush=True)
-        single = [c for c in single if c.mechanism not in NVRX_MECHANISMS]
+    planned, whole = plan(args.quick, reps=reps, nvrx=nvrx), whole_plan(args.quick)
+    if not nvrx:
         whole = [c for c in whole if c.mechanism not in NVRX_MECHANISMS]
-    nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
-    nodes = node_plan(args.quick, nvrx=nvrx)
     workdir = Path(tempfile.mkdtemp(prefix="kit-bench-recovery-"))
     started = time.monotonic()
-    results: dict[Case, list[Outcome]] = {}
-    node_results: dict[NodeCase, NodeOutcome] = {}
+    results = Results()
     try:
-        for rep in range(reps):
-            for case in single:
-                outcome = run_case(case, workdir, rep, timeout_s=240)
-                results.setdefault(case, []).append(outcome)
-                print(
-                    f"{case.mechanism:13} {case.fault:9} rep {rep + 1}/{reps}: exit {outcome.returncode}, "
-                    f"recovery {fmt(recovery(outcome))}, detection {fmt(detection(outcome))}"
-                    + (f"  [{outcome.note}]" if outcome.note else ""),
-                    flush=True,
-                )
-        for node_case in nodes:
-            node_outcome = run_node_case(node_case, workdir / "nodes", timeout_s=240)
-            node_results[node_case] = node_outcome
-            f = (
-                node_outcome.metrics.faults[0]
-                if node_outcome.metrics and node_outcome.metrics.faults
-                else None
-            )
-            print(
-                f"{node_case.mechanism:13} {node_case.label:11}: exit {node_outcome.returncode}, "
-                f"survived {int(node_outcome.survived)}, recovery {fmt(f.recovery_s if f else None)}, "
-                f"lost {'-' if f is None or f.lost_steps is None else f.lost_steps}"
-                + (f"  [{node_outcome.note}]" if node_outcome.note else ""),
-                flush=True,
-            )
+        run_repeated(planned, workdir, results)
         for case in whole:
             outcome = run_case(case, workdir, 0, timeout_s=600)
-            results[case] = [outcome]
+            results.single[case] = [outcome]
             m = outcome.metrics
             print(
                 f"{case.mechanism:13} {case.fault:9} {case.total_steps} steps: exit {outcome.returncode}, "
@@ -384,122 +686,91 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - started
-    table = render(results, reps=reps, quick=args.quick, elapsed_s=elapsed) + render_nodes(
-        node_results, results
-    )
+    figs = figures(results)
+    table = render(results, figs, reps=reps, quick=args.quick, elapsed_s=elapsed)
     print(table)
+    if args.json is not None:
+        record = to_json(figs, results, reps=reps, quick=args.quick, elapsed_s=elapsed)
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
     if not args.quick:
         DOC.parent.mkdir(parents=True, exist_ok=True)
-        DOC.write_text(table, encoding="utf-8")
+        DOC.write_text(with_notes(table, DOC), encoding="utf-8")
         print(f"wrote {DOC.relative_to(REPO)}")
-    print(result_line(results) + node_result_fields(node_results, results))
+    print(result_line(figs))
     return 0
 
 
-def _single(results: dict[Case, list[Outcome]], mechanism: str, fault: str) -> list[Outcome]:
-    return results.get(Case(mechanism=mechanism, fault=fault), [])
+def _writable(path: Path) -> bool:
+    """Checked before the run, so that a bad --json path does not cost the whole run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return not path.is_dir() and os.access(path.parent, os.W_OK)
 
 
-def result_line(results: dict[Case, list[Outcome]]) -> str:
-    def ratio(a: float | None, b: float | None) -> str:
-        return "nan" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+NOTES_MARK = "<!-- notes below: written by hand, kept when bench.recovery rewrites this file -->"
 
-    kit_kill = median([recovery(o) for o in _single(results, "kit", "kill")])
-    ft_kill = median([recovery(o) for o in _single(results, "ft_launcher", "kill")])
-    kit_inproc = median([recovery(o) for o in _single(results, "kit-inproc", "exception")])
-    wrapper = median([recovery(o) for o in _single(results, "nvrx-wrapper", "exception")])
-    hangs = _single(results, "kit", "hang")
-    detect = median([o.hang_detect_s for o in hangs])
-    step = median([o.metrics.median_step_s if o.metrics else None for o in hangs])
-    (free,) = [o for c, (o, *_) in results.items() if c.fault == "none"]
-    return (
-        f"RESULT kill_recovery_ratio={ratio(kit_kill, ft_kill)} inprocess_ratio={ratio(kit_inproc, wrapper)} "
-        f"hang_detect_steps={ratio(detect, step)} false_restarts={free.restarts}"
-    )
+
+def with_notes(table: str, doc: Path) -> str:
+    """The new tables plus the hand-written reading notes of the old file (after NOTES_MARK)."""
+    old = doc.read_text(encoding="utf-8") if doc.exists() else ""
+    _, mark, notes = old.partition(NOTES_MARK)
+    return table.rstrip() + "\n\n" + NOTES_MARK + notes if mark else table
 
 
 def _node_fault(o: NodeOutcome | None):  # type: ignore[no-untyped-def]
     return o.metrics.faults[0] if o is not None and o.metrics is not None and o.metrics.faults else None
 
 
-def node_result_fields(nodes: dict[NodeCase, NodeOutcome], results: dict[Case, list[Outcome]]) -> str:
-    """` node_recovery_ratio=... pod0_survived=... drain_lost_steps=...` for the RESULT line."""
-    kill = median([recovery(o) for o in _single(results, "kit", "kill")])
-    lost1 = _node_fault(nodes.get(NodeCase(mechanism="kit+spare", fault="node", node=1)))
-    pod0 = nodes.get(NodeCase(mechanism="kit+spare", fault="node", node=0))
-    drain = _node_fault(nodes.get(NodeCase(mechanism="kit+spare", fault="drain", node=1)))
-    ratio = (
-        "nan" if lost1 is None or lost1.recovery_s is None or not kill else f"{lost1.recovery_s / kill:.2f}"
-    )
-    drained = "nan" if drain is None or drain.lost_steps is None else str(drain.lost_steps)
-    survived = "nan" if pod0 is None else str(int(pod0.survived))
-    return f" node_recovery_ratio={ratio} pod0_survived={survived} drain_lost_steps={drained}"
+def _runs(values: Sequence[float | None]) -> str:
+    f = figure(values)
+    return f"{fmt(f.value)} | {f.spread()} | {f.n}"
 
 
-def render_nodes(nodes: dict[NodeCase, NodeOutcome], results: dict[Case, list[Outcome]]) -> str:
-    lines = [
-        "",
-        "## Node loss and drain: kit with and without a spare vs torchrun and ft_launcher",
-        "",
-        f"2 pods x 1 rank through `python -m k8s local` (tiny model, {NODE_STEPS} steps, checkpoints",
-        f"every 5); the fault at the top of step {FAULT_STEP} on the named pod. kit = no spare (the local",
-        "runner recreates the lost pod at once, the best case of the Kubernetes path); torchrun and",
-        "ft_launcher keep their rendezvous on pod 0, as the study deployed them. Recovery = fault -> end of",
-        "the first step after the resume; survived = the Job completed every step.",
-        "",
-        "| mechanism | fault | survived | recovery | took over | lost steps | wall | notes |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for case, o in nodes.items():
-        f = _node_fault(o)
-        lost = "-" if f is None or f.lost_steps is None else str(f.lost_steps)
-        lines.append(
-            f"| {case.mechanism} | {case.label} | {'yes' if o.survived else 'no (job lost)'} | "
-            f"{fmt(f.recovery_s if f else None)} | {(f.takeover if f else None) or '-'} | {lost} | "
-            f"{o.wall_s:.1f} s | {o.note} |"
-        )
-    lines += ["", "```", (result_line(results) + node_result_fields(nodes, results)).strip(), "```", ""]
-    return "\n".join(lines)
-
-
-def render(results: dict[Case, list[Outcome]], *, reps: int, quick: bool, elapsed_s: float) -> str:
-    mode = "--quick" if quick else f"--reps {reps}"
+def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bool, elapsed_s: float) -> str:
+    mode = " ".join((["--quick"] if quick else []) + ([f"--reps {reps}"] if reps != REPS[quick] else []))
+    others = 1 if quick else min(3, reps)
     lines = [
         "## Recovery: kit launcher and in-process restart vs NVRx and torchrun",
         "",
-        f"Command: `python -m bench.recovery {mode}` ({elapsed_s / 60:.1f} min on this machine).",
+        f"Command: `python -m bench.recovery{' ' + mode if mode else ''}` ({elapsed_s / 60:.1f} min on this "
+        "machine, every case below in this one run).",
         "Same job for every mechanism: tiny Llama, 2 ranks x 1 thread (gloo), async checkpoints every 5",
         f"steps; one fault on rank 1 at the top of step {FAULT_STEP} (hang, sigstop: step {HANG_STEP}), two",
         "steps after the last checkpoint. Recovery = fault -> end of the first step after the resume;",
-        f"detection = fault -> the launcher's event (training.metrics). Median of {reps} run(s) each.",
+        "detection = fault -> the launcher's event (training.metrics). Repetitions interleaved (rep 1 of",
+        f"every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {others} of the others",
+        "(the no-spare and baseline node cases: 1); n = runs that gave a figure; spread = min-max over them.",
         "",
-        "| mechanism | fault | recovery (median) | runs | detection (median) | median step | notes |",
-        "|---|---|---|---|---|---|---|",
+        "| mechanism | fault | recovery (median) | spread | n | detection (median) | median step | notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for case, outcomes in results.items():
+    for case, outcomes in results.single.items():
         if case.fault in ("none", "schedule"):
             continue
-        rec = [recovery(o) for o in outcomes]
         det = [o.hang_detect_s if case.fault in ("hang", "sigstop") else detection(o) for o in outcomes]
         steps = median([o.metrics.median_step_s if o.metrics else None for o in outcomes])
         notes = "; ".join(sorted({o.note for o in outcomes if o.note}))
-        runs = ", ".join(fmt(r) for r in rec)
         lines.append(
-            f"| {case.mechanism} | {case.fault} | {fmt(median(rec))} | {runs} | {fmt(median(det))} | "
-            f"{fmt(steps)} | {notes} |"
+            f"| {case.mechanism} | {case.fault} | {_runs([recovery(o) for o in outcomes])} | "
+            f"{fmt(median(det))} | {fmt(steps)} | {notes} |"
         )
     lines += [
         "",
         "| run | steps | exit | restarts | wall | median step | strict goodput | training goodput | faults |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case, (o,) in ((c, r) for c, r in results.items() if c.fault in ("none", "schedule")):
-        m = o.metrics
-        faults = len(m.faults) if m else 0
+    for case, outcomes in results.single.items():
+        if case.fault not in ("none", "schedule"):
+            continue
+        o, m = outcomes[0], outcomes[0].metrics
         lines.append(
             f"| {case.mechanism} {case.fault} | {case.total_steps} | {o.returncode} | {o.restarts} | "
             f"{o.wall_s:.1f} s | {fmt(m.median_step_s if m else None)} | "
-            f"{fmt(m.goodput if m else None, '')} | {fmt(m.training_goodput if m else None, '')} | {faults} |"
+            f"{fmt(m.goodput if m else None, '')} | {fmt(m.training_goodput if m else None, '')} | "
+            f"{len(m.faults) if m else 0} |"
         )
     lines += [
         "",
@@ -508,13 +779,62 @@ def render(results: dict[Case, list[Outcome]], *, reps: int, quick: bool, elapse
         "torchrun = `torch.distributed.run --max-restarts` (baseline); kit-inproc, nvrx-wrapper = in-process",
         f"restart (the kit's, NVRx inprocess.Wrapper) with a {COLLECTIVE_TIMEOUT_S} s gloo timeout. Strict",
         "goodput = steps in the result x median fault-free step / wall (training.metrics).",
-        "",
-        "```",
-        result_line(results),
-        "```",
-        "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + render_nodes(results) + render_figures(figs)) + "\n"
+
+
+def render_nodes(results: Results) -> list[str]:
+    lines = [
+        "",
+        "## Node loss and drain: kit with and without a spare vs torchrun and ft_launcher",
+        "",
+        f"2 pods x 1 rank through `python -m k8s local` (tiny model, {NODE_STEPS} steps, checkpoints",
+        f"every 5); the fault at the top of step {FAULT_STEP} on the named pod. kit = no spare (the local",
+        "runner recreates the lost pod at once, the best case of the Kubernetes path); torchrun and",
+        "ft_launcher keep their rendezvous on pod 0, as the study deployed them. Recovery = fault -> end of",
+        "the first step after the resume; survived = the Job completed every step (runs that did / runs).",
+        "",
+        "| mechanism | fault | survived | recovery (median) | spread | n | took over | lost steps | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, outcomes in results.nodes.items():
+        faults = [_node_fault(o) for o in outcomes]
+        lost = sorted({str(f.lost_steps) for f in faults if f is not None and f.lost_steps is not None})
+        took = sorted({f.takeover for f in faults if f is not None and f.takeover})
+        notes = "; ".join(sorted({o.note for o in outcomes if o.note}))
+        survived = sum(o.survived for o in outcomes)
+        lines.append(
+            f"| {case.mechanism} | {case.label} | {survived}/{len(outcomes)} | "
+            f"{_runs([node_recovery(o) for o in outcomes])} | {', '.join(took) or '-'} | "
+            f"{', '.join(lost) or '-'} | {notes} |"
+        )
+    phased = [o.phases for o in results.node("kit+spare", "node", 1) if o.phases]
+    kills = [o.phases for o in results.of("kit", "kill") if o.phases]
+    if phased:
+        lines += [
+            "",
+            "Where the recovery goes (recovery_phases; median s over the runs with every event): detect =",
+            "fault -> first launcher failure event; rendezvous -> the new round's last `group_started`;",
+            "worker start -> last trainer `start`; setup -> last checkpoint load begins; checkpoint load ->",
+            "it ends; redo -> end of the redone step.",
+            "",
+            f"| case | n | {' | '.join(PHASES)} | total |",
+            "|---|---|" + "---|" * (len(PHASES) + 1),
+        ]
+        for label, rows in (("kit+spare node@pod1", phased), ("kit kill rank 1", kills)):
+            if rows:
+                cells = [fmt(median([r[p] for r in rows])) for p in PHASES]
+                total = fmt(median([sum(r.values()) for r in rows]))
+                lines.append(f"| {label} | {len(rows)} | {' | '.join(cells)} | {total} |")
+    return lines
+
+
+def render_figures(figs: Mapping[str, Figure]) -> list[str]:
+    lines = ["", "| RESULT figure | median | spread | n |", "|---|---|---|---|"]
+    for key, f in figs.items():
+        digits = 2 if key in RATIO_KEYS else 0
+        lines.append(f"| {key} | {f.text(digits)} | {f.spread(digits)} | {f.n} |")
+    return [*lines, "", "```", result_line(figs), "```"]
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ class RunMetrics:
     spare_nodes: int = 0
     """Hot spare pods the job ran beside its training nodes (launcher `launcher_start` events): their
     nodes are paid for while they wait, so the cost report counts them."""
+    training_nodes: int = 0
+    """Training nodes (pods) of the job, from the kit launcher's `launcher_start` events; 0 when no kit
+    launcher wrote one (torchrun, ft_launcher). world_size / training_nodes is the GPUs of one node."""
     wall_s: float
     """Seconds from the first trainer start to the last trainer end (or last event if the run never ended)."""
     steps_completed: int
@@ -449,10 +452,11 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         if e["kind"] == "inprocess_restart":
             inprocess[int(e["rank"])] += 1
 
-    spares = [int(e.get("spares") or 0) for e in evs if e["kind"] == "launcher_start"]
+    launchers = [e for e in evs if e["kind"] == "launcher_start"]
     metrics = RunMetrics(
         world_size=world_size,
-        spare_nodes=max(spares, default=0),
+        spare_nodes=max((int(e.get("spares") or 0) for e in launchers), default=0),
+        training_nodes=max((int(e.get("nodes") or 0) for e in launchers), default=0),
         wall_s=wall_s,
         steps_completed=steps_completed,
         steps_computed=steps_computed,

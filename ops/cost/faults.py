@@ -5,8 +5,12 @@ GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). B
   recovery  fault -> end of the first step after the resume (recovery_s, summed over faults)
   rework    steps computed again, beyond the first one after each resume (that one is inside recovery)
   useful    steps_completed x median fault-free step time
-Cost per 1,000 steps = all GPU-hours x price / steps_completed x 1000; cost of one fault = its recovery plus
-its rework, and their mean over the run's faults.
+  spares    hot spare nodes x GPUs per node (world_size / training nodes) x wall time: a spare's node is
+            paid for the whole run whether or not it takes over (the Job's replacement pod becomes the next
+            spare, so the count stays S). What they save (the slow Kubernetes path avoided) is not in one
+            run's events: the report gives the cost and which faults a spare took over, not a saving.
+total = the training GPUs x wall time, plus spares. Cost per 1,000 steps = total GPU-hours x price /
+steps_completed x 1000; cost of one fault = its recovery plus its rework, and their mean over the faults.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class FaultCostItem:
     step: int | None
     gpu_hours: float
     usd: float
+    takeover: str | None = None
+    """Who trained in a lost node's place: spare, replacement, same nodes (None for rank-level faults)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,8 +40,12 @@ class FaultCost:
     price_source: str
     wall_h: float
     steps_completed: int
+    spare_nodes: int = 0
+    """Hot spare nodes the run kept beside its training nodes."""
+    gpus_per_node: int = 0
+    """GPUs of one node (world_size / training nodes); 0 when the run has no kit launcher events."""
     gpu_hours: dict[str, float]
-    """total, useful, stall, recovery, rework (GPU-hours)."""
+    """total, useful, stall, recovery, rework, spares (GPU-hours)."""
     usd: dict[str, float]
     usd_per_1000_steps: float | None
     per_fault: list[FaultCostItem] = field(default_factory=list)
@@ -71,15 +81,22 @@ def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
         rework_s = max(lost - 1, 0) * m.median_step_s if f.recovery_s is not None else lost * m.median_step_s
         rework_s_total += rework_s
         gh = gpus * ((f.recovery_s or 0.0) + rework_s) / h
-        per_fault.append(FaultCostItem(kind=f.kind, step=f.step, gpu_hours=gh, usd=gh * usd_per_gpu_hour))
+        item = FaultCostItem(
+            kind=f.kind, step=f.step, gpu_hours=gh, usd=gh * usd_per_gpu_hour, takeover=f.takeover
+        )
+        per_fault.append(item)
     if not m.faults and m.lost_steps:
         rework_s_total = m.lost_steps * m.median_step_s
+    spares = int(m.spare_nodes)
+    per_node = gpus // m.training_nodes if m.training_nodes else 0
+    spare_gh = spares * per_node * m.wall_s / h
     gpu_hours = {
-        "total": gpus * m.wall_s / h,
+        "total": gpus * m.wall_s / h + spare_gh,
         "useful": gpus * m.steps_completed * m.median_step_s / h,
         "stall": gpus * (m.stall_s + m.drain_s) / h,
         "recovery": gpus * m.recovery_s_total / h,
         "rework": gpus * rework_s_total / h,
+        "spares": spare_gh,
     }
     usd = {k: v * usd_per_gpu_hour for k, v in gpu_hours.items()}
     per_1000 = usd["total"] / m.steps_completed * 1000 if m.steps_completed else None
@@ -88,6 +105,8 @@ def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
         usd_per_gpu_hour=usd_per_gpu_hour,
         price_source=price_source,
         wall_h=m.wall_s / h,
+        spare_nodes=spares,
+        gpus_per_node=per_node,
         steps_completed=m.steps_completed,
         gpu_hours=gpu_hours,
         usd=usd,

@@ -68,10 +68,13 @@ class CostReport:
             )
         if self.faults is not None:
             f, sec = self.faults, "faults and stalls (run)"
-            note = f"{f.gpus} GPUs x {f.usd_per_gpu_hour:.4g} USD/GPU-h ({f.price_source})"
-            for k in ("total", "useful", "stall", "recovery", "rework"):
-                rows.append(Row(sec, f"GPU-hours {k}", f.gpu_hours[k], "GPU-h", note if k == "total" else ""))
+            spare_gpus = f" + {f.spare_nodes * f.gpus_per_node} spare" if f.spare_nodes else ""
+            note = f"{f.gpus}{spare_gpus} GPUs x {f.usd_per_gpu_hour:.4g} USD/GPU-h ({f.price_source})"
+            notes = {"total": note, "spares": _spares_note(f)}
+            for k in ("total", "useful", "stall", "recovery", "rework", "spares"):
+                rows.append(Row(sec, f"GPU-hours {k}", f.gpu_hours[k], "GPU-h", notes.get(k, "")))
                 rows.append(Row(sec, f"cost {k}", f.usd[k], "USD"))
+            rows.append(Row(sec, "spare nodes", float(f.spare_nodes), "nodes", _spares_saved(f)))
             rows.append(
                 Row(
                     sec,
@@ -91,7 +94,7 @@ class CostReport:
                         f"fault {i}: {pf.kind} at step {pf.step}",
                         pf.usd,
                         "USD",
-                        f"{pf.gpu_hours:.4g} GPU-h",
+                        f"{pf.gpu_hours:.4g} GPU-h" + (f"; {pf.takeover} took over" if pf.takeover else ""),
                     )
                 )
         return rows
@@ -106,6 +109,27 @@ class CostReport:
                 "API answer nor ops/prices.json); their cost is not in the total"
             )
         return out
+
+
+def _spares_note(f: FaultCost) -> str:
+    if not f.spare_nodes:
+        return "no hot spare"
+    node_usd = f.gpus_per_node * f.usd_per_gpu_hour
+    return (
+        f"{f.spare_nodes} spare node(s) x {f.gpus_per_node} GPUs x wall time "
+        f"({node_usd:.4g} USD per node-hour)"
+    )
+
+
+def _spares_saved(f: FaultCost) -> str:
+    """What the spares bought, said as far as one run's events can say it."""
+    taken = sum(1 for pf in f.per_fault if pf.takeover == "spare")
+    if not f.spare_nodes:
+        return ""
+    return (
+        f"took over {taken} of {len(f.per_fault)} fault(s); the time they saved (Kubernetes' replacement "
+        "path avoided) is not in this run: compare a run without spares"
+    )
 
 
 def _fmt(v: float | None) -> str:
@@ -185,6 +209,8 @@ def to_json(report: CostReport) -> str:
             "usd_per_gpu_hour": f.usd_per_gpu_hour,
             "price_source": f.price_source,
             "wall_h": f.wall_h,
+            "spare_nodes": f.spare_nodes,
+            "gpus_per_node": f.gpus_per_node,
             "steps_completed": f.steps_completed,
             "gpu_hours": f.gpu_hours,
             "usd": f.usd,

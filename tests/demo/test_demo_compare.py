@@ -14,9 +14,14 @@ from demo.run import (
     TORCHRUN_NODE,
     Outcome,
     compare_with_reference,
+    ended_launchers,
     guarantee_holds,
+    torchrun_node_loss_line,
+    whole_job_restart,
 )
+from k8s.local import PodRecord
 from training.checkpoint import CheckpointConfig, Checkpointer
+from training.metrics import FaultMetrics
 
 
 def _run(run_dir: Path, weights: torch.Tensor, *, step: int = 3) -> Path:
@@ -70,3 +75,42 @@ def test_a_baseline_that_ends_elsewhere_is_shown_but_the_verdict_is_the_kits(tmp
     kit_node = _outcome(KIT_NODE, tmp_path / "kit-node-nothing", succeeded=False)
     compare_with_reference(kit_node, ref)
     assert not guarantee_holds([kit, kit_node, ref], ref)  # every kit run must finish, node loss included
+
+
+def _pods(*codes: tuple[int, int, int | None]) -> list[PodRecord]:
+    """(index, attempt, exit code) -> the records the local runner keeps."""
+    return [
+        PodRecord(
+            name=f"demo-{i}-local" + (f"-r{a}" if a else ""), index=i, attempt=a, log=Path("x"), exit_code=c
+        )
+        for i, a, c in codes
+    ]
+
+
+def _node_fault(recovery_s: float | None) -> FaultMetrics:
+    return FaultMetrics(kind="node", step=14, rank=None, ts=0.0, detect_s=None, recovery_s=recovery_s, node=0)
+
+
+def test_torchrun_losing_pod_0_is_said_to_survive_only_as_a_new_job(tmp_path: Path) -> None:
+    """Every launcher ended and the Job recreated every pod: a whole-job restart, not a recovery."""
+    base = _outcome(TORCHRUN_NODE, tmp_path)
+    base.pods = _pods((0, 0, -9), (1, 0, 1), (0, 1, 0), (1, 1, 0))
+    assert whole_job_restart(base.pods)
+    line = torchrun_node_loss_line(base, _node_fault(33.0))
+    assert "2 of 2 launchers ended (demo-0-local exit -9, demo-1-local exit 1)" in line
+    assert "only because the Job recreated every pod (a whole-job restart)" in line
+    assert "33.0 s after the fault" in line and "the study's 270 s" in line
+    assert "differs" not in line
+    base.same_final_as = {"reference": False}
+    assert "docs/runbook.md 'torchrun after losing pod 0'" in torchrun_node_loss_line(base, _node_fault(33.0))
+
+
+def test_torchrun_that_was_not_restarted_whole_lost_the_job(tmp_path: Path) -> None:
+    base = _outcome(TORCHRUN_NODE, tmp_path, succeeded=False)
+    base.reason = "index 1 failed 1 times"
+    base.pods = _pods((0, 0, -9), (1, 0, 1), (0, 1, None))
+    assert not whole_job_restart(base.pods)  # index 1 never came back
+    line = torchrun_node_loss_line(base, _node_fault(None))
+    assert line.endswith("; the job was lost (index 1 failed 1 times)")
+    survivor = _pods((0, 0, -9), (1, 0, 0), (0, 1, 0))  # a launcher that lived on: no whole-job restart
+    assert not whole_job_restart(survivor) and [p.index for p in ended_launchers(survivor)] == [0]

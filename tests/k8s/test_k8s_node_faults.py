@@ -107,3 +107,22 @@ def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
     assert "signal SIGKILL" in given_up[0]["reason"]
     assert "exit code 75" in proc.stdout  # the given-up pod; the Job replaces it (a new spare)
     assert_same_model(run_dir, fault_free)
+
+
+def test_drain_under_the_nvrx_wrapper_loses_no_step(tmp_path: Path, fault_free: Path) -> None:
+    """The trainer inside NVRx's inprocess.Wrapper: SIGTERM to pod 1 still commits the step on every rank
+    and the spare resumes from it (the Wrapper leaves SIGTERM to the trainer's drain handler)."""
+    pytest.importorskip("nvidia_resiliency_ext", reason="NVRx is not installed")
+    run_id = "drainnvrx"
+    proc, run_dir = run_job(
+        tmp_path, run_id, "SPARES=1", "INPROCESS=true", "INPROCESS_BACKEND=nvrx",
+        f"FAULT_SPEC=drain:step={FAULT_STEP}:node=1",
+    )  # fmt: skip
+    assert_same_model(run_dir, fault_free)
+    config = next((tmp_path / run_id / "configmaps").glob("*/train.yaml")).read_text()
+    assert "backend: nvrx" in config  # the Wrapper ran, not the kit's own loop
+    assert f"pod {run_id}-1-local: exit code 143" in proc.stdout  # left inside its grace period
+    m = metrics.load_run_metrics(run_dir)
+    assert [(f.kind, f.lost_steps, f.resume_step, f.takeover) for f in m.faults] == [
+        ("drain", 0, FAULT_STEP, "spare")
+    ]

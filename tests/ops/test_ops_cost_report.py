@@ -159,15 +159,21 @@ def test_burn_rate_falls_back_to_the_dated_table_with_a_label(
     assert inst["usd_per_hour"] == pytest.approx(2 * 55.04)
 
 
-def write_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def write_run(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, nodes: int | None = None, spares: int = 0
+) -> None:
     """Two ranks: steps 1-6 (1 s each, a 0.5 s checkpoint stall after step 4), rank 1 killed after step 6,
-    resume from step 4 on attempt 1, steps 5-10, end."""
+    resume from step 4 on attempt 1, steps 5-10, end. With `nodes`, the kit launcher's `launcher_start`
+    says how many training nodes and hot spares the job had."""
     from training.events import EventLog
 
     t0 = 1_700_000_000.0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     logs = [EventLog(run_dir, role="trainer", rank=r) for r in (0, 1)]
     launcher = EventLog(run_dir, role="launcher", rank=None)
+    if nodes is not None:
+        for node_rank in range(nodes + spares):
+            launcher.emit("launcher_start", ts=t0 - 1.0, node_rank=node_rank, nodes=nodes, spares=spares)
     t = t0
     for log in logs:
         log.emit("start", ts=t, world_size=2, model="tiny", ckpt_mode="async")
@@ -235,6 +241,44 @@ def test_fault_and_stall_cost_from_a_run_folder(
     assert len(f["per_fault"]) == 1 and f["per_fault"][0]["kind"] == "kill"
     assert f["usd_per_fault"] == pytest.approx(f["usd"]["recovery"] + f["usd"]["rework"])
     assert f["usd_per_1000_steps"] == pytest.approx(f["usd"]["total"] / 10 * 1000)
+
+
+@pytest.mark.parametrize(("nodes", "spares", "gpus_per_node"), [(2, 1, 1), (1, 2, 2), (2, 0, 1)])
+def test_spares_are_billed_for_the_whole_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    nodes: int,
+    spares: int,
+    gpus_per_node: int,
+) -> None:
+    """A hot spare's node is paid while it waits: spares x GPUs per node (world / training nodes) x wall."""
+    from training.metrics import load_run_metrics
+
+    run = tmp_path / "run-spares"
+    write_run(run, monkeypatch, nodes=nodes, spares=spares)
+    m = load_run_metrics(run)
+    price = 10.0
+    base = ["--prefix", PREFIX, "--offline", "--run-dir", str(run), "--gpu-hour-price", str(price)]
+    assert main([*base, "--format", "json"]) == 0
+    f = json.loads(capsys.readouterr().out)["faults"]
+    spare_gh = spares * gpus_per_node * m.wall_s / 3600
+    assert (f["spare_nodes"], f["gpus_per_node"]) == (spares, gpus_per_node)
+    assert f["gpu_hours"]["spares"] == pytest.approx(spare_gh)
+    assert f["usd"]["spares"] == pytest.approx(spare_gh * price)
+    assert f["gpu_hours"]["total"] == pytest.approx(2 * m.wall_s / 3600 + spare_gh)  # spares in the total
+    assert f["usd_per_1000_steps"] == pytest.approx(f["usd"]["total"] / 10 * 1000)
+    assert main([*base, "--format", "csv"]) == 0
+    rows = {r["item"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert float(rows["spare nodes"]["value"]) == spares
+    if spares:
+        assert rows["GPU-hours total"]["note"].startswith(f"2 + {spares * gpus_per_node} spare GPUs x 10 USD")
+        assert f"{spares} spare node(s) x {gpus_per_node} GPUs" in rows["GPU-hours spares"]["note"]
+        assert f"{gpus_per_node * price:g} USD per node-hour" in rows["GPU-hours spares"]["note"]
+        assert "took over 0 of 1 fault(s)" in rows["spare nodes"]["note"]  # a rank kill: no takeover
+        assert "not in this run" in rows["spare nodes"]["note"]  # the saving is not claimed
+    else:
+        assert rows["GPU-hours spares"]["note"] == "no hot spare" and float(rows["cost spares"]["value"]) == 0
 
 
 def test_formats_and_png(
