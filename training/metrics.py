@@ -17,6 +17,7 @@ Conventions, chosen once and documented here:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -117,6 +118,13 @@ class RunMetrics:
     """Every injected fault, in time order."""
     recovery_s_total: float = 0.0
     """Sum of the faults' recovery_s (faults never recovered count 0)."""
+    downtime_s_total: float = 0.0
+    """Sum of the faults' downtime_s (the study's shutdown + startup; faults never recovered count 0)."""
+    step_time_s: float = 0.0
+    """Seconds the reference rank spent inside training steps, replays included (checkpoints excluded)."""
+    startup_s: float = 0.0
+    """Seconds from the first trainer start to the start of the reference rank's first step (process group,
+    model, checkpoint load); 0 when no step ran."""
     goodput: float = 0.0
     """Strict goodput: steps_completed * median_step_s / wall_s."""
     training_goodput: float = 0.0
@@ -142,6 +150,68 @@ class RunMetrics:
     """Median tokens per second of one rank (one GPU) over its steps; None when steps carry none."""
     mfu: float | None = None
     """Median model FLOPs utilisation over the same steps; None where the device's peak is unknown (CPU)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goodput:
+    """The three goodputs of one run over one wall time (fractions in [0, 1] for a sane run)."""
+
+    strict: float
+    """steps_completed * median_step_s / wall: only the steps in the final result, at fault-free speed."""
+    training: float
+    """The study's training goodput: step_time_s / wall."""
+    infra: float
+    """The study's infra goodput: (wall - downtime_s_total) / wall."""
+
+
+def goodput_over(m: RunMetrics, wall_s: float) -> Goodput:
+    """The goodputs of `m` over `wall_s` seconds. compute_metrics uses the events' wall (first trainer start
+    to last end); a benchmark passes the job's wall time from its own clock (launch to exit), so the
+    launcher's and the workers' start-up count too, as a user waiting for the job sees them."""
+    return Goodput(
+        strict=_ratio(m.steps_completed * m.median_step_s, wall_s),
+        training=_ratio(m.step_time_s, wall_s),
+        infra=_ratio(wall_s - m.downtime_s_total, wall_s),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeBudget:
+    """Where a job's wall time went, in seconds; the parts add up to `wall_s` (`other_s` is the rest)."""
+
+    wall_s: float
+    useful_s: float
+    """steps_completed * median_step_s: what strict goodput counts."""
+    replay_s: float
+    """lost_steps * median_step_s: steps computed again after faults."""
+    slow_steps_s: float
+    """step_time_s beyond steps_computed * median_step_s: steps slower than the median (the first step of a
+    process, steps beside a background checkpoint write)."""
+    checkpoint_s: float
+    """stall_s + drain_s: the loop blocked by saves, and the final wait."""
+    downtime_s: float
+    """downtime_s_total: per fault, the fault until training restarted."""
+    startup_s: float
+    """startup_s: the first trainer start to its first step."""
+    outside_s: float
+    """The job's wall time outside the events' wall: launcher and worker start-up before the first trainer
+    start, and the exit after the last end."""
+    other_s: float
+    """The rest (between steps: heartbeats, events, logs; time the events do not attribute)."""
+
+
+def time_budget(m: RunMetrics, wall_s: float) -> TimeBudget:
+    """Split `wall_s` (the job's wall time, >= m.wall_s) into the parts of TimeBudget."""
+    parts = {
+        "useful_s": m.steps_completed * m.median_step_s,
+        "replay_s": m.lost_steps * m.median_step_s,
+        "slow_steps_s": m.step_time_s - m.steps_computed * m.median_step_s,
+        "checkpoint_s": m.stall_s + m.drain_s,
+        "downtime_s": m.downtime_s_total,
+        "startup_s": m.startup_s,
+        "outside_s": max(0.0, wall_s - m.wall_s),
+    }
+    return TimeBudget(wall_s=wall_s, other_s=wall_s - sum(parts.values()), **parts)
 
 
 def _int(value: Any) -> int | None:
@@ -340,6 +410,10 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
 
     steps = [e for e in mine if e["kind"] == "step"]
     steps_computed = len(steps)
+    startup_s = 0.0
+    if steps:
+        first = steps[0]
+        startup_s = max(0.0, float(first.get("t_start") or _ts(first)) - t_first)
     final = max((int(e["step"]) for e in ends), default=None)
     # Count distinct step numbers up to the final one, so 0- and 1-based numbering give the same answer.
     distinct = {int(e["step"]) for e in steps if final is None or int(e["step"]) <= final}
@@ -379,7 +453,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
             inprocess[int(e["rank"])] += 1
 
     launchers = [e for e in evs if e["kind"] == "launcher_start"]
-    return RunMetrics(
+    metrics = RunMetrics(
         world_size=world_size,
         spare_nodes=max((int(e.get("spares") or 0) for e in launchers), default=0),
         training_nodes=max((int(e.get("nodes") or 0) for e in launchers), default=0),
@@ -395,9 +469,9 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         checkpoints_failed=len(failed),
         faults=faults,
         recovery_s_total=recovery_total,
-        goodput=_ratio(steps_completed * median_step_s, wall_s),
-        training_goodput=_ratio(step_time_total, wall_s),
-        infra_goodput=_ratio(wall_s - downtime_total, wall_s),
+        downtime_s_total=downtime_total,
+        step_time_s=step_time_total,
+        startup_s=startup_s,
         finished=bool(ends),
         attempts=max(attempts, default=0) + 1,
         restarts=restarts,
@@ -407,6 +481,10 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         events_skipped=len(given) - len(evs),
         tokens_per_s=statistics.median(rates) if rates else None,
         mfu=statistics.median(mfus) if mfus else None,
+    )
+    over = goodput_over(metrics, wall_s)
+    return dataclasses.replace(
+        metrics, goodput=over.strict, training_goodput=over.training, infra_goodput=over.infra
     )
 
 

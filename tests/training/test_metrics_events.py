@@ -9,7 +9,7 @@ import pytest
 from metrics_fixtures import T0, SyntheticRun, fault_free_run
 
 from training.events import events_dir, read_events
-from training.metrics import MetricsError, compute_metrics, load_run_metrics
+from training.metrics import MetricsError, compute_metrics, goodput_over, load_run_metrics, time_budget
 
 
 def test_fault_free_async_run(tmp_path: Path) -> None:
@@ -74,6 +74,40 @@ def test_kill_detected_by_launcher_then_resumed_from_disk(tmp_path: Path) -> Non
     assert m.goodput == pytest.approx(20 * 0.5 / wall)
     assert m.training_goodput == pytest.approx((2.0 + 11 * 0.5 + 0.9 + 9 * 0.5) / wall)
     assert m.checkpoints_committed == 1
+
+
+def test_goodput_over_the_job_wall_and_where_the_time_went(tmp_path: Path) -> None:
+    """A benchmark's own clock (launch to exit) is longer than the events' wall; the budget adds up to it."""
+    run = SyntheticRun(tmp_path)
+    run.start_attempt(0, T0, resume_step=None)
+    t = run.steps(1, 10, T0 + 3.0, 0.5, first_dur=2.0)
+    run.ckpt(10, "stall", t + 0.25, 0.25)
+    t = run.steps(11, 12, t + 0.25, 0.5)
+    fault_ts = t + 0.1
+    run.fault("kill", 13, 1, fault_ts)
+    run.start_attempt(1, fault_ts + 3.0, resume_step=10, resume_ts=fault_ts + 4.0)
+    t = run.steps(11, 20, fault_ts + 4.1, 0.5, first_dur=0.9)
+    run.end(20, t)
+    run.close()
+
+    m = load_run_metrics(tmp_path)
+    assert m.startup_s == pytest.approx(3.0)
+    assert m.downtime_s_total == pytest.approx(4.1)
+    assert m.step_time_s == pytest.approx(2.0 + 11 * 0.5 + 0.9 + 9 * 0.5)
+    job_wall = m.wall_s + 7.0  # 7 s of launcher start-up and exit that no event covers
+    g = goodput_over(m, job_wall)
+    assert g.strict == pytest.approx(20 * 0.5 / job_wall)
+    assert g.training == pytest.approx(m.step_time_s / job_wall)
+    assert g.infra == pytest.approx((job_wall - 4.1) / job_wall)
+    assert goodput_over(m, m.wall_s).strict == pytest.approx(m.goodput)
+    b = time_budget(m, job_wall)
+    assert (b.useful_s, b.replay_s) == (pytest.approx(10.0), pytest.approx(1.0))
+    assert b.slow_steps_s == pytest.approx((2.0 - 0.5) + (0.9 - 0.5))
+    assert (b.checkpoint_s, b.downtime_s, b.startup_s) == (pytest.approx(0.25), pytest.approx(4.1), 3.0)
+    assert b.outside_s == pytest.approx(7.0)
+    assert b.other_s == pytest.approx(0.1)  # the fault fired 0.1 s after step 12 ended
+    parts = dataclasses.asdict(b)
+    assert sum(v for k, v in parts.items() if k != "wall_s") == pytest.approx(job_wall)
 
 
 def test_hang_detected_by_heartbeat(tmp_path: Path) -> None:

@@ -1,0 +1,365 @@
+"""Goodput benchmark: the study's 5-fault schedule on the same tiny job under every mechanism, in one run.
+
+`python -m bench.goodput [--quick] [--reps N]` trains the tiny model on 2 ranks (gloo, 1 thread each) for
+2,000 steps with the study's seeded schedule (reference/seed-system.md §11: seed 42, 5 faults after step
+10, kinds exception 0.6 / hang 0.4, never rank 0), side by side under:
+  kit              the kit as deployed: heartbeat launcher (`python -m training.launch`), in-process restart
+                   (exceptions recovered in process), async checkpoints at the kit's interval: `auto`
+                   (Young/Daly from the measured save cost) given the schedule's MTBF, steps x ~0.2 s / 5
+  kit@study        the same with the study's interval (500 steps)
+  kit-sync         the same as kit with `--checkpoint.mode sync` (the kit's interval)
+  ft_launcher      NVRx 0.4.1 ft_launcher (5 s heartbeat timeout), sync checkpoints every 500 steps
+  torchrun         torch.distributed.run --max-restarts (the study's Kubernetes baseline: a hang is seen only
+                   when the healthy rank's collective times out, 60 s as the study's NCCL timeout), sync
+                   checkpoints every 500 steps
+The launcher command lines are bench/recovery.py's. Every figure comes from the run's events through
+training.metrics, over the job's wall time from this process's clock (launch to exit: start-up counts).
+
+--quick scales the run down by 10 (200 steps, interval and schedule window scaled alike, the same 5 faults;
+torchrun's collective timeout 10 s) and only prints. Last line:
+`RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>`.
+Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.recovery import NVRX_MECHANISMS, Case, Outcome, run_case
+from training.checkpoint.interval import INTERVAL_EVENT
+from training.events import read_events
+from training.metrics import Goodput, RunMetrics, goodput_over, time_budget
+from training.report import write_timeline
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks" / "goodput.md"
+PNG = DOC.with_name("goodput_timeline.png")
+STUDY_STEPS = 2000
+STUDY_INTERVAL = 500
+STUDY_AFTER_STEP = 10
+STEP_S = 0.2
+"""The tiny job's expected step time on 2 ranks here (seconds): sets the MTBF the kit's interval is given."""
+KIT_INTERVAL_MIN = 10
+"""The kit's fewest steps between saves at 2,000 steps (checkpoint.interval_min's default), scaled."""
+BASELINE_TIMEOUT_S = 60.0
+"""torchrun's collective timeout: the study's NCCL timeout, the time its baseline takes to see a hang."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale:
+    """One size of the run; every step count of the study scaled by `steps / 2000`."""
+
+    name: str
+    steps: int
+    baseline_timeout_s: float
+    """torchrun's collective timeout (seconds)."""
+    faults: int = 5
+    kinds: str = "exception:0.6,hang:0.4"
+
+    def scaled(self, study_steps: int) -> int:
+        return max(1, round(study_steps * self.steps / STUDY_STEPS))
+
+
+SCALES = {
+    "full": Scale(name="full", steps=STUDY_STEPS, baseline_timeout_s=BASELINE_TIMEOUT_S),
+    "quick": Scale(name="quick", steps=200, baseline_timeout_s=10.0),
+    # the smoke test's: every process path, no hang (it needs 20 steps of learning before the kit sees one)
+    "smoke": Scale(name="smoke", steps=20, baseline_timeout_s=10.0, faults=1, kinds="exception"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mechanism:
+    label: str
+    base: str
+    """bench/recovery.py's mechanism whose command line this one uses."""
+    mode: str
+    """Checkpoint mode: async or sync."""
+    study_interval: bool
+    """True: the study's 500 steps (scaled); False: the kit's interval."""
+    describe: str
+
+
+MECHANISMS = (
+    Mechanism(label="kit", base="kit-inproc", mode="async", study_interval=False,
+              describe="heartbeat launcher, in-process restart, async checkpoints, the kit's interval (auto, "
+                       "given the schedule's MTBF; the range it chose, and its last choice)"),
+    Mechanism(label="kit@study", base="kit-inproc", mode="async", study_interval=True,
+              describe="the same with the study's interval"),
+    Mechanism(label="kit-sync", base="kit-inproc", mode="sync", study_interval=False,
+              describe="the kit with sync checkpoints at the kit's interval"),
+    Mechanism(label="ft_launcher", base="ft_launcher", mode="sync", study_interval=True,
+              describe="NVRx 0.4.1 ft_launcher (5 s heartbeat timeout), sync checkpoints, study's interval"),
+    Mechanism(label="torchrun", base="torchrun", mode="sync", study_interval=True,
+              describe="torch.distributed.run --max-restarts 8, sync checkpoints, the study's interval"),
+)  # fmt: skip
+
+
+def mtbf_s(scale: Scale) -> float:
+    """The schedule's mean time between faults: the run's expected step time over its fault count."""
+    return scale.steps * STEP_S / scale.faults
+
+
+def interval_args(mech: Mechanism, scale: Scale) -> list[str]:
+    """The study's interval (scaled), or the kit's: `auto` (Young/Daly) given the schedule's MTBF."""
+    if mech.study_interval:
+        return ["--checkpoint.interval", str(scale.scaled(STUDY_INTERVAL))]
+    return ["--checkpoint.interval", "auto", "--checkpoint.mtbf_s", f"{mtbf_s(scale):g}",
+            "--checkpoint.interval_min", str(scale.scaled(KIT_INTERVAL_MIN))]  # fmt: skip
+
+
+def case(mech: Mechanism, scale: Scale) -> Case:
+    trainer = [
+        "--fault.schedule_seed", "42", "--fault.schedule_count", str(scale.faults),
+        "--fault.schedule_kinds", scale.kinds,
+        "--fault.schedule_after_step", str(scale.scaled(STUDY_AFTER_STEP)),
+        "--checkpoint.mode", mech.mode, *interval_args(mech, scale),
+    ]  # fmt: skip
+    if mech.base == "torchrun":
+        trainer += ["--training.collective_timeout_s", f"{scale.baseline_timeout_s:g}"]
+    return Case(mechanism=mech.base, fault="schedule", steps=scale.steps, trainer=tuple(trainer))
+
+
+BUDGET = ("wall_s", "useful_s", "replay_s", "slow_steps_s", "checkpoint_s", "downtime_s", "startup_s",
+          "outside_s", "other_s")  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    mech: Mechanism
+    outcome: Outcome
+    goodput: Goodput | None
+    """Over the job's wall time (launch to exit); None when the run left no events."""
+    intervals: tuple[int, ...] = ()
+    """The intervals `auto` logged, in order (its `interval` events); empty for a fixed interval."""
+
+    @property
+    def metrics(self) -> RunMetrics | None:
+        return self.outcome.metrics
+
+
+def measure(mech: Mechanism, scale: Scale, workdir: Path, index: int, *, timeout_s: float) -> Run:
+    outcome = run_case(case(mech, scale), workdir, index, timeout_s=timeout_s)
+    m, folder = outcome.metrics, run_dir(workdir, mech, index)
+    events = read_events(folder) if (folder / "events").exists() else []
+    chosen = tuple(int(e["interval"]) for e in events if e["kind"] == INTERVAL_EVENT)
+    return Run(
+        mech=mech, outcome=outcome, goodput=goodput_over(m, outcome.wall_s) if m else None, intervals=chosen
+    )
+
+
+def interval_cell(mech: Mechanism, scale: Scale, runs: Sequence[Run]) -> str:
+    """The study's fixed interval, or what `auto` chose: its range over the run and its last value."""
+    if mech.study_interval:
+        return str(scale.scaled(STUDY_INTERVAL))
+    chosen = [f"{min(r.intervals)}-{max(r.intervals)}, last {r.intervals[-1]}" for r in runs if r.intervals]
+    return f"auto: {'; '.join(chosen) or '?'}"
+
+
+def run_dir(workdir: Path, mech: Mechanism, index: int) -> Path:
+    """Where run_case put the run (its run id)."""
+    return workdir / "runs" / f"{mech.base}-schedule-{index}".replace("_", "-")
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(present) if present else None
+
+
+def _fmt(value: float | None, spec: str = ".3f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _spread(values: Sequence[float | None], spec: str = ".3f", unit: str = "") -> str:
+    """Median, and min-max when there is more than one value."""
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return "-"
+    mid = _fmt(statistics.median(present), spec, unit)
+    return mid if len(present) == 1 else f"{mid} ({present[0]:{spec}}-{present[-1]:{spec}})"
+
+
+def strict(runs: Sequence[Run]) -> float | None:
+    return _median([r.goodput.strict if r.goodput else None for r in runs])
+
+
+def result_line(results: dict[str, list[Run]]) -> str:
+    kit = strict(results.get("kit", []))
+    ft = strict(results.get("ft_launcher", []))
+    torch = strict(results.get("torchrun", []))
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "nan" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+    return f"RESULT kit_goodput={_fmt(kit)} vs_ft_launcher={ratio(kit, ft)} vs_torchrun={ratio(kit, torch)}"
+
+
+def _restarts(r: Run) -> str:
+    m = r.metrics
+    return "-" if m is None else f"{r.outcome.restarts} + {m.inprocess_restarts} in process"
+
+
+DEFINITIONS = """\
+Goodputs are over the job's wall time from the benchmark's clock (launch to exit, start-up included):
+strict = steps in the result x median fault-free step / wall; the study's training goodput = time in steps
+(replays included, checkpoint calls excluded) / wall; the study's infra goodput = (wall - sum of per-fault
+shutdown + startup) / wall (training.metrics). Lost steps = steps computed again; recovery = sum over
+faults of fault -> end of the first step after the resume (min-max per fault in brackets); checkpoints =
+time the loop was blocked by saves + the final drain.
+
+| mechanism | interval | exit | wall | strict goodput | training goodput | infra goodput | lost steps | \
+recovery (per fault) | checkpoints | restarts | median step |
+|---|---|---|---|---|---|---|---|---|---|---|---|"""
+BUDGET_INTRO = """\
+Where the wall time went (seconds, median over the runs; training.metrics.time_budget): useful = steps in
+the result x median step; replayed = lost steps x median step; slow steps = step time beyond the median
+(first steps, steps beside a background write); checkpoints = stalls + final drain; downtime = per fault,
+fault -> training again; start-up = first trainer start -> first step; outside = launch -> first trainer
+start and last end -> exit; other = the rest.
+
+| mechanism | wall | useful | replayed | slow steps | checkpoints | downtime | start-up | outside | other |
+|---|---|---|---|---|---|---|---|---|---|"""
+
+
+def _row(mech: Mechanism, runs: Sequence[Run], scale: Scale) -> str:
+    ms = [r.metrics for r in runs]
+    per_fault = [f.recovery_s for m in ms if m for f in m.faults if f.recovery_s is not None]
+    fault_range = f" ({min(per_fault):.1f}-{max(per_fault):.1f} s)" if per_fault else ""
+    cells = [
+        mech.label,
+        interval_cell(mech, scale, runs),
+        ", ".join(sorted({str(r.outcome.returncode) for r in runs})),
+        _spread([r.outcome.wall_s for r in runs], ".0f", " s"),
+        _spread([r.goodput.strict if r.goodput else None for r in runs]),
+        _spread([r.goodput.training if r.goodput else None for r in runs]),
+        _spread([r.goodput.infra if r.goodput else None for r in runs]),
+        _spread([m.lost_steps if m else None for m in ms], ".0f"),
+        _spread([m.recovery_s_total if m else None for m in ms], ".1f", " s") + fault_range,
+        _spread([m.stall_s + m.drain_s if m else None for m in ms], ".1f", " s"),
+        "; ".join(sorted({_restarts(r) for r in runs})),
+        _spread([m.median_step_s if m else None for m in ms], ".3f", " s"),
+    ]
+    return f"| {' | '.join(cells)} |"
+
+
+def render(results: dict[str, list[Run]], *, scale: Scale, reps: int, command: str, elapsed_s: float,
+           png: str | None) -> str:  # fmt: skip
+    """The section for docs/benchmarks.md: one row per mechanism (median and min-max over repetitions)."""
+    schedule = ", ".join(f"{f['fault']}@{f['step']}" for f in _schedule(results))
+    lines = [
+        "## Goodput: the study's 5-fault schedule, kit vs its own variants, ft_launcher and torchrun",
+        "",
+        f"Command: `{command}` ({elapsed_s / 60:.1f} min on this machine; {reps} run(s) per mechanism,",
+        "median with min-max when more than one). Same job for every mechanism: tiny Llama, 2 ranks x 1",
+        f"thread (gloo), {scale.steps} steps, the study's seeded schedule (seed 42, {scale.faults} fault(s)",
+        f"after step {scale.scaled(STUDY_AFTER_STEP)}, kinds {scale.kinds}; all on rank 1):",
+        f"{schedule or '-'}.",
+        "",
+        DEFINITIONS,
+        *(_row(m, results[m.label], scale) for m in MECHANISMS if results.get(m.label)),
+        "",
+        BUDGET_INTRO,
+    ]
+    for mech in MECHANISMS:
+        budgets = [time_budget(r.metrics, r.outcome.wall_s) for r in results.get(mech.label, []) if r.metrics]
+        if budgets:
+            cells = [_fmt(_median([getattr(b, name) for b in budgets]), ".1f") for name in BUDGET]
+            lines.append(f"| {mech.label} | {' | '.join(cells)} |")
+    lines += ["", "Mechanisms:", ""]
+    lines += [f"- **{m.label}**: {m.describe}." for m in MECHANISMS if m.label in results]
+    lines += [
+        f"- torchrun's collective timeout is {scale.baseline_timeout_s:g} s; the kit's in-process runs use",
+        "  bench/recovery.py's 10 s gloo timeout (the launcher's learned heartbeat timeout sees a hang",
+        "  first).",
+        "",
+    ]
+    if png:
+        lines += [f"![The kit's run: steps per rank over time, faults, recoveries]({png})", ""]
+    lines += ["```", result_line(results), "```", ""]
+    return "\n".join(lines)
+
+
+def _schedule(results: dict[str, list[Run]]) -> list[dict]:  # type: ignore[type-arg]
+    """The faults as the kit's first run logged them (one per fault)."""
+    for r in results.get("kit", []):
+        if r.metrics is not None:
+            return [{"fault": f.kind, "step": f.step} for f in r.metrics.faults]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="200 steps, everything scaled by 1/10; no doc")
+    parser.add_argument("--reps", type=int, default=1, help="runs per mechanism (default 1)")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's tiny run
+    parser.add_argument("--doc", type=Path, default=None, help=argparse.SUPPRESS)  # where to write the doc
+    parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
+    scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
+    mechanisms = [m for m in MECHANISMS if nvrx or m.base not in NVRX_MECHANISMS]
+    if not nvrx:
+        if scale.name == "full":
+            print("error: NVRx is not installed; run `make bench-setup` (nvidia-resiliency-ext==0.4.1)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        print("note: NVRx is not installed: the ft_launcher run is skipped", flush=True)
+    if scale.name == "smoke":
+        mechanisms = [m for m in mechanisms if m.label in ("kit", "torchrun")]  # the test's time budget
+    doc = args.doc or (DOC if scale.name == "full" else None)
+    flags = " --quick" if args.quick else ""
+    command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
+    workdir = Path(tempfile.mkdtemp(prefix="kit-bench-goodput-"))
+    started = time.monotonic()
+    results: dict[str, list[Run]] = {}
+    png: Path | None = None
+    try:
+        for rep in range(args.reps):
+            for index, mech in enumerate(mechanisms, start=rep * len(MECHANISMS)):
+                run = measure(mech, scale, workdir, index, timeout_s=2400)
+                results.setdefault(mech.label, []).append(run)
+                m, g = run.metrics, run.goodput
+                recovered = _fmt(m.recovery_s_total if m else None, ".1f", " s")
+                print(
+                    f"{mech.label:12} rep {rep + 1}/{args.reps}: exit {run.outcome.returncode}, wall "
+                    f"{run.outcome.wall_s:.1f} s, strict {_fmt(g.strict if g else None)}, lost "
+                    f"{m.lost_steps if m else '-'}, recovery {recovered}"
+                    + (f"  [{run.outcome.note}]" if run.outcome.note else ""),
+                    flush=True,
+                )
+                if doc is not None and mech.label == "kit" and rep == 0 and m is not None:
+                    png = doc.with_name(doc.stem + "_timeline.png")
+                    folder = run_dir(workdir, mech, index)
+                    write_timeline(
+                        read_events(folder), m, png, title="bench.goodput: the kit, study schedule"
+                    )
+    finally:
+        if args.keep:
+            print(f"run folders kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    text = render(results, scale=scale, reps=args.reps, command=command, elapsed_s=elapsed,
+                  png=None if png is None else f"benchmarks/{png.name}")  # fmt: skip
+    print(text)
+    if doc is not None:
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(text, encoding="utf-8")
+        print(f"wrote {doc}")
+    print(result_line(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
