@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import stability
+
 REPO = Path(__file__).resolve().parents[1]
 COMPETITORS = ("none", "sync", "dcp_thread", "dcp_staging", "kit", "nvrx")
 
@@ -66,8 +68,6 @@ class Size:
 QUICK = Size(width=1536, layers=6, batch=16, saves=3, reps=3)
 FULL = Size(width=2048, layers=8, batch=16, saves=6, reps=5)
 RESULT_KEYS = ("stall_ratio", "efficiency", "cost_ratio", "vs_dcp_async", "mem_ratio", "cpu_ratio")
-STABILITY_TOLERANCE = 0.10
-"""Issue 15: three consecutive full runs on an idle machine agree within 10 % on every RESULT figure."""
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -433,42 +433,9 @@ def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def unstable(medians: list[dict[str, float]], tolerance: float = STABILITY_TOLERANCE) -> dict[str, float]:
-    """RESULT figure -> its spread across runs, (max - min) / min of the runs' medians, for every figure
-    over `tolerance` (a figure missing or not finite in any run counts as inf)."""
-    out = {}
-    for key in RESULT_KEYS:
-        values = [run.get(key, math.nan) for run in medians]
-        if not all(math.isfinite(v) for v in values) or min(values) <= 0:
-            out[key] = math.inf
-        elif (spread := (max(values) - min(values)) / min(values)) > tolerance:
-            out[key] = spread
-    return out
-
-
 def check_stability(paths: list[str]) -> int:
     """`--check-stability A.json B.json C.json`: one line per RESULT figure, exit 0 if all agree."""
-    if len(paths) < 2:
-        print(f"error: --check-stability needs 2 or more --json files, got {len(paths)}", file=sys.stderr)
-        return 2
-    medians = []
-    for path in paths:
-        try:
-            result = json.loads(Path(path).read_text())["result"]
-            medians.append({k: float(v[0]) for k, v in result.items()})
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            print(
-                f"error: {path} is not a bench.checkpoint --json file ({exc!r}); rerun with --json",
-                file=sys.stderr,
-            )
-            return 2
-    bad = unstable(medians)
-    for key in RESULT_KEYS:
-        values = ", ".join(f"{run.get(key, math.nan):.4f}" for run in medians)
-        verdict = "ok" if key not in bad else f"NOT STABLE ({bad[key]:.0%})"
-        print(f"{key:14} {values}  {verdict}")
-    print(f"stable within {STABILITY_TOLERANCE:.0%}: {'yes' if not bad else 'no'} across {len(paths)} runs")
-    return 1 if bad else 0
+    return stability.check_stability(paths, RESULT_KEYS, bench="bench.checkpoint")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.recovery import NVRX_MECHANISMS, Case, Outcome, run_case
+from bench.recovery import NVRX_MECHANISMS, Case, Outcome, release, run_case
 from training.checkpoint.interval import INTERVAL_EVENT
 from training.events import read_events
 from training.metrics import Goodput, RunMetrics, goodput_over, time_budget
@@ -345,10 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                         read_events(folder), m, png, title="bench.goodput: the kit, study schedule"
                     )
     finally:
-        if args.keep:
-            print(f"run folders kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        release(workdir, keep=args.keep)
     elapsed = time.monotonic() - started
     text = render(results, scale=scale, reps=args.reps, command=command, elapsed_s=elapsed,
                   png=None if png is None else f"benchmarks/{png.name}")  # fmt: skip

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import stability
 from training.events import read_events
 from training.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
 
@@ -179,6 +180,14 @@ class Outcome:
     extra: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] | None = None
     """recovery_phases of the run (None if an event is missing)."""
+
+
+def release(workdir: Path, *, keep: bool) -> None:
+    """A benchmark's scratch folder: kept (and named) with --keep, else removed."""
+    if keep:
+        print(f"run folders kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -347,8 +356,6 @@ COUNT_KEYS = ("false_restarts", "pod0_survived", "drain_lost_steps")
 RESULT_KEYS = ("kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "false_restarts",
                "node_recovery_ratio", "pod0_survived", "drain_lost_steps")  # fmt: skip
 """The RESULT line's figures, in its order (bench/goodput.py and the docs read them by name)."""
-STABILITY_TOLERANCE = 0.10
-"""Issue 15: three full runs on an idle machine agree within 10 % on every RESULT ratio."""
 
 
 def recovery(o: Outcome) -> float | None:
@@ -497,71 +504,9 @@ def result_line(figs: Mapping[str, Figure]) -> str:
     return "RESULT " + " ".join(f"{k}={figs[k].text(2 if k in RATIO_KEYS else 0)}" for k in RESULT_KEYS)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Stability:
-    key: str
-    values: tuple[float | None, ...]
-    spread: float | None
-    """Ratios: (max - min) / min across the runs; counts: 0 if all equal, else inf; None if a run lacks it."""
-    ok: bool
-
-
-def stability(runs: Sequence[Mapping[str, float | None]], *, tolerance: float = STABILITY_TOLERANCE
-              ) -> list[Stability]:  # fmt: skip
-    """Do the runs agree? Every pair of runs within `tolerance` of each other on every ratio (relative to
-    the smaller), and exactly on every count. A figure missing (nan) in any run fails."""
-    rows = []
-    for key in RESULT_KEYS:
-        values = tuple(run.get(key) for run in runs)
-        present = [v for v in values if v is not None and math.isfinite(v)]
-        spread: float | None = None
-        if len(present) == len(values) and present:
-            low, high = min(present), max(present)
-            if key in COUNT_KEYS:
-                spread = 0.0 if low == high else math.inf
-            else:
-                spread = 0.0 if low == high else (high - low) / low if low > 0 else math.inf
-        rows.append(
-            Stability(key=key, values=values, spread=spread, ok=spread is not None and spread <= tolerance)
-        )
-    return rows
-
-
 def check_stability(paths: Sequence[Path]) -> int:
     """`--check-stability RUN.json ...`: a line per RESULT figure, then the verdict (exit 0: all agree)."""
-    if len(paths) < 2:
-        print(f"error: --check-stability needs 2 or more --json files, got {len(paths)}", file=sys.stderr)
-        return 2
-    runs = []
-    for path in paths:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            result = data["result"]
-            if not isinstance(result, dict):
-                raise TypeError("'result' is not an object")
-            runs.append({k: _number(v) for k, v in result.items()})
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(
-                f"error: {path} is not a bench.recovery --json file ({exc}); rerun with --json",
-                file=sys.stderr,
-            )
-            return 2
-    rows = stability(runs)
-    print(f"{'figure':22} {'runs':36} {'spread':>8}  (criterion: ratios within "
-          f"{STABILITY_TOLERANCE:.0%}, counts equal)")  # fmt: skip
-    for row in rows:
-        values = ", ".join("nan" if v is None else f"{v:g}" for v in row.values)
-        spread = "-" if row.spread is None else "differ" if math.isinf(row.spread) else f"{row.spread:.1%}"
-        print(f"{row.key:22} {values:36} {spread:>8}  {'ok' if row.ok else 'NOT STABLE'}")
-    failed = [r.key for r in rows if not r.ok]
-    print(f"stable: {'yes' if not failed else 'no (' + ', '.join(failed) + ')'} across {len(runs)} runs")
-    return 0 if not failed else 1
-
-
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+    return stability.check_stability(paths, RESULT_KEYS, bench="bench.recovery", counts=COUNT_KEYS)
 
 
 def to_json(
@@ -681,10 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     finally:
-        if args.keep:
-            print(f"run folders kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        release(workdir, keep=args.keep)
     elapsed = time.monotonic() - started
     figs = figures(results)
     table = render(results, figs, reps=reps, quick=args.quick, elapsed_s=elapsed)

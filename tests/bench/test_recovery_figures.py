@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import recovery
+from bench.stability import Stability, stability
 
 STABLE = {
     "kill_recovery_ratio": 0.36,
@@ -31,19 +32,23 @@ def test_paired_ratio_is_the_median_of_per_repetition_ratios_with_their_spread()
     assert recovery.paired_ratio([], []).text() == "nan"
 
 
+def judge(runs: list[dict]) -> list[Stability]:
+    return stability(runs, recovery.RESULT_KEYS, counts=recovery.COUNT_KEYS)
+
+
 def test_runs_within_ten_percent_are_stable() -> None:
     runs = [STABLE, {**STABLE, "node_recovery_ratio": 2.19}, {**STABLE, "kill_recovery_ratio": 0.39}]
-    rows = {r.key: r for r in recovery.stability(runs)}
+    rows = {r.key: r for r in judge(runs)}
     assert all(r.ok for r in rows.values())
     assert rows["node_recovery_ratio"].spread == pytest.approx(0.095)
-    assert [r.key for r in recovery.stability(runs)] == list(recovery.RESULT_KEYS)
+    assert [r.key for r in judge(runs)] == list(recovery.RESULT_KEYS)
 
 
 def test_a_ratio_eleven_percent_apart_a_differing_count_or_a_missing_figure_is_not_stable() -> None:
     runs = [STABLE, {**STABLE, "node_recovery_ratio": 2.22}, STABLE]
-    assert [r.key for r in recovery.stability(runs) if not r.ok] == ["node_recovery_ratio"]
+    assert [r.key for r in judge(runs) if not r.ok] == ["node_recovery_ratio"]
     runs = [STABLE, {**STABLE, "drain_lost_steps": 1.0}, {**STABLE, "hang_detect_steps": None}]
-    rows = {r.key: r for r in recovery.stability(runs)}
+    rows = {r.key: r for r in judge(runs)}
     assert math.isinf(rows["drain_lost_steps"].spread or 0.0) and not rows["drain_lost_steps"].ok
     assert rows["hang_detect_steps"].spread is None and not rows["hang_detect_steps"].ok
 
