@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--heartbeat-min-timeout",
         type=_positive_float("--heartbeat-min-timeout"),
-        default=0.3,
-        help="floor of the auto timeout, seconds (default 0.3)",
+        default=1.0,
+        help="floor of the auto timeout, seconds (default 1.0; loaded 2-core machines stall ranks 0.75 s)",
     )
     _add(
         p,
