@@ -9,7 +9,7 @@ Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "
 Kinds and their own fields:
   trainer:
     start         world_size, model, ckpt_mode
-    resume        step (int | null), source ("disk" | "memory" | "none"), duration_s,
+    resume        step (int | null), source ("disk" | "memory" | "live" | "none"), duration_s,
                   fallback_from (int | null)
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
@@ -23,7 +23,9 @@ Kinds and their own fields:
     interval      rank 0, checkpoint.interval=auto, when the chosen interval changes: interval, previous,
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
                   faults_seen, exposure_s, optimum_s (training.checkpoint.interval)
-    inprocess_restart  reason, restored_step, source, duration_s, iteration (NVRx Wrapper mode only)
+    inprocess_restart  reason, restored_step, source ("live": the failed session's own state, nothing
+                  computed again; "memory": the last save's host copy; "disk"; "none"), why (why not live;
+                  null when live), duration_s, iteration (NVRx Wrapper mode only)
     end           step (the final step)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that

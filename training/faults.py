@@ -25,6 +25,11 @@ fault fires TIME seconds after the injector is created (trainer start): kill, si
 once from a timer thread (mid-step, mid-checkpoint); hang and exception need the training thread, so
 they take effect at the next step boundary.
 
+Test hook (never set in production): KIT_FAULT_TEST_IN_UPDATE, a spec of `exception` faults in the grammar
+above, fires each right after the optimizer step of its step instead of at its top (`maybe_inject_in_update`),
+so tests can fail a rank mid-update, where its live state is torn (training.state). Once per run, like a
+fault (marker `<key>-in-update`).
+
 The study's seeded schedule (reference/seed-system.md §11) is reproduced exactly: with
 `rng = random.Random(seed)`, steps = sorted(rng.sample(after+1 .. max_steps, count)); then per step in
 order rank = rng.randint(1, world_size - 1) (never rank 0) and kind = rng.choices(kinds, weights).
@@ -56,6 +61,7 @@ RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
 NODE_KINDS: tuple[str, ...] = ("node", "drain")
 KINDS: tuple[str, ...] = RANK_KINDS + NODE_KINDS
 FAULTS_DIR = "faults"
+TEST_IN_UPDATE_ENV = "KIT_FAULT_TEST_IN_UPDATE"
 OOM_HEADROOM_BYTES = 256 * 1024 * 1024
 
 
@@ -302,6 +308,7 @@ class FaultInjector:
         here = NodeFaultTarget(node=pod.pod_index() if node is None else node, local_rank=local_rank)
         self._faults = [f for f in plan if (f.rank == rank if f.node is None else here.acts_on(f))]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
+        self._in_update = {f.step: f for f in _test_in_update_faults() if f.rank == rank}
         self._marker_dir = Path(run_dir) / FAULTS_DIR if run_dir is not None else None
         self._fired: set[str] = set()
         self._due: list[Fault] = []
@@ -333,6 +340,12 @@ class FaultInjector:
             if self._claim(item):
                 self._act(item)
 
+    def maybe_inject_in_update(self, step: int) -> None:
+        """Called right after the optimizer step of every training step: the test hook's faults."""
+        fault = self._in_update.get(step)
+        if fault is not None and self._claim(fault, key=f"{fault.key}-in-update", where="update"):
+            self._act(fault)
+
     def close(self) -> None:
         """Stops the timer of time-based faults."""
         for timer in self._timers:
@@ -350,16 +363,17 @@ class FaultInjector:
             return True
         return self._marker_dir is not None and (self._marker_dir / fault.key).exists()
 
-    def _claim(self, fault: Fault) -> bool:
+    def _claim(self, fault: Fault, *, key: str | None = None, **extra: object) -> bool:
         """Record the fault as fired, exactly once per run (the marker outlives this process)."""
+        key = key or fault.key
         with self._lock:
-            if fault.key in self._fired:
+            if key in self._fired:
                 return False
-            self._fired.add(fault.key)
+            self._fired.add(key)
         if self._marker_dir is not None:
             self._marker_dir.mkdir(parents=True, exist_ok=True)
             try:
-                fd = os.open(self._marker_dir / fault.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(self._marker_dir / key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 return False
             os.write(fd, f"{time.time():.6f} pid={os.getpid()} step={self._step}\n".encode())
@@ -367,7 +381,7 @@ class FaultInjector:
             os.close(fd)
         step = fault.step if fault.step is not None else self._step
         target = {"target_node": fault.node} if fault.node is not None else {"target_rank": fault.rank}
-        self._events.emit("fault", fault=fault.kind, step=step, **target)
+        self._events.emit("fault", fault=fault.kind, step=step, **target, **extra)
         return True
 
     def _act(self, fault: Fault) -> None:
@@ -386,6 +400,15 @@ class FaultInjector:
             pod.kill_pod()
         elif fault.kind == "drain":
             pod.drain_pod(pod.grace_period_s())
+
+
+def _test_in_update_faults() -> list[Fault]:
+    """KIT_FAULT_TEST_IN_UPDATE's faults; FaultConfigError (one line) for anything but step exceptions."""
+    faults = parse_spec(os.environ.get(TEST_IN_UPDATE_ENV, ""))
+    for f in faults:
+        if f.kind != "exception" or f.step is None:
+            raise FaultConfigError(f"{TEST_IN_UPDATE_ENV}: {f} is not exception:step=N:rank=R")
+    return faults
 
 
 def _die_of_oom() -> None:

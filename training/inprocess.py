@@ -9,13 +9,21 @@ Kit backend (`inprocess.backend=kit`), per fault:
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
-  4. restore: if every rank's checkpointer holds the same step in host memory (`memory_step()`, agreed
-     over the new group), copy it back (no disk read); else load the newest committed step from disk;
-     with no checkpoint at all, start again from the seed (the same weights as the first start);
+  4. restore, agreed in one all-gather over the new group (every rank reports its live step and its
+     host-memory step, so no rank resumes from a state its peers did not agree to):
+     live       every rank's live state is clean at the same step (training.state: the exception came
+                before the step's optimizer update, or between steps): copy the failed session's own
+                tensors into the new one; no step is computed again. If the last save due by then never
+                committed (the restart abandoned it), that step is saved again at once;
+     memory     else, if every rank's checkpointer holds the same step in host memory (`memory_step()`),
+                copy it back (no disk read);
+     disk       else the newest committed step from disk; with no checkpoint at all (none), start again
+                from the seed (the same weights as the first start);
   5. continue the loop.
 A rank that cannot recover this way (a peer never reaches the barrier: it died or hangs in C code; the
 restart budget is spent; the restart itself fails) raises, and the process exits non-zero so the launcher
-restarts the whole group. Each restart emits `inprocess_restart` and `resume` events.
+restarts the whole group. Each restart emits `inprocess_restart` (its `source`, and `why` when it is not
+live) and `resume` events.
 
 NVRx backend (`inprocess.backend=nvrx`): the same loop runs inside nvidia_resiliency_ext's
 `inprocess.Wrapper` (store and group created per Wrapper iteration, as its docs require).
@@ -28,12 +36,17 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from training.checkpoint.layout import checkpoints_dir, is_committed, list_steps
 from training.checkpoint.resume import one_line
+from training.checkpoint.staging import flatten_state, restore_into
 from training.distributed import abort_groups, new_group
 
 if TYPE_CHECKING:
@@ -92,25 +105,117 @@ class RestartStore:
             ) from exc
 
 
-def agree_memory_step(step: int | None, world_size: int) -> int | None:
-    """The host-memory step if every rank holds the same one (a collective on the default group)."""
-    if world_size == 1:
-        return step
-    steps: list[int | None] = [None] * world_size
-    dist.all_gather_object(steps, step)
-    return step if step is not None and all(s == step for s in steps) else None
+@dataclass(frozen=True)
+class Report:
+    """What one rank brings to the restore agreement."""
+
+    live: int | None
+    """The step its live state is cleanly at; None when it is torn (or was not captured)."""
+    why: str | None
+    """Why `live` is None."""
+    memory: int | None
+    """The step its checkpointer holds in host memory; None if none."""
+    committed: int | None = None
+    """Rank 0 only: the newest committed step on disk (for the re-save after a live resume)."""
 
 
-def restore(trainer: Trainer, session: Session, previous: object | None) -> tuple[int | None, str]:
-    """Restore `session` from the previous checkpointer's host copy when all ranks agree, else disk."""
+@dataclass(frozen=True)
+class Plan:
+    """The restore every rank takes: the same on every rank (computed from the same reports)."""
+
+    source: Literal["live", "memory", "disk"]
+    step: int | None
+    """The live or host-memory step; None for disk."""
+    why: str | None
+    """Why not live (None when live)."""
+    resave: bool = False
+    """Live only: the last save due by `step` never committed, so save `step` at once."""
+
+
+def agree(reports: list[Report], *, interval: int | None) -> Plan:
+    """Live if every rank is clean at the same step; else the host copy if every rank holds the same step;
+    else disk. `interval`: the fixed checkpoint interval (None: off or auto), for the re-save."""
+    lives = {r.live for r in reports}
+    if len(lives) == 1 and None not in lives:
+        step = reports[0].live
+        assert step is not None
+        due = step - step % interval if interval else 0
+        committed = reports[0].committed
+        return Plan("live", step, None, resave=due > 0 and (committed is None or committed < due))
+    torn = [f"rank {rank}: {r.why}" for rank, r in enumerate(reports) if r.live is None]
+    why = "; ".join(torn) if torn else f"ranks stopped at different steps {[r.live for r in reports]}"
+    memory = {r.memory for r in reports}
+    if len(memory) == 1 and None not in memory:
+        return Plan("memory", reports[0].memory, why)
+    return Plan("disk", None, why)
+
+
+def capture_live(session: Session) -> tuple[int | None, str | None, dict[str, Any] | None]:
+    """(step, why not, tree): this rank's live state as plain local tensors (restore_into's input), or
+    (None, why, None) when it is torn. Taken after the abort, so nothing here can wait on a peer; every
+    DTensor becomes its local shard (host memory on a GPU), so the tree holds nothing of the old group."""
+    from torch.distributed.fsdp import FSDPModule
+
+    state = session.state
+    step = state.live_step()
+    if step is None:
+        return None, f"failed mid-update of step {state.step + 1}", None
+    try:
+        for module in session.model.modules():  # a peer may fail mid-forward with its blocks unsharded
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        with torch.no_grad():
+            tree = _local_tree(flatten_state(session.ckpt_state))
+    except Exception as exc:  # anything: this rank cannot offer its live state, every rank falls back
+        return None, f"live state not captured: {one_line(exc)}", None
+    return step, None, tree
+
+
+def _local_tree(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if isinstance(obj, DTensor) else obj
+        return local.detach().cpu() if local.is_cuda else local.detach()
+    if isinstance(obj, dict):
+        return {k: _local_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_local_tree(v) for v in obj)
+    return obj
+
+
+def restore(
+    trainer: Trainer,
+    session: Session,
+    previous: object | None,
+    live: tuple[int | None, str | None, dict[str, Any] | None] = (None, "no live state", None),
+) -> tuple[int | None, str, str | None]:
+    """Restore `session` as every rank agrees (see `agree`); (step, source, why not live)."""
+    live_step, why, tree = live
     mem_step = previous.memory_step() if previous is not None else None  # type: ignore[attr-defined]
-    agreed = agree_memory_step(mem_step, trainer.ctx.world_size)
-    if agreed is not None:
+    ckpt = trainer.cfg.checkpoint
+    committed = None
+    if trainer.ctx.rank == 0 and live_step is not None and ckpt.mode != "off":
+        root = checkpoints_dir(trainer.cfg.run.run_dir)
+        committed = max((s for s in list_steps(root) if is_committed(root, s)), default=None)
+    mine = Report(live=live_step, why=why, memory=mem_step, committed=committed)
+    reports = [mine] * trainer.ctx.world_size
+    if trainer.ctx.world_size > 1:
+        dist.all_gather_object(reports, mine)
+    plan = agree(reports, interval=ckpt.interval if ckpt.mode != "off" and not ckpt.auto else None)
+    if plan.source == "live":
+        t0 = time.time()
+        restore_into(session.ckpt_state, tree)  # type: ignore[arg-type]
+        trainer.events.emit(
+            "resume", step=plan.step, source="live", duration_s=time.time() - t0, fallback_from=None, ts=t0
+        )
+        if plan.resave:
+            session.checkpointer.maybe_save(plan.step, session.ckpt_state, force=True)  # type: ignore[arg-type]
+        return plan.step, "live", None
+    if plan.source == "memory":
         step = previous.load_from_memory(session.ckpt_state)  # type: ignore[attr-defined]
         if step is not None:
-            return step, "memory"
+            return step, "memory", plan.why
     step = session.checkpointer.load(session.ckpt_state)
-    return step, ("disk" if step is not None else "none")
+    return step, ("disk" if step is not None else "none"), plan.why
 
 
 def _close_quietly(checkpointer: object) -> None:
@@ -151,8 +256,9 @@ def run_with_restarts(trainer: Trainer) -> Session:
         # on the next one), and whatever it still tries on the aborted group fails at once. Abandoning it
         # before the abort would let it start a collective that the abort then races with.
         previous = session.checkpointer
-        session = None
         abort_groups(ctx)
+        live = capture_live(session)
+        session = None
         previous.abandon()
         if not previous.settle(cfg.barrier_timeout_s):
             print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
@@ -161,16 +267,20 @@ def run_with_restarts(trainer: Trainer) -> Session:
         store.barrier(ctx.generation + 1)
         new_group(ctx, ctx.generation + 1)
         session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
-        step, source = restore(trainer, session, previous)
+        step, source, why = restore(trainer, session, previous, live)
         _close_quietly(previous)
-        previous = None
+        previous = live = None
         duration = time.time() - t_fail
         events.emit(
-            "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration
-        )
+            "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration,
+            why=why,
+        )  # fmt: skip
         if source == "none" and trainer.cfg.checkpoint.mode == "off":  # else the checkpointer emitted it
             events.emit("resume", step=None, source="none", duration_s=duration, fallback_from=None)
-        trainer.log(f"in-process restart {restarts}: restored step {step} from {source} in {duration:.2f} s")
+        because = f" ({why})" if why else ""
+        trainer.log(
+            f"in-process restart {restarts}: restored step {step} from {source}{because} in {duration:.2f} s"
+        )
         trainer.heartbeat.phase("train")
     return session
 
@@ -252,12 +362,12 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
         if iteration == 0:
             trainer.resume(session)  # type: ignore[attr-defined]
         else:
-            step, source = restore(trainer, session, previous)  # type: ignore[arg-type]
+            step, source, why = restore(trainer, session, previous)  # type: ignore[arg-type]
             if previous is not None:
                 _close_quietly(previous)
             trainer.events.emit(  # type: ignore[attr-defined]
                 "inprocess_restart", reason="nvrx wrapper restart", restored_step=step, source=source,
-                duration_s=time.time() - t0, iteration=iteration,
+                duration_s=time.time() - t0, iteration=iteration, why=why,
             )  # fmt: skip
         trainer.train_loop(session, heartbeat=_PingingHeartbeat(trainer.heartbeat, call_wrapper))  # type: ignore[attr-defined]
         trainer.finish(session)  # type: ignore[attr-defined]

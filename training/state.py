@@ -4,6 +4,13 @@ Keys: "model" and "optim" (sharded DTensors from torch.distributed.checkpoint.st
 writes only its shard), "scheduler" (LR schedule), "data" (position in the token stream), "step", and
 "rng.rank<R>" (this rank's RNG states). DCP treats non-DTensor values as replicated and keeps one copy,
 so per-rank values carry the rank in their key; a checkpoint therefore resumes on the same world size.
+
+In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
+`train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
+`begin_update` (just before the optimizer step: from here persistent state changes) and `end_step` (after
+the step's last collective). `live_step()` says where a rank's live state is clean: the last finished step,
+with the data position and RNG rewound to it when a step failed before its update; None when it failed
+mid-update (the model, optimizer, schedule or step may hold a half-applied step).
 """
 
 from __future__ import annotations
@@ -44,6 +51,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _raw_rng() -> tuple[Any, ...]:
+    """The RNG states as the generators return them (cheap: taken at the start of every step)."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    return torch.get_rng_state(), random.getstate(), np.random.get_state(), cuda
+
+
+def _set_raw_rng(raw: tuple[Any, ...]) -> None:
+    cpu, py, npy, cuda = raw
+    torch.set_rng_state(cpu)
+    random.setstate(py)
+    np.random.set_state(npy)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+
+
 def _to_tuple(value: Any) -> Any:
     return tuple(_to_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
@@ -66,6 +88,37 @@ class TrainState(Stateful):
         self.data = data
         self.rank = rank
         self.step = 0
+        self.updating = False
+        """True from the optimizer step of a step until that step is finished: the live state is torn."""
+        self._step_start: tuple[dict[str, Any], tuple[Any, ...]] | None = None
+        """Data position and RNG before the current step's first batch; None between steps."""
+
+    def begin_step(self) -> None:
+        """The top of a step, before its first batch."""
+        self._step_start = (self.data.state_dict(), _raw_rng())
+
+    def begin_update(self) -> None:
+        """Just before the optimizer step: from here until `end_step` the live state is not a step's."""
+        self.updating = True
+
+    def end_step(self) -> None:
+        """The step is finished (optimizer, schedule, step count and its agreement collective)."""
+        self.updating = False
+        self._step_start = None
+
+    def live_step(self) -> int | None:
+        """The step this rank's live state is cleanly at, or None if a step failed mid-update.
+
+        A step that failed before its update leaves model and optimizer at the previous step; its data
+        position and RNG are rewound here, so a resume fetches exactly the batches it would have."""
+        if self.updating:
+            return None
+        if self._step_start is not None:
+            data, rng = self._step_start
+            self.data.load_state_dict(data)
+            _set_raw_rng(rng)
+            self._step_start = None
+        return self.step
 
     @property
     def rng_key(self) -> str:

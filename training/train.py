@@ -140,14 +140,19 @@ def train_step(
     world_size: int,
     accum: int = 1,
     drain: DrainFlag | None = None,
+    after_update: Callable[[int], None] | None = None,
 ) -> float:
     """One optimizer step over this rank's next `accum` micro-batches; returns the loss averaged over ranks.
 
     Each micro-batch's loss is divided by `accum` so the summed gradients are the mean over the step's
     samples; FSDP2 reduces after every backward and accumulates into the sharded gradients. With `drain`,
     the same all-reduce tells every rank whether any rank got SIGTERM (`drain.agreed`); with an auto
-    checkpoint interval, it hands every rank rank 0's interval (`Checkpointer.agree_interval`)."""
+    checkpoint interval, it hands every rank rank 0's interval (`Checkpointer.agree_interval`).
+    The state brackets the step (`TrainState.begin_step` ... `end_step`), so an in-process restart knows
+    whether this rank's live state is clean; `after_update(step)` runs right after the optimizer step
+    (the fault injector's test hook)."""
     state = session.state
+    state.begin_step()
     total = torch.zeros((), device=device)
     for _ in range(accum):
         inputs, targets = state.data.next_batch()
@@ -157,7 +162,10 @@ def train_step(
     loss = total
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(session.model.parameters(), grad_clip)
+    state.begin_update()
     session.optimizer.step()
+    if after_update is not None:
+        after_update(state.step + 1)
     session.optimizer.zero_grad(set_to_none=True)
     state.scheduler.step()
     state.step += 1
@@ -180,6 +188,7 @@ def train_step(
             session.checkpointer.agree_interval(agreed.pop(0))
     if world_size > 1:
         reported /= world_size
+    state.end_step()
     return float(reported)
 
 
@@ -255,6 +264,7 @@ class Trainer:
                 world_size=self.ctx.world_size,
                 accum=cfg.training.grad_accum_steps,
                 drain=self.drain,
+                after_update=self.faults.maybe_inject_in_update,
             )
             duration = time.time() - t_start
             rate = self.throughput(duration)

@@ -6,9 +6,9 @@ training/checkpoint/guard.py) stops the save of a step at the start of a phase u
 its process dies, and the fault fires at the top of the next step. One run per (kind, in-process restart)
 carries all three phases: step 2 held in staging, fault at 3 (rank 1): the first save of the process,
 nothing committed yet, the host copy torn; step 4 held in writing, fault at 5 (rank 0); step 6 held in
-committing (rank 0's commit), fault at 7 (rank 1). With in-process restart the last one hits the first
-save of its process group (restored from the host copy of step 4). Each fault fires once, so each step
-of a fault carries one fault only.
+committing (rank 0's commit), fault at 7 (rank 1). With in-process restart each fault resumes from the
+live state of the step whose save it abandoned, and that step is saved again at once: the abandoned save
+never commits, the new one does. Each fault fires once, so each step of a fault carries one fault only.
 """
 
 from __future__ import annotations
@@ -61,9 +61,13 @@ def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     if inprocess and kind == "exception":
         restarts = [e for e in events if e["kind"] == "inprocess_restart" and e["rank"] == 0]
         restored = [(e["restored_step"], e["source"]) for e in restarts]
-        assert restored == [(None, "none"), (4, "memory"), (6, "memory")]
+        assert restored == [(2, "live"), (4, "live"), (6, "live")]
         abandoned = [e for e in events if e["kind"] == "ckpt" and "abandoned" in str(e.get("error"))]
         assert {e["step"] for e in abandoned if e["rank"] == 0} == {2, 4, 6}
+        commits = [e for e in events if e["kind"] == "ckpt" and e["phase"] == "commit"]
+        for restart in restarts:  # the resumed step is saved again, and that save commits
+            began = restart["ts"] - restart["duration_s"]
+            assert any(e["step"] == restart["restored_step"] and e["ts"] > began for e in commits), restart
         assert [e for e in events if e["kind"] == "restart"] == [], "all three recovered in process"
     else:
         assert len([e for e in events if e["kind"] == "restart"]) == 3

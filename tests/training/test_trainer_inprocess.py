@@ -1,5 +1,8 @@
 """In-process restart: an exception on one rank is recovered inside the same processes; the persisted
-final checkpoint equals the fault-free run's and resumes."""
+final checkpoint equals the fault-free run's and resumes. An exception at the top of a step resumes from
+the live state (nothing computed again); one raised right after a rank's optimizer step (the test hook
+KIT_FAULT_TEST_IN_UPDATE, training/faults.py) leaves a torn live state, so every rank falls back.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +22,13 @@ from training.events import read_events
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp: Path, run_id: str, extra: list[str]) -> tuple[Path, list[str]]:
+def _run(tmp: Path, run_id: str, extra: list[str], *, in_update: str = "") -> tuple[Path, list[str]]:
     root = tmp / "runs"
     args = [
         "--run.id", run_id, "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS),
         "--inprocess.enabled", "true", "--inprocess.barrier_timeout_s", "60", *extra,
     ]  # fmt: skip
-    run_trainer(tmp, args).check()
+    run_trainer(tmp, args, env={"KIT_FAULT_TEST_IN_UPDATE": in_update}).check()
     return root / run_id, args
 
 
@@ -37,7 +40,9 @@ def _by_rank(events: list[dict], kind: str) -> dict[int, list[dict]]:
     return out
 
 
-def test_exception_recovered_in_process_from_host_memory(tmp_path: Path, reference_run: Path) -> None:
+def test_exception_resumes_live_and_mid_update_falls_back_to_host_memory(
+    tmp_path: Path, reference_run: Path
+) -> None:
     run_dir, args = _run(
         tmp_path,
         "inproc-mem",
@@ -49,24 +54,31 @@ def test_exception_recovered_in_process_from_host_memory(tmp_path: Path, referen
             "--fault.spec",
             "exception:step=7:rank=1",
         ],
+        in_update="exception:step=10:rank=0",
     )
     events = read_events(run_dir)
     restarts = _by_rank(events, "inprocess_restart")
-    assert sorted(restarts) == [0, 1], "both ranks restart once: the faulty one and its peer"
-    for rank, (restart,) in restarts.items():
-        assert restart["source"] == "memory", restart
-        assert restart["restored_step"] == 4
-        assert "InjectedFault" in restart["reason"] or rank == 0
+    assert sorted(restarts) == [0, 1], "both ranks restart twice: the faulty one and its peer"
+    for rank, (live, fallback) in restarts.items():
+        assert (live["source"], live["restored_step"], live["why"]) == ("live", 6, None), live
+        assert (fallback["source"], fallback["restored_step"]) == ("memory", 8), fallback
+        assert "rank 0: failed mid-update of step 10" in fallback["why"]
+        assert "InjectedFault" in live["reason"] or rank == 0
         steps = [e for e in _by_rank(events, "step")[rank]]
         pids = {e["pid"] for e in steps}
-        assert len(pids) == 1 and restart["pid"] in pids, "same process before and after the restart"
-        replayed = [e["step"] for e in steps if e["ts"] > restart["ts"]]
-        assert replayed == list(range(5, REF_STEPS + 1))
+        assert len(pids) == 1 and live["pid"] in pids, "same process before and after the restarts"
+        done = [e["step"] for e in steps if e["ts"] < live["ts"]]
+        after_live = [e["step"] for e in steps if live["ts"] < e["ts"] < fallback["ts"]]
+        assert done == list(range(1, 7)) and after_live[0] == 7, "the live resume computes nothing again"
+        replayed = [e["step"] for e in steps if e["ts"] > fallback["ts"]]
+        assert replayed == list(range(9, REF_STEPS + 1))
     assert_same_final_checkpoint(run_dir, reference_run)
     assert_resumes_from_final(tmp_path, args, run_dir)
 
 
-def test_exception_before_any_checkpoint_restarts_from_the_seed(tmp_path: Path, reference_run: Path) -> None:
+def test_mid_update_exception_before_any_checkpoint_restarts_from_the_seed(
+    tmp_path: Path, reference_run: Path
+) -> None:
     run_dir, args = _run(
         tmp_path,
         "inproc-none",
@@ -75,9 +87,8 @@ def test_exception_before_any_checkpoint_restarts_from_the_seed(tmp_path: Path, 
             "sync",
             "--checkpoint.interval",
             "6",
-            "--fault.spec",
-            "exception:step=3:rank=0",
         ],
+        in_update="exception:step=3:rank=0",
     )
     restarts = _by_rank(read_events(run_dir), "inprocess_restart")
     assert {r: [e["source"] for e in v] for r, v in restarts.items()} == {0: ["none"], 1: ["none"]}
