@@ -72,15 +72,14 @@ def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     else:
         assert len([e for e in events if e["kind"] == "restart"]) == 3
     assert_same_final_checkpoint(run_dir, reference_run)
-    assert_resumes_from_final(tmp_path, args, run_dir)
+    if inprocess:  # the in-process case re-saves abandoned steps: start the job again once (one case: time)
+        assert_resumes_from_final(tmp_path, args, run_dir)
 
 
-@pytest.mark.parametrize(
-    ("backend", "fault"),
-    [("kit", "exception:step=5:rank=0"), ("dcp", "exception:step=5:rank=0"), ("kit", "")],
-)
+# Fault-free slow saves need no run of their own: the fault-case run has them before and after its fault.
+@pytest.mark.parametrize("backend", ["kit", "dcp"])
 def test_slow_saves_cause_no_restart_and_an_in_process_restart_corrupts_no_later_checkpoint(
-    tmp_path: Path, reference_run: Path, backend: str, fault: str
+    tmp_path: Path, reference_run: Path, backend: str
 ) -> None:
     # The schedule: the step-4 save is still being staged (every tensor copy and write slowed) when
     # rank 0 raises at step 5. Fault-free, the same slow saves span several step times (measured: the
@@ -88,11 +87,11 @@ def test_slow_saves_cause_no_restart_and_an_in_process_restart_corrupts_no_later
     # "checkpoint" phase, so no false hang.
     run_dir, args = launch_trainer(
         tmp_path,
-        f"slow-{backend}-{'fault' if fault else 'clean'}",
+        f"slow-{backend}",
         [],
         [
             "--checkpoint.mode", "async", "--checkpoint.backend", backend, "--checkpoint.interval", "4",
-            "--inprocess.enabled", "true", "--fault.spec", fault,
+            "--inprocess.enabled", "true", "--fault.spec", "exception:step=5:rank=0",
         ],
         env={"KIT_CKPT_TEST_DELAY_S": "0.01"},
     )  # fmt: skip
@@ -104,4 +103,5 @@ def test_slow_saves_cause_no_restart_and_an_in_process_restart_corrupts_no_later
             assert set(read_commit(step_dir(root, step)).files) == expected_files(2)
             load_committed(step_dir(root, step))  # verifies every file
     assert_same_final_checkpoint(run_dir, reference_run)
-    assert_resumes_from_final(tmp_path, args, run_dir)
+    if backend == "dcp":
+        assert_resumes_from_final(tmp_path, args, run_dir)

@@ -19,10 +19,13 @@ pytestmark = pytest.mark.slow
 def test_stop_and_resume_is_bitwise_equal_to_an_uninterrupted_run(
     tmp_path: Path, reference_run: Path
 ) -> None:
+    """With selective activation checkpointing (every other block wrapped), so the same stop and resume
+    also shows that the wrapper changes no checkpoint key and no result (the reference runs without it)."""
     root = tmp_path / "runs"
     common = [
         "--run.id", "resume", "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS),
         "--checkpoint.mode", "async", "--checkpoint.interval", "4",
+        "--model.activation_checkpointing", "selective",
     ]  # fmt: skip
     half = REF_STEPS // 2
     run_trainer(tmp_path, [*common, "--training.stop_at", str(half)]).check()
