@@ -1,4 +1,5 @@
-"""The launcher's busy check on real processes: a child that computes, one that sleeps, one that is stopped.
+"""The launcher's busy check on real processes: children that compute, sleep, stop, or compute only in a
+thread that is not the training thread nor a collective one.
 
 Sample times are passed explicitly and the test waits on the children's own /proc clocks (never a timed
 sleep), so the verdicts do not depend on how loaded the machine is."""
@@ -15,11 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.activity import CpuActivity, read_main_thread
+from training.launcher.activity import CpuActivity, read_thread, sampled_threads
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 
 WAIT_S = 60
 """Only a bound on waiting for a child's clock (a broken test fails instead of hanging)."""
+SPIN_IN_THREAD = """
+import ctypes, threading, time
+named = threading.Event()
+def spin(name):
+    ctypes.CDLL(None).prctl(15, name.encode())  # PR_SET_NAME, as gloo names its threads
+    named.set()
+    while True:
+        pass
+threading.Thread(target=spin, args=({name!r},), daemon=True).start()
+named.wait()
+print("named", flush=True)
+time.sleep(600)
+"""
 
 
 @contextlib.contextmanager
@@ -43,43 +57,65 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
-def busy_ns(pid: int) -> int:
-    clock = read_main_thread(pid)
+def state(pid: int, tid: int | None = None) -> str:
+    clock = read_thread(pid, pid if tid is None else tid)
+    return "" if clock is None else clock.state
+
+
+def ran_for(pid: int, tid: int, seconds: float) -> None:
+    """Wait until the thread has run (or waited for a CPU) `seconds` more than now."""
+    clock = read_thread(pid, tid)
     assert clock is not None
-    return clock.busy_ns
+    start = clock.busy_ns
+    wait_until(
+        lambda: (read_thread(pid, tid) or clock).busy_ns - start >= seconds * 1e9, f"{tid} to run {seconds} s"
+    )
 
 
 def test_a_computing_thread_is_busy_a_sleeping_or_stopped_one_is_not() -> None:
     activity = CpuActivity(window_s=0.5)
     with child("while True: pass") as spin, child("import time; time.sleep(600)") as sleep:
         ranks = {0: spin.pid, 1: sleep.pid}
+        wait_until(lambda: state(sleep.pid) == "S", "the sleeping child to sleep")
         activity.sample(ranks, now=0.0)
-        assert activity.busy_ranks() == []  # one reading: nothing known yet
-        start = busy_ns(spin.pid)
         # 0.2 s of run (or run-queue) time, however long that takes: at "1 s" that is a 20 % share
-        wait_until(lambda: busy_ns(spin.pid) - start >= 200_000_000, "the spinning child to run 0.2 s")
+        ran_for(spin.pid, spin.pid, 0.2)
         activity.sample(ranks, now=1.0)
         assert activity.busy_ranks() == [0]
-        assert read_main_thread(sleep.pid).state == "S"  # type: ignore[union-attr]
 
         spin.send_signal(signal.SIGSTOP)
-        wait_until(lambda: read_main_thread(spin.pid).state in ("T", "t"), "the child to stop")  # type: ignore[union-attr]
+        wait_until(lambda: state(spin.pid) in ("T", "t"), "the child to stop")
         activity.sample(ranks, now=2.0)
         activity.sample(ranks, now=3.0)
         assert activity.busy_ranks() == []  # the window (0.5 s) looks back to the reading at 2.0 only
+
+
+def test_only_the_training_thread_and_collective_threads_count() -> None:
+    activity = CpuActivity(window_s=0.5)
+    code = SPIN_IN_THREAD.format
+    with child(code(name="gloo_tcp_loop")) as gloo, child(code(name="ckpt_writer")) as writer:
+        ranks = {0: gloo.pid, 1: writer.pid}
+        assert [proc.stdout.readline() for proc in (gloo, writer)] == ["named\n"] * 2  # type: ignore[union-attr]
+        tids = {rank: sampled_threads(pid) for rank, pid in ranks.items()}
+        assert len(tids[0]) == 2 and tids[1] == [writer.pid]  # the writer thread is never sampled
+        activity.sample(ranks, now=0.0)
+        ran_for(gloo.pid, next(t for t in tids[0] if t != gloo.pid), 0.2)
+        activity.sample(ranks, now=1.0)
+        # a hung training thread beside a busy checkpoint writer is still hung; one whose gloo thread
+        # moves data is not
+        assert activity.busy_ranks() == [0]
 
 
 def test_exited_and_forgotten_processes_are_never_busy() -> None:
     activity = CpuActivity(window_s=0.5)
     with child("while True: pass") as spin:
         activity.sample({0: spin.pid}, now=0.0)
-        start = busy_ns(spin.pid)
-        wait_until(lambda: busy_ns(spin.pid) - start >= 200_000_000, "the spinning child to run 0.2 s")
+        ran_for(spin.pid, spin.pid, 0.2)
         activity.sample({0: spin.pid}, now=1.0)
         assert activity.busy_ranks() == [0]
         activity.forget()  # a new worker group
         assert activity.busy_ranks() == []
-    assert read_main_thread(spin.pid) is None  # killed and reaped
+    assert read_thread(spin.pid, spin.pid) is None and sampled_threads(spin.pid) == []  # reaped
     activity.sample({0: spin.pid}, now=2.0)
     assert activity.busy_ranks() == []
     with pytest.raises(ValueError, match="window_s must be > 0"):
