@@ -5,8 +5,10 @@ It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-
 
 - `_monitor_workers`: after the stock check, a worker that exited FATAL_CONFIG (78) spends the whole
   budget (never retried); a stale heartbeat makes the group UNHEALTHY, so the inherited restart path
-  runs, unless a local rank's training thread is still busy on a CPU (`CpuActivity`): a slow, contended
-  step, or its peers waiting for one, gets more time, up to the busy cap (`HeartbeatMonitor.busy_cap_s`).
+  runs, unless a local rank's training thread or gloo thread is still busy on a CPU (`CpuActivity`): a
+  slow, contended step, or its peers waiting for one, gets more time, up to the busy cap
+  (`HeartbeatMonitor.busy_cap_s`); a hung rank and its peers waiting in a collective are idle, so a real
+  hang is still found at the timeout (plus a tick).
   Each detection logs one line with its time to detection and emits an event.
 - `_start_workers`: resets the heartbeat clocks, logs and emits the restart, then starts the group
   (through the zygote's shims when warm workers are on).
@@ -136,7 +138,7 @@ class KitElasticAgent(LocalElasticAgent):
         reason = (
             f"rank {stale.rank} heartbeat stale for {stale.stale_s:.2f} s "
             f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step}"
-            + (f"; {extension_s:.2f} s more given while a training thread was busy" if extension_s else "")
+            + (f"; {extension_s:.2f} s more given while a rank was busy on a CPU" if extension_s else "")
             + ")"
         )
         log.warning("kit-launch: hang detected: %s%s", reason, _describe_probes(probes))
