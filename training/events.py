@@ -30,8 +30,12 @@ Kinds and their own fields:
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that
                   failed first, by exit time; the others died after it)
-    hang_detected global_rank (the rank that hung), stale_s, timeout_s, phase, step, ranks ({rank: "stopped" |
-                  "elsewhere" | "collective" | "unknown"}: where each silent rank's main thread was), where
+    hang_detected global_rank (the rank that hung), stale_s, timeout_s, busy_extension_s (the time given past
+                  the timeout while a rank was busy on a CPU), busy_ranks (still busy: the cap decided),
+                  phase, step, ranks ({rank: "stopped" | "elsewhere" | "collective" | "unknown"}: where each
+                  silent rank's main thread was), where
+    busy_extension global_rank, stale_s, timeout_s, busy_ranks, phase, step: a rank silent past its timeout
+                  beat again while a rank was busy on a CPU (a restart the busy check saved)
     launcher_start node_rank, nodes, spares (a pod with node_rank >= nodes starts as a hot spare)
     spare_waiting node_rank: a spare waits warm for the first round to form
     group_started attempt, ranks (global ranks of this node's workers): a worker group starts

@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--heartbeat-min-timeout",
         type=_positive_float("--heartbeat-min-timeout"),
-        default=1.0,
-        help="floor of the auto timeout, seconds (default 1.0; loaded 2-core machines stall ranks 0.75 s)",
+        default=0.3,
+        help="floor of the auto timeout, seconds (default 0.3; a rank still busy on a CPU gets up to 3 x "
+        "its timeout before it counts as hung)",
     )
     _add(
         p,

@@ -2,7 +2,8 @@
 
 Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) is saved by rank 0 after
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
-training.faults with the spec in KIT_TEST_FAULTS. Usage:
+training.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that rank compute
+(spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang. Usage:
   python tests/training/launch_worker.py RUN_DIR STEPS [STEP_S] [EXIT_CODE_AT_START]
 """
 
@@ -50,8 +51,13 @@ def main() -> None:
         events=events,
         run_dir=run_dir,
     )
+    spin_step, spin_s, spin_rank = (os.environ.get("KIT_TEST_SPIN") or "0:0:0").split(":")
     for step in range(start + 1, steps + 1):
         injector.maybe_inject(step)
+        if step == int(spin_step) and rank == int(spin_rank):
+            end = time.monotonic() + float(spin_s)
+            while time.monotonic() < end:
+                pass
         t0 = time.time()
         tensor = torch.tensor([float(rank + 1)])
         dist.all_reduce(tensor)

@@ -5,7 +5,11 @@ It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-
 
 - `_monitor_workers`: after the stock check, a worker that exited FATAL_CONFIG (78) spends the whole
   budget (never retried); a stale heartbeat makes the group UNHEALTHY, so the inherited restart path
-  runs. Each detection logs one line with its time to detection and emits an event.
+  runs, unless a local rank's training thread or gloo thread is still busy on a CPU (`CpuActivity`): a
+  slow, contended step, or its peers waiting for one, gets more time, up to the busy cap
+  (`HeartbeatMonitor.busy_cap_s`); a hung rank and its peers waiting in a collective are idle, so a real
+  hang is still found at the timeout (plus a tick).
+  Each detection logs one line with its time to detection and emits an event.
 - `_start_workers`: resets the heartbeat clocks, logs and emits the restart, then starts the group
   (through the zygote's shims when warm workers are on).
 - `_shutdown`: a broken group (failed or hung) is SIGKILLed at once: a hung or SIGSTOPped rank never
@@ -35,11 +39,14 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
 from training.events import EventLog
+from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10
+BUSY_WINDOW_TICKS = 2
+"""A training thread is busy if it ran (or waited for a CPU) during the last this many monitor intervals."""
 
 
 def describe_exit(code: int) -> str:
@@ -103,6 +110,8 @@ class KitElasticAgent(LocalElasticAgent):
         self.node_name = node_name or socket.gethostname()
         self.rejoin_timeout_s = rejoin_timeout_s
         self.given_up: str | None = None
+        self.activity = CpuActivity(window_s=BUSY_WINDOW_TICKS * spec.monitor_interval)
+        self._extended: tuple[Stale, list[int]] | None = None  # the silence given more time, who was busy
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -115,12 +124,22 @@ class KitElasticAgent(LocalElasticAgent):
             return result
         now = time.time()
         stale = self.monitor.check(now)
+        self.activity.sample(self.monitor.pids(), now)
         if stale is None:
+            self._end_extension()
             return result
+        busy = self.activity.busy_ranks()
+        if busy and stale.stale_s <= self.monitor.busy_cap_s(stale.timeout_s):
+            self._extended = (stale, busy)
+            return result
+        extension_s = stale.stale_s - stale.timeout_s if self._extended is not None else 0.0
+        self._extended = None
         stale, probes = self._blame_hang(stale, now)
         reason = (
             f"rank {stale.rank} heartbeat stale for {stale.stale_s:.2f} s "
-            f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step})"
+            f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step}"
+            + (f"; {extension_s:.2f} s more given while a rank was busy on a CPU" if extension_s else "")
+            + ")"
         )
         log.warning("kit-launch: hang detected: %s%s", reason, _describe_probes(probes))
         self.events.emit(
@@ -129,6 +148,8 @@ class KitElasticAgent(LocalElasticAgent):
             global_rank=stale.rank,
             stale_s=round(stale.stale_s, 4),
             timeout_s=round(stale.timeout_s, 4),
+            busy_extension_s=round(extension_s, 4),
+            busy_ranks=busy,
             phase=stale.phase,
             step=stale.step,
             ranks={str(p.rank): p.state for p in probes},
@@ -139,6 +160,31 @@ class KitElasticAgent(LocalElasticAgent):
             self._count_own_failure(now, f"hang of rank {stale.rank}")
         self._mark_broken(f"hang of rank {stale.rank}")
         return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _end_extension(self) -> None:
+        """A silence that was given more time ended in a beat: one log line and a `busy_extension` event
+        (each one a restart the busy check saved; many of them say the timeout is too tight)."""
+        if self._extended is None:
+            return
+        stale, busy = self._extended
+        self._extended = None
+        log.info(
+            "kit-launch: rank %d was silent %.2f s (timeout %.2f s) while rank(s) %s computed; it beat "
+            "again: a slow step, not a hang",
+            stale.rank,
+            stale.stale_s,
+            stale.timeout_s,
+            ", ".join(map(str, busy)),
+        )
+        self.events.emit(
+            "busy_extension",
+            global_rank=stale.rank,
+            stale_s=round(stale.stale_s, 4),
+            timeout_s=round(stale.timeout_s, 4),
+            busy_ranks=busy,
+            phase=stale.phase,
+            step=stale.step,
+        )
 
     def _blame_hang(self, detected: Stale, now: float) -> tuple[Stale, list[Probe]]:
         """The rank that hung among the silent ones (its peers wait for it in a collective), with the probes.
@@ -173,6 +219,8 @@ class KitElasticAgent(LocalElasticAgent):
             )
         self._pending_reason = None
         self._broken = False
+        self._extended = None
+        self.activity.forget()
         self.monitor.reset([w.global_rank for w in worker_group.workers])
         pids = super()._start_workers(worker_group)
         self.events.emit(

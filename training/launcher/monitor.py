@@ -17,6 +17,13 @@ the same over its own samples (never less, and the load allowance until one was 
 steps never widen the timeout of the others, and a hang in an ordinary step is found within about 1.5 x the
 slowest ordinary step. Until some rank has measured 20 steps the timeouts are provisional: twice that, from
 the third measured step on, and the load allowance before. What was learned survives restarts of the group.
+
+Past its allowance a rank is not declared hung at once while a training (or gloo) thread of this node is still
+busy on a CPU (the agent asks `activity.CpuActivity`): a step slowed by a loaded machine computes, a hung rank
+and its peers waiting in a collective do not. That extension is capped (`busy_cap_s`): busy_cap_factor x the
+timeout, never above the load allowance, so a rank that burns CPU without progress (a livelock; a GPU rank
+spinning in a CUDA sync) is still found, later. With the extension the floor can stay low (0.3 s): a loaded
+machine makes slow steps, not silent ones.
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ class HeartbeatSettings:
     """Learned timeout = this x the slowest recent step time."""
     min_timeout_s: float
     """Floor of the learned timeout, seconds."""
+    busy_cap_factor: float = 3.0
+    """A rank past its timeout while a training thread of this node is busy on a CPU gets up to this x its
+    timeout (never above `load_timeout_s`) before it is declared hung; 1 turns the busy check off."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.busy_cap_factor) and self.busy_cap_factor >= 1):
+            raise ValueError(f"busy_cap_factor must be a finite number >= 1, got {self.busy_cap_factor!r}")
 
 
 class TimeoutLearner:
@@ -175,6 +189,14 @@ class HeartbeatMonitor:
             timeout = self.step_timeout_s(after_checkpoint=after) if steady else self.settings.load_timeout_s
             out.append(Stale(rank=rank, phase=phase, step=step, stale_s=now - last, timeout_s=timeout))
         return sorted(out, key=lambda s: s.timeout_s - s.stale_s)
+
+    def busy_cap_s(self, timeout_s: float) -> float:
+        """How long a rank with this timeout may stay silent while a training thread is busy on a CPU."""
+        return max(timeout_s, min(self.settings.busy_cap_factor * timeout_s, self.settings.load_timeout_s))
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> the worker's own pid, for every rank that beat in this attempt."""
+        return {rank: seen.pid for rank, seen in self._seen.items()}
 
     def pid(self, rank: int) -> int | None:
         """The worker's own pid, from its beats (under the zygote the agent only knows the shim's)."""

@@ -1,0 +1,135 @@
+"""Which workers' training threads are busy: the launcher's evidence that a silent rank computes, not hangs.
+
+On a loaded machine a healthy rank can be silent for longer than its learned step timeout (2 cores shared
+with other jobs: ranks were seen stale 0.61-0.75 s against timeouts of 0.35-0.74 s, caught in Adam, in the
+model, writing a beat, and both ranks waiting in a collective whose gloo threads did not get a CPU). A hung
+rank is different: the kit's `hang` fault sleeps, a SIGSTOPped rank is stopped, and its peers wait in a gloo
+collective; none of their training threads runs (measured on gloo: all_reduce, all_gather and barrier add
+0 ns of run or run-queue time to a blocked main thread), and gloo's threads wait on their sockets. So at
+each monitor tick the launcher samples, from /proc, every worker's training thread (the main thread: the
+one that beats) and the threads that move its collectives' data (gloo's, by name: `gloo_tcp_loop`,
+`pt_gloo_runloop`), and no other: a checkpoint writer or a loader thread may run while the training thread
+hangs. Per thread:
+
+- `schedstat`: nanoseconds on a CPU plus nanoseconds runnable, waiting for one. Their sum grows at wall
+  speed for a thread that computes, however contended the machine (a descheduled thread still waits in
+  the run queue), and not at all for one that sleeps or is stopped. Where the kernel has no schedstat,
+  utime + stime from `stat` (clock ticks of 10 ms; only the time on a CPU).
+- the thread state from `stat`: "R" (on a CPU or in the run queue; the run-queue wait is only added to
+  schedstat when the thread gets the CPU) and "D" (uninterruptible, e.g. a beat write throttled by the page
+  cache's writeback: waiting on the kernel's work, not on a peer) count as busy.
+
+A rank is busy when one of its sampled threads is: that time grew by at least `BUSY_SHARE` of the wall time
+over the last `window_s` (a couple of monitor ticks), or it is in "R" or "D" now. The agent decides what to
+do with it (`KitElasticAgent._monitor_workers`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+COLLECTIVE_THREADS = ("gloo", "pt_gloo")
+"""Name prefixes of the threads that carry a rank's collectives (gloo's event loop, ProcessGroupGloo's
+workers). NCCL's are left out: its proxy threads poll all the time, hung or not."""
+BUSY_STATES = ("R", "D")
+BUSY_SHARE = 0.1
+"""Run + run-queue time over wall time above which a thread is busy (computing ~1.0, asleep 0.0; the
+fallback without schedstat sees only CPU time, which a contended rank gets a fraction of)."""
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadClock:
+    """One reading of a thread's scheduler clock."""
+
+    busy_ns: int
+    """Nanoseconds on a CPU plus waiting for one (schedstat), or on a CPU (stat) without schedstat."""
+    state: str
+    """The state letter from stat: R running, S sleeping, D uninterruptible, T stopped, ..."""
+
+
+def sampled_threads(pid: int) -> list[int]:
+    """The tids of a worker's training (main) thread and its collective threads; [] if it is gone."""
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return []
+    return [tid for tid in tids if tid == pid or _thread_name(pid, tid).startswith(COLLECTIVE_THREADS)]
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def read_thread(pid: int, tid: int) -> ThreadClock | None:
+    """The scheduler clock of one thread of a process (the main thread's tid is the pid); None if gone."""
+    task = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(f"{task}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        state, cpu_ns = fields[0], (int(fields[11]) + int(fields[12])) * _TICK_NS
+    except (OSError, IndexError, ValueError):
+        return None
+    try:
+        with open(f"{task}/schedstat", encoding="ascii") as fh:
+            run_ns, wait_ns = fh.read().split()[:2]
+        busy_ns = int(run_ns) + int(wait_ns)
+    except (OSError, ValueError):
+        busy_ns = cpu_ns
+    return ThreadClock(busy_ns=busy_ns, state=state)
+
+
+class CpuActivity:
+    """Samples the training and collective threads of this node's workers at each monitor tick; says which
+    ranks were busy lately."""
+
+    def __init__(self, *, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError(f"CpuActivity window_s must be > 0, got {window_s!r}")
+        self.window_s = window_s
+        self._history: dict[tuple[int, int], deque[tuple[float, ThreadClock]]] = {}  # (pid, tid) -> readings
+        self._ranks: dict[int, int] = {}  # rank -> pid
+
+    def forget(self) -> None:
+        """A new worker group: the old processes' readings say nothing about the new ones."""
+        self._history.clear()
+        self._ranks.clear()
+
+    def sample(self, pids: Mapping[int, int], now: float) -> None:
+        """Read every rank's sampled threads once (`pids`: rank -> the worker's own pid), at time `now`."""
+        self._ranks = dict(pids)
+        seen: set[tuple[int, int]] = set()
+        for pid in self._ranks.values():
+            for tid in sampled_threads(pid):
+                clock = read_thread(pid, tid)
+                if clock is None:
+                    continue
+                seen.add((pid, tid))
+                history = self._history.setdefault((pid, tid), deque())
+                history.append((now, clock))
+                # keep the newest reading at least a window old: the base the window is measured from
+                while len(history) > 2 and history[1][0] <= now - self.window_s:
+                    history.popleft()
+        for key in set(self._history) - seen:  # exited threads and processes
+            del self._history[key]
+
+    def busy_ranks(self) -> list[int]:
+        """The ranks with a thread busy over the window before the last sample (see the module docstring)."""
+        busy = {pid for (pid, _), history in self._history.items() if self._busy(history)}
+        return sorted(rank for rank, pid in self._ranks.items() if pid in busy)
+
+    @staticmethod
+    def _busy(history: deque[tuple[float, ThreadClock]]) -> bool:
+        last_t, last = history[-1]
+        if last.state in BUSY_STATES:
+            return True
+        base_t, base = history[0]  # a window old, or the oldest reading while there is none that old
+        elapsed = last_t - base_t
+        return elapsed > 0 and (last.busy_ns - base.busy_ns) >= BUSY_SHARE * elapsed * 1e9
