@@ -188,9 +188,10 @@ WORKER_WRAPPER = (
 )
 POD_WRAPPER = (
     f'KIT_EXIT78_MARK="${{TMPDIR:-/tmp}}/kit-exit78-${{POD_NAME:-pod}}"; export {EXIT78_MARK_ENV}; '
-    """rm -f "$KIT_EXIT78_MARK"; trap 'term=1; if [ "$PPID" = 0 ]; then kill -TERM "$pid" 2>/dev/null; fi' TERM; """
-    # A trap ends `wait` early (status > 128): wait again until the launcher's own status comes back. dash may
-    # already have reaped it (so no `kill -0` test); a second wait then answers 127 and the first was the status.
+    'rm -f "$KIT_EXIT78_MARK"; '
+    """trap 'term=1; if [ "$PPID" = 0 ]; then kill -TERM "$pid" 2>/dev/null; fi' TERM; """
+    # A trap ends `wait` early (status > 128): wait again until the launcher's own status comes back. dash
+    # may have reaped it already (so no `kill -0` test); a second wait then answers 127: the first was it.
     '"$@" & pid=$!; rc=; while :; do term=; wait "$pid"; r=$?; '
     'if [ "$r" -eq 127 ] && [ -n "$rc" ]; then break; fi; rc=$r; '
     'if [ -z "$term" ] || [ "$r" -le 128 ]; then break; fi; done; '
