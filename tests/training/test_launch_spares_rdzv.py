@@ -15,7 +15,7 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, Re
 
 from training.launcher import spares
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 INTERVAL_S = 1.0
 BEATS = 5
 
@@ -41,6 +41,24 @@ def _beats(handler, node) -> list:  # type: ignore[no-untyped-def]
     return [t for n, t in holder.state.last_heartbeats.items() if n == node]
 
 
+def test_the_cheap_method_name_names_what_torchs_names() -> None:
+    def caller() -> tuple[str, str, str, str]:
+        return callee()
+
+    def callee() -> tuple[str, str, str, str]:
+        too_deep = 10_000
+        return (
+            torch_method_name(),
+            spares._method_name(),
+            torch_method_name(too_deep),
+            spares._method_name(too_deep),
+        )
+
+    torch_method_name = spares._torch_method_name
+    assert caller() == ("caller", "caller", "no_method_name", "no_method_name")
+
+
+@pytest.mark.slow
 def test_a_waiting_spare_beats_every_interval_and_takes_a_silent_nodes_place() -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     a, b, spare, reader = (_handler(store.port) for _ in range(4))
