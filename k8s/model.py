@@ -26,6 +26,10 @@ FSX_MOUNT = "/fsx"
 """Where the FSx volume is mounted in every pod."""
 RUNS_ROOT = f"{FSX_MOUNT}/runs"
 """run.root of every Job: one folder per run id below it (contract 3), never shared between runs."""
+KEEP_ALIVE_S_RANGE = (0.1, 60.0)
+KEEP_ALIVE_ATTEMPTS_MAX = 100
+KEEP_ALIVE_STALL_MIN_S = 1.0
+"""The kit launcher's keep-alive bounds (training/launch.py says why), checked here before a Job starts."""
 PLACEHOLDER = "PLACEHOLDER"
 """Prefix of the values a dry run fills in when no stack outputs exist; `apply` refuses them."""
 
@@ -161,6 +165,16 @@ class JobValues:
     replacement_wait_s: int = 600
     """Seconds the surviving nodes wait for the group to re-form after a node is lost (a spare joins at
     once; without one, the Job's replacement pod) before they give up (rendezvous join_timeout)."""
+    rdzv_keep_alive_s: float = 0.25
+    """Seconds between the kit launcher's rendezvous keep-alive beats (`--rdzv-conf keep_alive_interval`).
+    A node that stops beating is dropped after RDZV_KEEP_ALIVE_S x RDZV_KEEP_ALIVE_ATTEMPTS (1.25 s), which
+    bounds how long a silently lost node holds up the group. Each beat is a compare-and-set of the whole
+    rendezvous state on the store pod: NODES+SPARES / RDZV_KEEP_ALIVE_S writes a second (272 for 64+4
+    nodes). Between 0.1 and 60. torchrun and ft_launcher keep their own set-up."""
+    rdzv_keep_alive_attempts: int = 5
+    """Keep-alive intervals a node may miss before it is dropped (`keep_alive_max_attempt`, 2-100).
+    (RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S must be at least 1 s: how long a live launcher's
+    keep-alive may stall (a busy node, a slow store) before the group restarts without it."""
     node_failure_limit: int | None = None
     """A node that fails this many times by itself (a worker killed by a signal, or its own hang) within
     NODE_FAILURE_WINDOW_S is given up: its pod exits 75 and a spare or the replacement takes its place.

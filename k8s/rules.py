@@ -25,6 +25,9 @@ from k8s.derived import (
 )
 from k8s.model import (
     FSX_MOUNT,
+    KEEP_ALIVE_ATTEMPTS_MAX,
+    KEEP_ALIVE_S_RANGE,
+    KEEP_ALIVE_STALL_MIN_S,
     PLACEHOLDER,
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
@@ -59,6 +62,31 @@ def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
     raise ValuesError(f"{key}={shown}: {rule}")
 
 
+def _check_keep_alive(v: JobValues) -> None:
+    """The kit launcher's rule (training/launch.py `keep_alive_problem`; k8s does not import the trainer)."""
+    lo, hi = KEEP_ALIVE_S_RANGE
+    if not lo <= v.rdzv_keep_alive_s <= hi:
+        _fail(
+            "RDZV_KEEP_ALIVE_S",
+            v.rdzv_keep_alive_s,
+            f"must be between {lo:g} and {hi:g} seconds (faster beats of many nodes swamp the store)",
+        )
+    if not 2 <= v.rdzv_keep_alive_attempts <= KEEP_ALIVE_ATTEMPTS_MAX:
+        _fail(
+            "RDZV_KEEP_ALIVE_ATTEMPTS",
+            v.rdzv_keep_alive_attempts,
+            f"must be between 2 and {KEEP_ALIVE_ATTEMPTS_MAX}",
+        )
+    if (v.rdzv_keep_alive_attempts - 1) * v.rdzv_keep_alive_s < KEEP_ALIVE_STALL_MIN_S:
+        _fail(
+            "RDZV_KEEP_ALIVE_ATTEMPTS",
+            v.rdzv_keep_alive_attempts,
+            f"(RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S ({v.rdzv_keep_alive_s:g}) must be at least "
+            f"{KEEP_ALIVE_STALL_MIN_S:g} s, or a live node whose keep-alive stalls that long (a busy node, a "
+            f"slow store) is dropped and the group restarts (e.g. 0.25 x 5)",
+        )
+
+
 def check_fields(v: JobValues) -> None:
     """Rules about one field at a time."""
     if names.dns1035_label(v.run_id) or len(v.run_id) > RUN_ID_MAX:  # it names the Service too
@@ -75,6 +103,7 @@ def check_fields(v: JobValues) -> None:
         _fail("SPARES", v.spares, "must be 0 or more")
     if v.replacement_wait_s < 1:
         _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, "must be at least 1 second")
+    _check_keep_alive(v)
     if v.node_failure_limit is not None and v.node_failure_limit < 0:
         _fail("NODE_FAILURE_LIMIT", v.node_failure_limit, "must be 0 (never give a node up) or more")
     if v.node_failure_window_s < 1:

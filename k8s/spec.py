@@ -226,7 +226,8 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={store_host}:{port}",
             f"--rdzv-id={v.run_id}",
-            f"--rdzv-conf=is_host=0,join_timeout={v.replacement_wait_s}",
+            f"--rdzv-conf=is_host=0,join_timeout={v.replacement_wait_s},"
+            f"keep_alive_interval={v.rdzv_keep_alive_s},keep_alive_max_attempt={v.rdzv_keep_alive_attempts}",
             f"--max-restarts={restarts}",
             f"--monitor-interval={v.monitor_interval_s:g}",
             f"--heartbeat-timeout={v.heartbeat_timeout}",

@@ -31,9 +31,16 @@ from training import exitcodes
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
 
 log = logging.getLogger("kit.launch")
-RDZV_DEFAULTS = {"keep_alive_interval": "0.5", "keep_alive_max_attempt": "4"}
-"""torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node; 0.5 s x 4 take 2 s
-(training/launcher/spares.py says why not less). Override with --rdzv-conf."""
+RDZV_DEFAULTS = {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
+"""torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node; 0.25 s x 5 take 1.25 s and
+still let a live node's keep-alive stall for 1 s (training/launcher/spares.py). Override with --rdzv-conf."""
+KEEP_ALIVE_S_RANGE = (0.1, 60.0)
+"""Allowed keep_alive_interval, seconds: below 0.1 s 64 nodes would write the whole rendezvous state over
+640 times a second; above 60 s a dead node holds the job for minutes."""
+KEEP_ALIVE_ATTEMPTS_MAX = 100
+KEEP_ALIVE_STALL_MIN_S = 1.0
+"""Least (keep_alive_max_attempt - 1) x keep_alive_interval: how long a live node's keep-alive may stall
+before the rendezvous drops it. Healthy processes were seen stalled 0.6-0.75 s on a busy 2-core machine."""
 UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes on Linux, the terminating NUL included."""
 
@@ -221,6 +228,27 @@ class LaunchArgs:
     """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
 
 
+def keep_alive_problem(interval: str, attempts: str) -> str:
+    """What is wrong with a keep-alive setting, in one line naming the keys; empty when it is fine."""
+    lo, hi = KEEP_ALIVE_S_RANGE
+    try:
+        seconds, count = float(interval), int(attempts)
+    except ValueError:
+        seconds, count = math.nan, 0
+    if not (lo <= seconds <= hi and 2 <= count <= KEEP_ALIVE_ATTEMPTS_MAX):
+        return (
+            f"keep_alive_interval={interval!r} must be seconds in [{lo:g}, {hi:g}] and "
+            f"keep_alive_max_attempt={attempts!r} a whole number in [2, {KEEP_ALIVE_ATTEMPTS_MAX}]"
+        )
+    if (count - 1) * seconds < KEEP_ALIVE_STALL_MIN_S:
+        return (
+            f"keep_alive_interval={interval} x (keep_alive_max_attempt={attempts} - 1) must be at least "
+            f"{KEEP_ALIVE_STALL_MIN_S:g} s, or a live node whose keep-alive stalls that long is dropped "
+            f"(e.g. 0.25 x 5)"
+        )
+    return ""
+
+
 def parse_args(argv: list[str]) -> LaunchArgs:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -250,16 +278,9 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         configs[key.strip()] = value.strip()
     for key, value in RDZV_DEFAULTS.items():
         configs.setdefault(key, value)
-    try:
-        keep_alive = float(configs["keep_alive_interval"])
-        attempts = int(configs["keep_alive_max_attempt"])
-    except ValueError:
-        keep_alive, attempts = math.nan, 0
-    if not (keep_alive > 0 and math.isfinite(keep_alive) and attempts >= 1):
-        parser.error(
-            f"--rdzv-conf keep_alive_interval={configs['keep_alive_interval']!r} must be seconds > 0 and "
-            f"keep_alive_max_attempt={configs['keep_alive_max_attempt']!r} a whole number >= 1"
-        )
+    problem = keep_alive_problem(configs["keep_alive_interval"], configs["keep_alive_max_attempt"])
+    if problem:
+        parser.error(f"--rdzv-conf {problem}")
     if backend == "static":
         configs["rank"] = str(a.node_rank)
     if a.module and a.no_python:

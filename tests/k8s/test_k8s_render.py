@@ -113,7 +113,7 @@ def test_k8s_rank_discovery(nodes: int, tmp_path: Path) -> None:
     cmd = _container(manifests)["command"]
     assert f"--nnodes={nodes}" in cmd and "--nproc-per-node=8" in cmd and "--node-rank=$(NODE_RANK)" in cmd
     assert "--rdzv-endpoint=llama-rdzv.team-a.svc.cluster.local:29500" in cmd  # not pod 0: the store pod
-    assert "--rdzv-conf=is_host=0,join_timeout=600" in cmd
+    assert "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.25,keep_alive_max_attempt=5" in cmd
     # What each pod sees, as the kubelet would resolve the env and $(VAR)s for completion index i.
     runner = LocalRunner(load_job(_render_local(nodes)), workdir=tmp_path)
     ranks: list[int] = []
@@ -299,7 +299,7 @@ LAUNCH = [
             "--rdzv-backend=c10d",
             "--rdzv-endpoint=r1-rdzv.kit-training.svc.cluster.local:29500",
             "--rdzv-id=r1",
-            "--rdzv-conf=is_host=0,join_timeout=600",
+            "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.25,keep_alive_max_attempt=5",
             "--max-restarts=4",
             "--monitor-interval=0.5",
             "--heartbeat-timeout=120",
@@ -606,11 +606,15 @@ def test_k8s_rendezvous_store_is_its_own_pod_on_the_system_nodes(stack_outputs: 
     assert "--spares=1" in cmd and "--nnodes=2" in cmd
     assert "--node-failure-limit=3" in cmd  # with a spare a failing node is given up; without one, never
     assert "--rdzv-endpoint=t-rdzv.kit-training.svc.cluster.local:29500" in cmd
+    keep_alive = ["RDZV_KEEP_ALIVE_S=0.5", "RDZV_KEEP_ALIVE_ATTEMPTS=4", "REPLACEMENT_WAIT_S=90"]
+    cmd = _container(_render(["RUN_ID=t", *keep_alive]))["command"]
+    assert "--rdzv-conf=is_host=0,join_timeout=90,keep_alive_interval=0.5,keep_alive_max_attempt=4" in cmd
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "ft_launcher"])
 def test_k8s_baselines_keep_their_rendezvous_on_pod_0(launcher: str) -> None:
-    manifests = _render(["RUN_ID=t", f"LAUNCHER={launcher}"])
+    manifests = _render(["RUN_ID=t", f"LAUNCHER={launcher}", "RDZV_KEEP_ALIVE_S=0.5"])
+    assert not any("keep_alive" in a for a in _container(manifests)["command"])  # their own set-up
     assert not [m for m in manifests if m.obj["kind"] == "Deployment"]
     assert [m.obj["metadata"]["name"] for m in manifests if m.obj["kind"] == "Service"] == ["t"]
     assert any("t-0.t.kit-training.svc.cluster.local" in a for a in _container(manifests)["command"])

@@ -304,6 +304,22 @@ BAD_VALUES = [
         "baseline and keeps its own set-up); use SPARES=0 or LAUNCHER=kit",
     ),
     (["REPLACEMENT_WAIT_S=0", *LOCAL], "REPLACEMENT_WAIT_S=0: must be at least 1 second"),
+    (["RDZV_KEEP_ALIVE_S=nan", *LOCAL], "RDZV_KEEP_ALIVE_S='nan': must be a finite number"),
+    (
+        ["RDZV_KEEP_ALIVE_S=0", *LOCAL],
+        "RDZV_KEEP_ALIVE_S=0.0: must be between 0.1 and 60 seconds (faster beats of many nodes swamp the store)",
+    ),
+    (
+        ["RDZV_KEEP_ALIVE_S=1e9", *LOCAL],
+        "RDZV_KEEP_ALIVE_S=1000000000.0: must be between 0.1 and 60 seconds (faster beats of many nodes swamp the store)",
+    ),
+    (["RDZV_KEEP_ALIVE_ATTEMPTS=1", *LOCAL], "RDZV_KEEP_ALIVE_ATTEMPTS=1: must be between 2 and 100"),
+    (
+        ["RDZV_KEEP_ALIVE_S=0.2", "RDZV_KEEP_ALIVE_ATTEMPTS=5", *LOCAL],
+        "RDZV_KEEP_ALIVE_ATTEMPTS=5: (RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S (0.2) must be at least 1 s, "
+        "or a live node whose keep-alive stalls that long (a busy node, a slow store) is dropped and the group "
+        "restarts (e.g. 0.25 x 5)",
+    ),
     (["NODE_FAILURE_LIMIT=-2", *LOCAL], "NODE_FAILURE_LIMIT=-2: must be 0 (never give a node up) or more"),
     (["CHECKPOINT_WRITE_MIB_S=0", *LOCAL], "CHECKPOINT_WRITE_MIB_S=0.0: must be above 0 MiB/s"),
     (

@@ -53,7 +53,7 @@ def test_spares_and_the_kits_rendezvous_defaults() -> None:
          "--rdzv-conf=is_host=0", "-m", "training.train"]
     )  # fmt: skip
     assert (args.spares, args.node_rank, args.max_nodes) == (1, 2, 2)
-    assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.5", "keep_alive_max_attempt": "4"}
+    assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
     assert (args.node_failure_limit, args.node_failure_window_s) == (3, 600.0)
     given = parse_args(["--standalone", "--rdzv-conf=keep_alive_interval=2", "x.py"])
     assert given.rdzv_configs["keep_alive_interval"] == "2"
@@ -97,11 +97,17 @@ def test_underscore_spellings_and_standalone() -> None:
         ),
         (
             ["--standalone", "--rdzv-conf=keep_alive_interval=nan", "-m", "t"],
-            "--rdzv-conf keep_alive_interval='nan' must be seconds > 0",
+            "--rdzv-conf keep_alive_interval='nan' must be seconds in [0.1, 60]",
         ),
+        (["--standalone", "--rdzv-conf=keep_alive_interval=inf", "-m", "t"], "must be seconds in [0.1, 60]"),
+        (["--standalone", "--rdzv-conf=keep_alive_interval=1e9", "-m", "t"], "must be seconds in [0.1, 60]"),
         (
             ["--standalone", "--rdzv-conf=keep_alive_max_attempt=0", "-m", "t"],
-            "keep_alive_max_attempt='0' a whole number >= 1",
+            "keep_alive_max_attempt='0' a whole number in [2, 100]",
+        ),
+        (
+            ["--standalone", "--rdzv-conf=keep_alive_interval=0.2,keep_alive_max_attempt=3", "-m", "t"],
+            "keep_alive_interval=0.2 x (keep_alive_max_attempt=3 - 1) must be at least 1 s",
         ),
         (["--node-failure-window=0", "-m", "t"], "--node-failure-window must be a number of seconds > 0"),
         ([], "the following arguments are required: training_script"),

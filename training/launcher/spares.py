@@ -10,29 +10,44 @@ forms with it at once, so the world size never changes. The kit adds two things:
 - a spare that is never needed sees the rendezvous closed (`RendezvousGracefulExitError`; agent.run()
   then returns None) and exits 0, so the Indexed Job completes.
 
-It also builds the c10d handler itself (`c10d_handler`): torch parses `keep_alive_interval` as whole
-seconds, and an agent writes its keep-alive only when the last one is at least an interval old, so a
-timer of 1 s beats about every 2 s; under load a 2-3 s expiry then drops live nodes and every group
-restarts again and again. Half a second (beats about every second, every 0.5 s while waiting) times 4
-(2 s expiry) detects a silently dead node in 2 s and keeps a margin of 1 s.
+It also builds the c10d handler itself (`c10d_handler`), because torch parses `keep_alive_interval` as
+whole seconds, and tunes what bounds the detection of a silently dead node: the keep-alive expiry,
+interval x max_attempt, after the node's last beat (then the next state read drops it). A training node
+beats from a timer every interval (plus the write's own time); a node that waits (a spare in the
+redundancy list, a node in a re-forming round) beats from its state poll, and torch's test wrote a beat
+only when the last one was a whole interval old, so at 0.5 s on the 0.2 s poll a spare beat every 0.6 s.
+The kit's test (`_should_keep_alive`) makes a beat due at BEAT_DUE (half) of an interval, so every node
+beats about once an interval whether it trains or waits. The launcher's default, 0.25 s x 5 = 1.25 s
+(was 0.5 s x 4 = 2 s), drops a dead node 0.75 s sooner and still lets a live node's keep-alive stall for
+(5 - 1) x 0.25 = 1 s (healthy processes were seen stalled 0.6-0.75 s on a busy 2-core machine; a false
+expiry restarts the group onto a spare). Each beat is a compare-and-set of the whole state: 4 writes a
+second per node, 256 a second for 64 nodes (docs/launcher.md).
 
 One gap in torch is closed (`SpareJoinOp`): a node that put itself on the wait list while the old round
 was emptying, and found the new round complete without it, stays on the wait list for good; every
 healthy agent then sees a node waiting and restarts its group, the next round again leaves one node
 waiting, and the job restarts in a loop. Such a node now moves to the redundancy list: a spare.
 
-torch also polls the rendezvous state once a second while a node waits (a hard-coded 1 s sleep), so each
-membership step of a re-forming round (leave, move off the redundancy list, join, complete) costs up to a
-second; the kit polls every RDZV_POLL_S instead (`install_join_fix`), a few small reads a second per node.
+torch also polls the rendezvous state once a second while a node waits (a hard-coded 1 s sleep) and
+reuses a state it read for 1 s, so each membership step of a re-forming round (the dead node's expiry,
+a spare moving off the redundancy list, a join, the round complete) was seen up to a second late; the
+kit polls every RDZV_POLL_S (`install_join_fix`) and, while a node forms a round, rereads the state at
+each poll (`KitRendezvousHandler`): a few small reads a second per waiting node.
 
-`first_round_complete`, the join op and the poll use torch's private rendezvous internals (torch is
-pinned; style.md §5).
+Every rendezvous step also names its method for an event through `inspect.stack()`, which reads the
+source of every frame (~6 ms a call on a busy machine, several per poll and per keep-alive, under the
+launcher's GIL): a waiting spare's launcher used 13 % of a core and beat only every ~0.5 s, with gaps up
+to 14 s under load. The kit looks the frame up instead (`_method_name`).
+
+`first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
+rendezvous internals (torch is pinned; style.md §5).
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters, dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
@@ -44,6 +59,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 POLL_S = 0.2
 RDZV_POLL_S = 0.2
 """Seconds between rendezvous state reads while a node waits (torch: 1)."""
+TRAINING_CACHE_S = 1
+"""Seconds a training node's agent reuses the state it read (torch's default)."""
+BEAT_DUE = 0.5
+"""A keep-alive is written when the last one is this fraction of an interval old (torch: 1)."""
 
 
 class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
@@ -70,10 +89,47 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
 _torch_delay = dynamic_rendezvous._delay
 
 
+def _should_keep_alive(ctx: dynamic_rendezvous._RendezvousContext) -> bool:
+    """torch's test, with a beat due once the last one is BEAT_DUE of an interval old (torch: a whole one)."""
+    last = ctx.state.last_heartbeats.get(ctx.node)
+    due = ctx.settings.keep_alive_interval * BEAT_DUE
+    return last is not None and last <= datetime.now(UTC) - due
+
+
+def _method_name(depth: int = 2) -> str:
+    """torch's `get_method_name` (the name of its caller's caller, for an event it drops unless a handler is
+    set) without `inspect.stack()`, which reads the source of every frame: ~6 ms a call on a busy machine,
+    several calls per rendezvous poll and per keep-alive, all holding the launcher's GIL."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
+
+
+_torch_method_name = dynamic_rendezvous.get_method_name
+
+
 def install_join_fix() -> None:
-    """Make torch's rendezvous use SpareJoinOp and the shorter poll (it names both from its module)."""
+    """Make torch's rendezvous use SpareJoinOp, the shorter poll, the keep-alive test above and the cheap
+    method name (it names all four from its module)."""
     dynamic_rendezvous._RendezvousJoinOp = SpareJoinOp  # type: ignore[misc]
     dynamic_rendezvous._delay = _poll_delay  # type: ignore[assignment]
+    dynamic_rendezvous._should_keep_alive = _should_keep_alive
+    dynamic_rendezvous.get_method_name = _method_name
+
+
+class KitRendezvousHandler(DynamicRendezvousHandler):
+    """torch's handler, reading the shared state every RDZV_POLL_S while it forms a round (torch caches it
+    for 1 s, so a waiting node saw a dead node's expiry or another node's join up to 1 s late); a node that
+    trains keeps torch's 1 s cache for its membership checks (one read a second per node)."""
+
+    def next_rendezvous(self):  # type: ignore[no-untyped-def]
+        holder = self._state_holder
+        holder._cache_duration = RDZV_POLL_S  # type: ignore[attr-defined]
+        try:
+            return super().next_rendezvous()
+        finally:
+            holder._cache_duration = TRAINING_CACHE_S  # type: ignore[attr-defined]
 
 
 def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts: int) -> RendezvousHandler:
@@ -87,7 +143,7 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
     timeout = RendezvousTimeout(
         join=seconds("join", 600), last_call=seconds("last_call", 30), close=seconds("close", 30)
     )
-    return DynamicRendezvousHandler.from_backend(
+    return KitRendezvousHandler.from_backend(
         params.run_id,
         store,
         backend,
