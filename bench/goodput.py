@@ -16,7 +16,8 @@ The launcher command lines are bench/recovery.py's. Every figure comes from the 
 training.metrics, over the job's wall time from this process's clock (launch to exit: start-up counts).
 
 --quick scales the run down by 10 (200 steps, interval and schedule window scaled alike, the same 5 faults;
-torchrun's collective timeout 10 s) and only prints. Last line:
+torchrun's collective timeout 10 s), runs only the RESULT's mechanisms (kit, ft_launcher, torchrun: under 5
+minutes on 2 cores) and only prints. Last line:
 `RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>`.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
 """
@@ -102,6 +103,10 @@ MECHANISMS = (
     Mechanism(label="torchrun", base="torchrun", mode="sync", study_interval=True,
               describe="torch.distributed.run --max-restarts 8, sync checkpoints, the study's interval"),
 )  # fmt: skip
+
+
+RESULT_MECHANISMS = ("kit", "ft_launcher", "torchrun")
+"""The mechanisms the RESULT line compares; --quick runs only these."""
 
 
 def mtbf_s(scale: Scale) -> float:
@@ -298,7 +303,9 @@ def _schedule(results: dict[str, list[Run]]) -> list[dict]:  # type: ignore[type
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 steps, everything scaled by 1/10; no doc")
+    parser.add_argument(
+        "--quick", action="store_true", help="200 steps, scaled by 1/10; the RESULT mechanisms only; no doc"
+    )
     parser.add_argument("--reps", type=int, default=1, help="runs per mechanism (default 1)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's tiny run
     parser.add_argument("--doc", type=Path, default=None, help=argparse.SUPPRESS)  # where to write the doc
@@ -317,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print("note: NVRx is not installed: the ft_launcher run is skipped", flush=True)
     if scale.name == "smoke":
         mechanisms = [m for m in mechanisms if m.label in ("kit", "torchrun")]  # the test's time budget
+    elif scale.name == "quick":
+        mechanisms = [m for m in mechanisms if m.label in RESULT_MECHANISMS]
     doc = args.doc or (DOC if scale.name == "full" else None)
     flags = " --quick" if args.quick else ""
     command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
