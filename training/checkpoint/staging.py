@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import mmap
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.guard import SaveGuard, test_delay_s
+
+_PAGE_ALIGNED_FROM = 64 << 10
+"""Host buffers of at least this many bytes get their own page-aligned mapping (the writer sends them with
+O_DIRECT from memory; smaller tensors go through its buffer anyway)."""
 
 
 @dataclass
@@ -100,6 +105,19 @@ def _slot_key(t: torch.Tensor) -> tuple[Any, ...]:
     return ("t", t.shape, t.dtype)
 
 
+def _host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor of `like`'s shape and dtype: pinned for a CUDA source (pinned blocks are
+    page-aligned); otherwise, from a size up, its own anonymous mapping, so it starts on a page and the
+    writer can hand it to O_DIRECT without a copy (torch's allocator aligns to 64 bytes only)."""
+    if like.is_cuda:
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=True)
+    nbytes = like.numel() * like.element_size()
+    if nbytes < _PAGE_ALIGNED_FROM:
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu")
+    # The tensor keeps the mapping alive (and unmaps it with its storage).
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=like.dtype, count=like.numel()).view(like.shape)
+
+
 class HostStager:
     """Reusable host buffers, one per tensor path; `nbytes` is the staging memory held."""
 
@@ -120,8 +138,7 @@ class HostStager:
         if slot is not None and slot.key == key:
             return slot
         local = src.to_local() if isinstance(src, DTensor) else src
-        pin = local.is_cuda
-        buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=pin)
+        buffer = _host_buffer(local)
         if isinstance(src, DTensor):
             staged = DTensor.from_local(
                 buffer, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
