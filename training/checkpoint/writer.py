@@ -165,9 +165,10 @@ class ChecksumFile:
         return self.size
 
     def close(self, *, fsync: bool = True) -> FileEntry:
-        if self.direct and self._pending:
-            self._buffered()  # the last partial page
         self._flush()
+        if self._pending:  # O_DIRECT: the last partial page goes through the page cache
+            self._buffered()
+            self._flush()
         if fsync:
             os.fsync(self._fd)
         self.abort()
