@@ -90,7 +90,7 @@ class ChecksumFile:
             self.direct = False  # this file system refuses O_DIRECT (tmpfs on older kernels)
             self._fd = os.open(path, flags, 0o666)
         self._checksum = CHECKSUMS[WRITTEN_CHECKSUM]
-        self._map = mmap.mmap(-1, _BUFFER)  # page-aligned
+        self._map = mmap.mmap(-1, _BUFFER, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned
         self._buf = memoryview(self._map)
         self._pending = 0
         self.size = 0

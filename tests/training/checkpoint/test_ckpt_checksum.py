@@ -130,6 +130,7 @@ def test_aligned_unaligned_and_tiny_writes_reach_the_file_in_order_with_their_ch
         else:
             pieces.append(b"pad")
     out = ChecksumFile(tmp_path / "f", direct=direct)
+    opened_direct = out.direct  # False where the file system refuses O_DIRECT
     expect = bytearray()
     for piece in pieces:
         if isinstance(piece, bytes) and piece == b"pad":
@@ -140,6 +141,7 @@ def test_aligned_unaligned_and_tiny_writes_reach_the_file_in_order_with_their_ch
         assert out.tell() == len(expect)
         assert out.write(piece) == len(piece)
         expect += piece
+    assert out.direct == opened_direct, "every aligned write was taken as it was (no fallback)"
     entry = out.close()
     assert (tmp_path / "f").read_bytes() == expect
     assert entry == FileEntry(size=len(expect), crc32c=crc32c.crc32c(expect))
@@ -187,3 +189,16 @@ def test_a_shard_written_with_o_direct_loads_back_and_a_flipped_byte_is_caught(t
         _flip_byte(folder / "__0_0.distcp", offset)
         assert "__0_0.distcp: crc32c " in verify_file(folder, "__0_0.distcp", shard, checksum=True)
         _flip_byte(folder / "__0_0.distcp", offset)
+
+
+def test_staging_buffers_start_on_a_page_and_share_a_few_mappings() -> None:
+    """Page-aligned (O_DIRECT from memory) without a mapping per tensor (vm.max_map_count is ~65k)."""
+    state = {f"t{i}": torch.full((128, 128), float(i)) for i in range(300)}  # 64 KiB each
+    maps = Path("/proc/self/maps")
+    before = len(maps.read_text().splitlines())
+    staged = HostStager().copy(take(1, state))
+    assert len(maps.read_text().splitlines()) - before < 10
+    for key, value in state.items():
+        buf = staged[key]
+        assert torch.equal(buf, value) and buf.data_ptr() % ALIGN == 0, key
+        assert buf.untyped_storage().nbytes() == buf.nbytes, "its own storage (saved without a clone)"
