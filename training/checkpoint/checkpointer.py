@@ -340,7 +340,11 @@ class Checkpointer:
     def _storage_writer(self, save: _Save) -> KitStorageWriter:
         """This save's writer: refuses to write as another rank or world size, stops when abandoned."""
         return KitStorageWriter(
-            step_dir(self.root, save.step), rank=self.rank, world_size=self.world_size, guard=save.guard
+            step_dir(self.root, save.step),
+            direct_io=self.cfg.direct_io,
+            rank=self.rank,
+            world_size=self.world_size,
+            guard=save.guard,
         )
 
     def _emit_write(self, step: int, duration_s: float, files: dict[str, FileEntry]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import mmap
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.guard import SaveGuard, test_delay_s
+
+_PAGE_ALIGNED_FROM = 64 << 10
+"""CPU staging buffers of at least this many bytes start on a page (`_PageArena`); smaller tensors go
+through the writer's own buffer anyway."""
 
 
 @dataclass
@@ -100,11 +105,44 @@ def _slot_key(t: torch.Tensor) -> tuple[Any, ...]:
     return ("t", t.shape, t.dtype)
 
 
+def _anonymous(size: int) -> mmap.mmap:
+    """Private anonymous memory, as malloc's (Python's default, MAP_SHARED, would be shmem)."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+class _PageArena:
+    """Page-aligned host memory for staging buffers, carved from a few large anonymous mappings.
+
+    Why page-aligned: the writer then sends a buffer to the device with O_DIRECT as it is (torch's
+    allocator aligns to 64 bytes only). Why not one mapping per tensor: a process may hold only ~65k
+    mappings (vm.max_map_count), and a large sharded model has hundreds of thousands of tensors per rank.
+    Each tensor has a storage of exactly its own bytes and keeps its mapping alive; a mapping is unmapped
+    once no tensor uses it, and pages never written are never resident."""
+
+    def __init__(self, chunk_bytes: int = 256 << 20) -> None:
+        self._chunk = chunk_bytes
+        self._map: mmap.mmap | None = None
+        self._used = 0
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        numel = shape.numel()
+        size = -(-numel * dtype.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+        if size > self._chunk:
+            mem, offset = _anonymous(size), 0
+        else:
+            if self._map is None or self._used + size > self._chunk:
+                self._map, self._used = _anonymous(self._chunk), 0
+            mem, offset = self._map, self._used
+            self._used += size
+        return torch.frombuffer(mem, dtype=dtype, count=numel, offset=offset).view(shape)
+
+
 class HostStager:
     """Reusable host buffers, one per tensor path; `nbytes` is the staging memory held."""
 
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
+        self._arena = _PageArena()
         self._stream: Any = None
         self.last: dict[str, Any] | None = None
         """The last staged tree (tensor leaves are the host buffers)."""
@@ -120,8 +158,12 @@ class HostStager:
         if slot is not None and slot.key == key:
             return slot
         local = src.to_local() if isinstance(src, DTensor) else src
-        pin = local.is_cuda
-        buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=pin)
+        if local.is_cuda:  # pinned: device-to-host copies are DMA (cudaHostAlloc memory is page-aligned)
+            buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=True)
+        elif local.nbytes >= _PAGE_ALIGNED_FROM:
+            buffer = self._arena.empty(local.shape, local.dtype)
+        else:
+            buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu")
         if isinstance(src, DTensor):
             staged = DTensor.from_local(
                 buffer, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
@@ -163,6 +205,7 @@ class HostStager:
 
     def close(self) -> None:
         self._slots.clear()
+        self._arena = _PageArena()
         self.last, self.last_step = None, None
 
 

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import random
 import zlib
 from pathlib import Path
 
 import crc32c
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from test_ckpt_local import _flip_byte, _resume, _train
 
 from training.checkpoint.commit import FileEntry, read_commit, verify_file
 from training.checkpoint.layout import step_dir
-from training.checkpoint.writer import ChecksumFile
+from training.checkpoint.staging import HostStager, take
+from training.checkpoint.writer import ALIGN, ChecksumFile, KitStorageWriter
 
 
 def _folder(tmp_path: Path, step: int) -> Path:
@@ -100,3 +104,101 @@ def test_gathered_small_writes_and_direct_large_ones_keep_order_offsets_and_chec
     assert (tmp_path / "f").read_bytes() == data
     assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]
     assert entry == FileEntry(size=len(data), crc32c=crc32c.crc32c(data))
+
+
+def _aligned(n: int, fill: int) -> memoryview:
+    """`n` bytes that start on a page (what the stager's host buffers are)."""
+    mem = mmap.mmap(-1, n)
+    mem.write(bytes([fill]) * n)
+    return memoryview(mem)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "page_cache"])
+def test_aligned_unaligned_and_tiny_writes_reach_the_file_in_order_with_their_checksum(
+    tmp_path: Path, direct: bool
+) -> None:
+    rng = random.Random(1)
+    pieces: list[bytes | memoryview] = []
+    for i in range(40):
+        kind = rng.choice(["tiny", "bytes", "aligned", "pad"])
+        if kind == "tiny":
+            pieces.append(rng.randbytes(rng.randint(1, 600)))
+        elif kind == "bytes":  # large, at whatever address Python put it
+            pieces.append(rng.randbytes(rng.choice([70_000, 1 << 20, (5 << 20) + 3])))
+        elif kind == "aligned":  # large, page-aligned memory (a page multiple or not)
+            pieces.append(_aligned(rng.choice([ALIGN * 17, (1 << 20) + 1234, 6 << 20]), i))
+        else:
+            pieces.append(b"pad")
+    out = ChecksumFile(tmp_path / "f", direct=direct)
+    opened_direct = out.direct  # False where the file system refuses O_DIRECT
+    expect = bytearray()
+    for piece in pieces:
+        if isinstance(piece, bytes) and piece == b"pad":
+            out.pad_to(ALIGN)
+            expect += bytes(-len(expect) % ALIGN)
+            assert out.tell() % ALIGN == 0
+            continue
+        assert out.tell() == len(expect)
+        assert out.write(piece) == len(piece)
+        expect += piece
+    assert out.direct == opened_direct, "every aligned write was taken as it was (no fallback)"
+    entry = out.close()
+    assert (tmp_path / "f").read_bytes() == expect
+    assert entry == FileEntry(size=len(expect), crc32c=crc32c.crc32c(expect))
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    shapes = {"big": (512, 300), "odd": (1001, 33), "small": (7,), "scalar": ()}
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()} | {"int": torch.arange(40_000)}
+
+
+def _save(folder: Path, state: dict[str, torch.Tensor], *, direct_io: bool) -> KitStorageWriter:
+    writer = KitStorageWriter(folder, direct_io=direct_io)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return writer
+
+
+@pytest.mark.parametrize("stage", [True, False], ids=["staged_page_aligned", "live_tensors"])
+def test_a_shard_written_with_o_direct_loads_back_and_a_flipped_byte_is_caught(tmp_path: Path, stage) -> None:
+    """The O_DIRECT layout (large archives start on a page) loads with stock `dcp.load`, equal to the page-
+    cache layout of the writer before it; both records verify, and a flipped byte fails the new one."""
+    state = _tensors()
+    if stage:  # the async kit path: page-aligned host buffers from the stager
+        stager = HostStager()
+        staged = stager.copy(take(1, state))
+        assert staged["big"].data_ptr() % ALIGN == 0
+    else:  # sync mode: the live tensors, wherever torch put them
+        staged = state
+    files = {}
+    for direct_io in (True, False):
+        folder = tmp_path / f"direct_{direct_io}"
+        files[direct_io] = _save(folder, staged, direct_io=direct_io).files
+        for name, entry in files[direct_io].items():
+            data = (folder / name).read_bytes()
+            assert entry == FileEntry(size=len(data), crc32c=crc32c.crc32c(data)), name
+            assert verify_file(folder, name, entry, checksum=True) is None
+        loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+        dcp.load(loaded, checkpoint_id=folder, no_dist=True)
+        for key, value in state.items():
+            assert torch.equal(loaded[key], value), (direct_io, key)
+    shard = files[True]["__0_0.distcp"]
+    assert shard.size >= files[False]["__0_0.distcp"].size  # page padding only
+    folder = tmp_path / "direct_True"
+    for offset in (shard.size // 2, shard.size - 1):
+        _flip_byte(folder / "__0_0.distcp", offset)
+        assert "__0_0.distcp: crc32c " in verify_file(folder, "__0_0.distcp", shard, checksum=True)
+        _flip_byte(folder / "__0_0.distcp", offset)
+
+
+def test_staging_buffers_start_on_a_page_and_share_a_few_mappings() -> None:
+    """Page-aligned (O_DIRECT from memory) without a mapping per tensor (vm.max_map_count is ~65k)."""
+    state = {f"t{i}": torch.full((128, 128), float(i)) for i in range(300)}  # 64 KiB each
+    maps = Path("/proc/self/maps")
+    before = len(maps.read_text().splitlines())
+    staged = HostStager().copy(take(1, state))
+    assert len(maps.read_text().splitlines()) - before < 10
+    for key, value in state.items():
+        buf = staged[key]
+        assert torch.equal(buf, value) and buf.data_ptr() % ALIGN == 0, key
+        assert buf.untyped_storage().nbytes() == buf.nbytes, "its own storage (saved without a clone)"
