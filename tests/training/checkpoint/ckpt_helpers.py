@@ -33,6 +33,8 @@ def start(
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(REPO),
+            # a worker that aborts (SIGABRT from C++) prints every Python thread's stack: where it was
+            "PYTHONFAULTHANDLER": "1",
             **(env or {}),
         }
         cmd = [sys.executable, str(WORKER), "--run-dir", str(run_dir), *args]
