@@ -33,7 +33,10 @@ Kinds and their own fields:
     hang_detected global_rank (the rank that hung), stale_s, timeout_s, busy_extension_s (the time given past
                   the timeout while a rank was busy on a CPU), busy_ranks (still busy: the cap decided),
                   phase, step, ranks ({rank: "stopped" | "elsewhere" | "collective" | "unknown"}: where each
-                  silent rank's main thread was), where
+                  silent rank's main thread was), where, action ("interrupt": the rank is interrupted in
+                  place, training.hang_interrupt; "restart": the group is restarted)
+    hang_interrupt_unanswered global_rank, grace_s, step: the interrupted rank did not beat again within the
+                  grace (stuck outside Python): the group is restarted
     busy_extension global_rank, stale_s, timeout_s, busy_ranks, phase, step: a rank silent past its timeout
                   beat again while a rank was busy on a CPU (a restart the busy check saved)
     launcher_start node_rank, nodes, spares (a pod with node_rank >= nodes starts as a hot spare)

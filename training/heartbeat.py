@@ -2,13 +2,14 @@
 
 Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker replaces
 `<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on every beat and phase change with
-{"pid", "rank", "step", "phase", "since", "ts", "rhythm", "n", "recent"}:
+{"pid", "rank", "step", "phase", "since", "ts", "rhythm", "n", "recent", "interruptible"}:
 - `phase`: what the rank does now; `since`: when it entered it; `ts`: this write (unix seconds);
 - `rhythm`: true once the rank has beaten in "train" since it entered it (the first step after a load
   still gets the load allowance);
 - `n`, `recent`: how many step times this process measured, and the last few (seconds). A step time is
   beat to beat, or beat to a "checkpoint" announcement (the save is not counted as training); a
-  launcher that polls slower than the steps still learns every step.
+  launcher that polls slower than the steps still learns every step;
+- `interruptible`: the training thread takes the launcher's hang interrupt now (training.hang_interrupt).
 The launcher applies the load allowance in "start", "load", "checkpoint" and before the rhythm, the
 (learned) step timeout in "train", and never treats "done" as a hang.
 
@@ -68,6 +69,7 @@ class HeartbeatClient:
         self._intervals = 0
         self._recent: deque[float] = deque(maxlen=RECENT_INTERVALS)
         self._closed = False
+        self._interruptible = False
         self._write()
 
     @classmethod
@@ -136,6 +138,12 @@ class HeartbeatClient:
         if self._nvrx:
             self._nvrx_beat()
 
+    def interruptible(self, value: bool) -> None:
+        """Say whether a hang of this rank may be interrupted in place (training.hang_interrupt.armed)."""
+        if value != self._interruptible and not self._closed:
+            self._interruptible = value
+            self._write()
+
     def close(self) -> None:
         """Final write with phase "done"; later silence is not a hang."""
         if self._closed:
@@ -163,6 +171,7 @@ class HeartbeatClient:
             "rhythm": self._mark is not None,
             "n": self._intervals,
             "recent": list(self._recent),
+            "interruptible": self._interruptible,
         }
         self._tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(self._tmp, self._path)

@@ -1,6 +1,7 @@
 """In-process restart: recover from a Python exception or a collective timeout without new processes.
 
-Kit backend (`inprocess.backend=kit`), per fault:
+Kit backend (`inprocess.backend=kit`), per fault (an exception, a collective that fails, or a hang the
+launcher interrupts: training.hang_interrupt):
   1. abort every process group of this process: its connections close, so a peer blocked in a
      collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
      for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from training import hang_interrupt
 from training.checkpoint.layout import checkpoints_dir, is_committed, list_steps
 from training.checkpoint.resume import one_line
 from training.checkpoint.staging import flatten_state, restore_into
@@ -255,6 +257,7 @@ def run_with_restarts(trainer: Trainer) -> Session:
         # Then the in-flight save is abandoned: it stops at its next phase (never on without its group, nor
         # on the next one), and whatever it still tries on the aborted group fails at once. Abandoning it
         # before the abort would let it start a collective that the abort then races with.
+        trainer.heartbeat.phase("load")  # the load allowance from here: abort, settle, barrier, rebuild
         previous = session.checkpointer
         abort_groups(ctx)
         live = capture_live(session)
@@ -263,7 +266,6 @@ def run_with_restarts(trainer: Trainer) -> Session:
         if not previous.settle(cfg.barrier_timeout_s):
             print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()
-        trainer.heartbeat.phase("load")
         store.barrier(ctx.generation + 1)
         new_group(ctx, ctx.generation + 1)
         session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
@@ -286,10 +288,11 @@ def run_with_restarts(trainer: Trainer) -> Session:
 
 
 def _train_until_fault(trainer: Trainer, session: Session) -> str | None:
-    """Run the loop; on an Exception return its one-line reason. Returning (not raising) frees the
-    traceback's frames, which hold the model and so the failed process group."""
+    """Run the loop (the launcher may interrupt a hang in it); on an Exception return its one-line reason.
+    Returning (not raising) frees the traceback's frames, which hold the model and so the failed group."""
     try:
-        trainer.train_loop(session)
+        with hang_interrupt.armed(trainer.heartbeat):
+            trainer.train_loop(session)
     except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
         traceback.print_exc(file=sys.stderr)
         return one_line(exc)

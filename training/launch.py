@@ -41,6 +41,8 @@ KEEP_ALIVE_ATTEMPTS_MAX = 100
 KEEP_ALIVE_STALL_MIN_S = 1.0
 """Least (keep_alive_max_attempt - 1) x keep_alive_interval: how long a live node's keep-alive may stall
 before the rendezvous drops it. Healthy processes were seen stalled 0.6-0.75 s on a busy 2-core machine."""
+INTERRUPT_GRACE_MAX_S = 600.0
+"""The longest wait for an interrupted rank's next beat (--hang-interrupt-grace) before the group restart."""
 UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes on Linux, the terminating NUL included."""
 
@@ -67,6 +69,18 @@ def _heartbeat_timeout(text: str) -> float | None:
     if text == "auto":
         return None
     return _positive_float("--heartbeat-timeout (or 'auto')")(text)
+
+
+def _interrupt_grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value <= INTERRUPT_GRACE_MAX_S):
+        raise argparse.ArgumentTypeError(
+            f"--hang-interrupt-grace must be seconds in [0, {INTERRUPT_GRACE_MAX_S:g}] (0: off), got {text!r}"
+        )
+    return value
 
 
 def _safety_factor(text: str) -> float:
@@ -159,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         p,
+        "--hang-interrupt-grace",
+        type=_interrupt_grace,
+        default=2.0,
+        help="a hung rank whose trainer restarts in process is first interrupted (SIGUSR1: an exception "
+        "in its training thread) and the group is restarted only if it does not beat again within this "
+        "many seconds (default 2; 0: restart the group at once)",
+    )
+    _add(
+        p,
         "--worker-start",
         choices=["zygote", "exec"],
         default="zygote",
@@ -216,6 +239,7 @@ class LaunchArgs:
     heartbeat_load_timeout_s: float
     heartbeat_safety_factor: float
     heartbeat_min_timeout_s: float
+    hang_interrupt_grace_s: float
     zygote: bool
     shutdown_timeout: int
     spares: int
@@ -307,6 +331,7 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         heartbeat_load_timeout_s=a.heartbeat_load_timeout,
         heartbeat_safety_factor=a.heartbeat_safety_factor,
         heartbeat_min_timeout_s=a.heartbeat_min_timeout,
+        hang_interrupt_grace_s=a.hang_interrupt_grace,
         zygote=a.worker_start == "zygote" and not a.no_python,
         shutdown_timeout=a.shutdown_timeout,
         spares=a.spares,

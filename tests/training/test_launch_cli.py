@@ -83,6 +83,8 @@ def test_underscore_spellings_and_standalone() -> None:
         (["--heartbeat-timeout=-1", "-m", "t"], "must be a number of seconds > 0, got '-1'"),
         (["--heartbeat-safety-factor=0.5", "-m", "t"], "--heartbeat-safety-factor must be a number >= 1"),
         (["--monitor-interval=0", "-m", "t"], "--monitor-interval must be a number of seconds > 0"),
+        (["--hang-interrupt-grace=nan", "-m", "t"], "--hang-interrupt-grace must be seconds in [0, 600]"),
+        (["--hang-interrupt-grace=-1", "-m", "t"], "(0: off), got '-1'"),
         (["--standalone", "--nnodes=2", "-m", "t"], "--standalone runs one node"),
         (["--rdzv-conf=oops", "--standalone", "-m", "t"], "--rdzv-conf item 'oops' is not KEY=VALUE"),
         (["--rdzv-backend=etcd", "-m", "t"], "invalid choice: 'etcd'"),

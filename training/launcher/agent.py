@@ -31,6 +31,7 @@ import signal
 import socket
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
@@ -39,6 +40,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
 from training.events import EventLog
+from training.hang_interrupt import INTERRUPT_SIGNAL
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
@@ -77,6 +79,18 @@ class NodeFailures:
         return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Interrupted:
+    """A hung rank sent the hang interrupt, and what the group restart needs if it does not answer."""
+
+    stale: Stale
+    probes: list[Probe]
+    pid: int
+    beat: float | None
+    """Its last beat when interrupted: any other value is its answer."""
+    deadline: float
+
+
 class KitElasticAgent(LocalElasticAgent):
     """LocalElasticAgent with heartbeat hang detection, a never-retry exit code and SIGKILL restarts."""
 
@@ -112,6 +126,7 @@ class KitElasticAgent(LocalElasticAgent):
         self.given_up: str | None = None
         self.activity = CpuActivity(window_s=BUSY_WINDOW_TICKS * spec.monitor_interval)
         self._extended: tuple[Stale, list[int]] | None = None  # the silence given more time, who was busy
+        self._interrupted: _Interrupted | None = None  # a hung rank interrupted in place, not yet beaten
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -125,6 +140,8 @@ class KitElasticAgent(LocalElasticAgent):
         now = time.time()
         stale = self.monitor.check(now)
         self.activity.sample(self.monitor.pids(), now)
+        if (waiting := self._await_interrupt(now)) is not None:
+            return waiting
         if stale is None:
             self._end_extension()
             return result
@@ -135,13 +152,30 @@ class KitElasticAgent(LocalElasticAgent):
         extension_s = stale.stale_s - stale.timeout_s if self._extended is not None else 0.0
         self._extended = None
         stale, probes = self._blame_hang(stale, now)
+        if self._interrupt_hung_rank(stale, probes, now, extension_s):
+            return result
+        self._declare_hang(stale, probes, now, extension_s, action="restart")
+        self._restart_for_hang(stale, probes, now)
+        return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _declare_hang(
+        self, stale: Stale, probes: list[Probe], now: float, extension_s: float, *, action: str
+    ) -> None:
+        """One log line and a `hang_detected` event; `action`: "restart" (the group) or "interrupt" (the
+        rank, in place: `_interrupt_hung_rank`)."""
         reason = (
             f"rank {stale.rank} heartbeat stale for {stale.stale_s:.2f} s "
             f"(timeout {stale.timeout_s:.2f} s, phase {stale.phase}, last step {stale.step}"
             + (f"; {extension_s:.2f} s more given while a rank was busy on a CPU" if extension_s else "")
             + ")"
         )
-        log.warning("kit-launch: hang detected: %s%s", reason, _describe_probes(probes))
+        then = (
+            f"; interrupting it in place ({INTERRUPT_SIGNAL.name}); the group restarts if it does not beat "
+            f"within {self.monitor.settings.interrupt_grace_s:g} s"
+            if action == "interrupt"
+            else ""
+        )
+        log.warning("kit-launch: hang detected: %s%s%s", reason, _describe_probes(probes), then)
         self.events.emit(
             "hang_detected",
             ts=now,
@@ -149,16 +183,65 @@ class KitElasticAgent(LocalElasticAgent):
             stale_s=round(stale.stale_s, 4),
             timeout_s=round(stale.timeout_s, 4),
             busy_extension_s=round(extension_s, 4),
-            busy_ranks=busy,
+            busy_ranks=self.activity.busy_ranks(),
             phase=stale.phase,
             step=stale.step,
             ranks={str(p.rank): p.state for p in probes},
             where=next((p.where for p in probes if p.rank == stale.rank), ""),
+            action=action,
         )
+
+    def _restart_for_hang(self, stale: Stale, probes: list[Probe], now: float) -> None:
+        """Count the hang against this node when a local rank is the culprit, and break the group."""
         culprit_probe = next((p for p in probes if p.rank == stale.rank), None)
         if culprit_probe is None or culprit_probe.state in ("stopped", "elsewhere"):
             self._count_own_failure(now, f"hang of rank {stale.rank}")
         self._mark_broken(f"hang of rank {stale.rank}")
+
+    def _interrupt_hung_rank(self, stale: Stale, probes: list[Probe], now: float, extension_s: float) -> bool:
+        """Interrupt the hung rank in place when its trainer takes it (it restarts in process: about a
+        second, from the live state, where a group restart starts new processes and reads the checkpoint).
+        A stopped rank cannot run the handler; one without a pid here is another node's to interrupt."""
+        grace = self.monitor.settings.interrupt_grace_s
+        pid = self.monitor.pid(stale.rank)
+        state = next((p.state for p in probes if p.rank == stale.rank), None)
+        if grace <= 0 or pid is None or state == "stopped" or not self.monitor.interruptible(stale.rank):
+            return False
+        try:
+            os.kill(pid, INTERRUPT_SIGNAL)
+        except ProcessLookupError:
+            return False  # it exited: the stock check sees that at the next tick
+        self._interrupted = _Interrupted(
+            stale=stale, probes=probes, pid=pid, beat=self.monitor.last_beat(stale.rank), deadline=now + grace
+        )
+        self._declare_hang(stale, probes, now, extension_s, action="interrupt")
+        return True
+
+    def _await_interrupt(self, now: float) -> RunResult | None:
+        """While an interrupted rank has not beaten again: HEALTHY until the grace is over (its peers'
+        silence is its), then the group restart. None once it beat (the trainer restarts in process)."""
+        pending = self._interrupted
+        if pending is None:
+            return None
+        rank = pending.stale.rank
+        if self.monitor.last_beat(rank) != pending.beat or self.monitor.pid(rank) != pending.pid:
+            self._interrupted = None
+            log.info("kit-launch: rank %d answered the hang interrupt: it restarts in process", rank)
+            return None
+        if now < pending.deadline:
+            return RunResult(state=WorkerState.HEALTHY)
+        self._interrupted = None
+        grace = self.monitor.settings.interrupt_grace_s
+        log.warning(
+            "kit-launch: rank %d did not beat within %g s of the hang interrupt (stuck outside Python, e.g. "
+            "in C, a CUDA kernel or a collective): restarting the group",
+            rank,
+            grace,
+        )
+        self.events.emit(
+            "hang_interrupt_unanswered", global_rank=rank, grace_s=grace, step=pending.stale.step
+        )
+        self._restart_for_hang(pending.stale, pending.probes, now)
         return RunResult(state=WorkerState.UNHEALTHY)
 
     def _end_extension(self) -> None:
@@ -220,6 +303,7 @@ class KitElasticAgent(LocalElasticAgent):
         self._pending_reason = None
         self._broken = False
         self._extended = None
+        self._interrupted = None
         self.activity.forget()
         self.monitor.reset([w.global_rank for w in worker_group.workers])
         pids = super()._start_workers(worker_group)

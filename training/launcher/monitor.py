@@ -51,6 +51,9 @@ class HeartbeatSettings:
     """Learned timeout = this x the slowest recent step time."""
     min_timeout_s: float
     """Floor of the learned timeout, seconds."""
+    interrupt_grace_s: float = 0.0
+    """A hung rank that says it is interruptible (training.hang_interrupt) is interrupted first, and the
+    group restarted only if it has not beaten again this many seconds later; 0 restarts at once."""
     busy_cap_factor: float = 3.0
     """A rank past its timeout while a training thread of this node is busy on a CPU gets up to this x its
     timeout (never above `load_timeout_s`) before it is declared hung; 1 turns the busy check off."""
@@ -133,6 +136,7 @@ class _Seen:
     rhythm: bool
     n: int
     recent: list[float]
+    interruptible: bool = False
 
 
 class HeartbeatMonitor:
@@ -203,6 +207,11 @@ class HeartbeatMonitor:
         seen = self._seen.get(rank)
         return seen.pid if seen is not None else None
 
+    def interruptible(self, rank: int) -> bool:
+        """Its last beat said a hang interrupt is taken in place (training.hang_interrupt)."""
+        seen = self._seen.get(rank)
+        return seen is not None and seen.interruptible
+
     def last_beat(self, rank: int) -> float | None:
         seen = self._seen.get(rank)
         return seen.ts if seen is not None else None
@@ -219,6 +228,7 @@ class HeartbeatMonitor:
                 rhythm=record["rhythm"],
                 n=record["n"],
                 recent=record["recent"],
+                interruptible=record.get("interruptible") is True,
             )
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return self._seen.get(rank)  # missing, or caught mid-replace: keep what we knew

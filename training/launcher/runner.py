@@ -131,6 +131,7 @@ def _run_agent(
         load_timeout_s=args.heartbeat_load_timeout_s,
         safety_factor=args.heartbeat_safety_factor,
         min_timeout_s=args.heartbeat_min_timeout_s,
+        interrupt_grace_s=args.hang_interrupt_grace_s,
     )
     monitor = HeartbeatMonitor(os.environ[HEARTBEAT_DIR_ENV], settings)
     join_timeout = float(args.rdzv_configs.get("join_timeout", 600))
