@@ -70,6 +70,31 @@ def _to_tuple(value: Any) -> Any:
     return tuple(_to_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
+def _prime_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh Adam(W) its per-parameter state (zeros, as its first step creates it) without a step.
+
+    For an optimizer without state, torch's `get_state_dict` runs a whole optimizer step on zero gradients
+    to create one (`_init_optim_state`): 0.14 s of a 0.22 s restore of the tiny model on the test machine,
+    paid at every resume. Every value primed here is overwritten by the load that asked for the state dict.
+    """
+    if optimizer.state or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not param.requires_grad:
+                continue
+            on_device = group["capturable"] or group["fused"]
+            step = torch.zeros((), dtype=torch.float32, device=param.device if on_device else "cpu")
+            state = {
+                "step": step,
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            }
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            optimizer.state[param] = state
+
+
 class TrainState(Stateful):
     """Model, optimizer, LR scheduler, data position, step and RNG of one rank."""
 
@@ -125,6 +150,7 @@ class TrainState(Stateful):
         return f"rng.rank{self.rank}"
 
     def state_dict(self) -> dict[str, Any]:
+        _prime_adam_state(self.optimizer)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {
             "model": model_sd,

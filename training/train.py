@@ -67,10 +67,16 @@ class Session:
 
 
 def build_session(
-    cfg: TrainConfig, ctx: DistContext, events: EventLog, *, heartbeat: HeartbeatClient | None = None
+    cfg: TrainConfig,
+    ctx: DistContext,
+    events: EventLog,
+    *,
+    heartbeat: HeartbeatClient | None = None,
+    init_weights: bool = True,
 ) -> Session:
-    """Model (initialised from the seed), optimizer, schedule, data at position 0, checkpointer (whose
-    waits run in the heartbeat's "checkpoint" phase)."""
+    """Model (initialised from the seed; `init_weights=False`: left as allocated, for a caller that
+    restores every value at once), optimizer, schedule, data at position 0, checkpointer (whose waits
+    run in the heartbeat's "checkpoint" phase)."""
     seed_everything(cfg.run.seed, ctx.rank)
     args = MODEL_CONFIGS[cfg.model.name]
     param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
@@ -82,6 +88,7 @@ def build_session(
         param_dtype=param_dtype,
         activation_checkpointing=cfg.model.activation_checkpointing,
         compile_blocks=cfg.model.compile,
+        init_weights=init_weights,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(),
