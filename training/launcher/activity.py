@@ -27,6 +27,7 @@ do with it (`KitElasticAgent._monitor_workers`).
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,13 +52,35 @@ class ThreadClock:
     """The state letter from stat: R running, S sleeping, D uninterruptible, T stopped, ..."""
 
 
-def sampled_threads(pid: int) -> list[int]:
-    """The tids of a worker's training (main) thread and its collective threads; [] if it is gone."""
+NAME_TTL_S = 1.0
+"""How long a thread's name is trusted (a new thread is renamed by its owner just after it starts)."""
+
+
+def sampled_threads(pid: int, names: dict[tuple[int, int], tuple[str, float]] | None = None) -> list[int]:
+    """The tids of a worker's training (main) thread and its collective threads; [] if it is gone.
+    `names`: a cache of (pid, tid) -> (name, when read), so a tick reads only new threads' names (a
+    worker has ~10-40 threads; reading every name at every tick cost ~0.8 ms per worker under load)."""
     try:
         tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except (OSError, ValueError):
         return []
-    return [tid for tid in tids if tid == pid or _thread_name(pid, tid).startswith(COLLECTIVE_THREADS)]
+    now = time.monotonic()
+    out = []
+    for tid in tids:
+        if tid == pid:
+            out.append(tid)
+            continue
+        cached = names.get((pid, tid)) if names is not None else None
+        if cached is None or now - cached[1] > NAME_TTL_S:
+            cached = (_thread_name(pid, tid), now)
+            if names is not None:
+                names[(pid, tid)] = cached
+        if cached[0].startswith(COLLECTIVE_THREADS):
+            out.append(tid)
+    if names is not None and len(names) > 2 * len(tids):  # forget exited threads now and then
+        for key in [k for k in names if k[0] == pid and k[1] not in tids]:
+            del names[key]
+    return out
 
 
 def _thread_name(pid: int, tid: int) -> str:
@@ -96,18 +119,20 @@ class CpuActivity:
         self.window_s = window_s
         self._history: dict[tuple[int, int], deque[tuple[float, ThreadClock]]] = {}  # (pid, tid) -> readings
         self._ranks: dict[int, int] = {}  # rank -> pid
+        self._names: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, tid) -> (name, when read)
 
     def forget(self) -> None:
         """A new worker group: the old processes' readings say nothing about the new ones."""
         self._history.clear()
         self._ranks.clear()
+        self._names.clear()
 
     def sample(self, pids: Mapping[int, int], now: float) -> None:
         """Read every rank's sampled threads once (`pids`: rank -> the worker's own pid), at time `now`."""
         self._ranks = dict(pids)
         seen: set[tuple[int, int]] = set()
         for pid in self._ranks.values():
-            for tid in sampled_threads(pid):
+            for tid in sampled_threads(pid, self._names):
                 clock = read_thread(pid, tid)
                 if clock is None:
                     continue
@@ -119,6 +144,9 @@ class CpuActivity:
                     history.popleft()
         for key in set(self._history) - seen:  # exited threads and processes
             del self._history[key]
+        live = set(self._ranks.values())
+        for key in [k for k in self._names if k[0] not in live]:
+            del self._names[key]
 
     def busy_ranks(self) -> list[int]:
         """The ranks with a thread busy over the window before the last sample (see the module docstring)."""
