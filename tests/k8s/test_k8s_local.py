@@ -123,7 +123,8 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     """2 pods x 1 process from the rendered manifests; rank 1 is SIGKILLed at step 12; the kit launcher
     restarts the group, the run resumes from the step-10 checkpoint and completes; the report reads it.
     With in-process restart on, rank 0 survives the kill in its restart barrier, so only one node spends a
-    restart: the nodes must still meet in the new round (they used to wait on each other's keys forever).
+    restart: the nodes must still meet in the new round (they used to wait on each other's keys forever), and
+    pod 0's launcher stops its restarting rank at once.
     (With it off, a 2-pod group restart after a kill is the node-fault tests' and the demo's path.)"""
     inprocess = "true"
     metrics = pytest.importorskip("training.metrics")
@@ -143,6 +144,11 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     assert m.faults[0].recovery_s is not None and m.faults[0].recovery_s > 0
     assert 0 < m.goodput <= 1
     assert (run_dir / "timeline.png").is_file()
+    # Rank 0 was restarting in process (its peer was gone) when pod 0's launcher saw the new round: nothing to
+    # drain, so SIGKILL at once (a SIGTERM used to hold the round for torchelastic's 30 s shutdown timeout).
+    pod0 = (tmp_path / "kill-e2e" / "logs" / "kill-e2e-0-local.log").read_text()
+    assert "outside the train loop (starting, loading or restarting in process), nothing to drain" in pod0
+    assert "forcefully exiting via 9" not in pod0
 
 
 @pytest.mark.timeout(200)

@@ -13,8 +13,10 @@ It overrides three hooks and leaves the loop (rendezvous, restart budget, multi-
 - `_start_workers`: resets the heartbeat clocks, logs and emits the restart, then starts the group
   (through the zygote's shims when warm workers are on).
 - `_shutdown`: a broken group (failed or hung) is SIGKILLed at once: a hung or SIGSTOPped rank never
-  honours SIGTERM, and its peers are stuck in collectives anyway. A clean stop (signal to the launcher,
-  end of run) keeps torchelastic's SIGTERM-then-wait.
+  honours SIGTERM, and its peers are stuck in collectives anyway. So is a group with a rank outside the
+  train loop (starting, loading, or restarting in process because a peer on another node died): SIGTERM
+  asks a trainer to drain at its next step boundary, which such a rank never reaches. Otherwise (signal
+  to the launcher, end of run, a new round while every rank trains) torchelastic's SIGTERM-then-wait.
 
 A node that keeps failing by itself (`NodeFailures`: a local worker killed by a signal, or a hang whose
 culprit is a local rank, not one waiting in a collective for a peer) is given up: the agent stops
@@ -316,7 +318,20 @@ class KitElasticAgent(LocalElasticAgent):
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         if self._broken:
             death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
+        elif death_sig == signal.SIGTERM and (outside := self._ranks_outside_the_loop()):
+            # SIGTERM asks a trainer to drain at its next step boundary; a rank that is starting, loading or
+            # restarting in process (its peer on another node died) has none to reach, and would hold the
+            # new round for the whole timeout (30 s, measured) before torchelastic's SIGKILL.
+            log.warning(
+                "kit-launch: stopping the worker group: rank(s) %s outside the train loop (starting, loading "
+                "or restarting in process), nothing to drain: SIGKILL",
+                ", ".join(map(str, outside)),
+            )
+            death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
         super()._shutdown(death_sig, timeout)
+
+    def _ranks_outside_the_loop(self) -> list[int]:
+        return sorted(rank for rank, phase in self.monitor.phases().items() if phase in ("start", "load"))
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -207,6 +207,14 @@ class HeartbeatMonitor:
         seen = self._seen.get(rank)
         return seen.pid if seen is not None else None
 
+    def phases(self) -> dict[int, str]:
+        """Rank -> its phase now, read afresh ("start" before its first beat)."""
+        out = {}
+        for rank in self._ranks:
+            seen = self._read(rank)
+            out[rank] = seen.phase if seen is not None else "start"
+        return out
+
     def interruptible(self, rank: int) -> bool:
         """Its last beat said a hang interrupt is taken in place (training.hang_interrupt)."""
         seen = self._seen.get(rank)
