@@ -1,5 +1,6 @@
-"""A fault at every phase of an async save (staging, writing, committing), each fault kind, in-process
-restart on and off: the persisted final checkpoint equals the fault-free run's and resumes.
+"""A fault at every phase of an async save (staging, writing, committing), each fault kind, recovered in
+process (an exception; a hang, interrupted by the launcher) or by a restart of the group (a kill): the
+persisted final checkpoint equals the fault-free run's and resumes.
 
 The save is put in the phase deterministically: the test-only hold (KIT_CKPT_TEST_HOLD, see
 training/checkpoint/guard.py) stops the save of a step at the start of a phase until it is abandoned or
@@ -33,16 +34,18 @@ def _faults(kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("kind", "inprocess"),
-    # In-process restart matters for soft faults; a kill or a hang always ends in a restart of the group
-    # (the peer's in-process attempt waits for a rank that is gone), so those run with it off only.
-    [("exception", True), ("exception", False), ("kill", False), ("hang", False)],
+    # An exception and a hang (interrupted by the launcher: training.hang_interrupt) are recovered in
+    # process; a kill always restarts the group (the peer's in-process attempt waits for a rank that is
+    # gone), so it runs with in-process restart off: the group-restart path, which an exception or a hang
+    # would take with it off, from the same held saves.
+    [("exception", True), ("hang", True), ("kill", False)],
 )
 def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     tmp_path: Path, reference_run: Path, kind: str, inprocess: bool
 ) -> None:
     # Four faults of this node's own on purpose: never give the node up (--node-failure-limit 0).
     launcher = ["--max-restarts", "4", "--node-failure-limit", "0"]
-    launcher += ["--heartbeat-timeout", "3"] if kind == "hang" else []
+    launcher += ["--heartbeat-timeout", "2"] if kind == "hang" else []
     run_dir, args = launch_trainer(
         tmp_path,
         f"{kind}-{'inproc' if inprocess else 'group'}",
@@ -58,7 +61,7 @@ def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
     assert len([e for e in events if e["kind"] == "fault"]) == 3
     held = sorted(p.name for p in (run_dir / "test_holds").iterdir())
     assert held == sorted(f"{h.replace('@', '-step')}-rank{r}" for h in HOLDS.split(",") for r in (0, 1))
-    if inprocess and kind == "exception":
+    if inprocess:
         restarts = [e for e in events if e["kind"] == "inprocess_restart" and e["rank"] == 0]
         restored = [(e["restored_step"], e["source"]) for e in restarts]
         assert restored == [(2, "live"), (4, "live"), (6, "live")]
@@ -69,10 +72,12 @@ def test_fault_in_every_phase_of_a_save_leaves_the_fault_free_checkpoint(
             began = restart["ts"] - restart["duration_s"]
             assert any(e["step"] == restart["restored_step"] and e["ts"] > began for e in commits), restart
         assert [e for e in events if e["kind"] == "restart"] == [], "all three recovered in process"
+        if kind == "hang":
+            assert [e["action"] for e in events if e["kind"] == "hang_detected"] == ["interrupt"] * 3
     else:
         assert len([e for e in events if e["kind"] == "restart"]) == 3
     assert_same_final_checkpoint(run_dir, reference_run)
-    if inprocess:  # the in-process case re-saves abandoned steps: start the job again once (one case: time)
+    if kind == "exception":  # it re-saves abandoned steps: start the job again once (one case: time)
         assert_resumes_from_final(tmp_path, args, run_dir)
 
 
