@@ -15,13 +15,15 @@ hangs. Per thread:
   speed for a thread that computes, however contended the machine (a descheduled thread still waits in
   the run queue), and not at all for one that sleeps or is stopped. Where the kernel has no schedstat,
   utime + stime from `stat` (clock ticks of 10 ms; only the time on a CPU).
-- the thread state from `stat`: "R" (on a CPU or in the run queue; the run-queue wait is only added to
-  schedstat when the thread gets the CPU) and "D" (uninterruptible, e.g. a beat write throttled by the page
-  cache's writeback: waiting on the kernel's work, not on a peer) count as busy.
+- the training thread's state from `stat`: "R" (on a CPU or in the run queue; the run-queue wait is only
+  added to schedstat when the thread gets the CPU) and "D" (uninterruptible, e.g. a beat write throttled by
+  the page cache's writeback: waiting on the kernel's work, not on a peer) count as busy. Not a collective
+  thread's: gloo's event loop is caught in "R" for a moment now and then while its rank waits on a hung
+  peer (measured: 8 ms of 200 ms, in "R" at the sample), which extended real hangs by up to 1.2 s.
 
 A rank is busy when one of its sampled threads is: that time grew by at least `BUSY_SHARE` of the wall time
-over the last `window_s` (a couple of monitor ticks), or it is in "R" or "D" now. The agent decides what to
-do with it (`KitElasticAgent._monitor_workers`).
+over the last `window_s` (a couple of monitor ticks), or its training thread is in "R" or "D" now. The
+agent decides what to do with it (`KitElasticAgent._monitor_workers`).
 """
 
 from __future__ import annotations
@@ -150,13 +152,13 @@ class CpuActivity:
 
     def busy_ranks(self) -> list[int]:
         """The ranks with a thread busy over the window before the last sample (see the module docstring)."""
-        busy = {pid for (pid, _), history in self._history.items() if self._busy(history)}
+        busy = {pid for (pid, tid), history in self._history.items() if self._busy(history, main=tid == pid)}
         return sorted(rank for rank, pid in self._ranks.items() if pid in busy)
 
     @staticmethod
-    def _busy(history: deque[tuple[float, ThreadClock]]) -> bool:
+    def _busy(history: deque[tuple[float, ThreadClock]], *, main: bool) -> bool:
         last_t, last = history[-1]
-        if last.state in BUSY_STATES:
+        if main and last.state in BUSY_STATES:
             return True
         base_t, base = history[0]  # a window old, or the oldest reading while there is none that old
         elapsed = last_t - base_t

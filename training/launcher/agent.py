@@ -81,7 +81,7 @@ class NodeFailures:
         return None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class _Interrupted:
     """A hung rank sent the hang interrupt, and what the group restart needs if it does not answer."""
 
@@ -90,7 +90,9 @@ class _Interrupted:
     pid: int
     beat: float | None
     """Its last beat when interrupted: any other value is its answer."""
+    at: float
     deadline: float
+    answered: bool = False
 
 
 class KitElasticAgent(LocalElasticAgent):
@@ -214,21 +216,35 @@ class KitElasticAgent(LocalElasticAgent):
         except ProcessLookupError:
             return False  # it exited: the stock check sees that at the next tick
         self._interrupted = _Interrupted(
-            stale=stale, probes=probes, pid=pid, beat=self.monitor.last_beat(stale.rank), deadline=now + grace
+            stale=stale,
+            probes=probes,
+            pid=pid,
+            beat=self.monitor.last_beat(stale.rank),
+            at=now,
+            deadline=now + grace,
         )
         self._declare_hang(stale, probes, now, extension_s, action="interrupt")
         return True
 
     def _await_interrupt(self, now: float) -> RunResult | None:
         """While an interrupted rank has not beaten again: HEALTHY until the grace is over (its peers'
-        silence is its), then the group restart. None once it beat (the trainer restarts in process)."""
+        silence is its), then the group restart. Once it beat (it restarts in process), HEALTHY until its
+        local peers beat too (they restart once its abort breaks their collective) or the grace is over;
+        then None: the ordinary checks again."""
         pending = self._interrupted
         if pending is None:
             return None
         rank = pending.stale.rank
-        if self.monitor.last_beat(rank) != pending.beat or self.monitor.pid(rank) != pending.pid:
-            self._interrupted = None
+        if not pending.answered and (
+            self.monitor.last_beat(rank) != pending.beat or self.monitor.pid(rank) != pending.pid
+        ):
+            pending.answered = True
             log.info("kit-launch: rank %d answered the hang interrupt: it restarts in process", rank)
+        if pending.answered:
+            beats = [self.monitor.last_beat(r) for r in self.monitor.pids()]
+            if now < pending.deadline and any(b is None or b < pending.at for b in beats):
+                return RunResult(state=WorkerState.HEALTHY)
+            self._interrupted = None
             return None
         if now < pending.deadline:
             return RunResult(state=WorkerState.HEALTHY)
