@@ -288,7 +288,10 @@ def run_with_restarts(trainer: Trainer) -> Session:
         # Restored from this process's own live state or host copy: the seeded init would be overwritten.
         # From disk it stays: a checkpoint that turns out unreadable falls back to the seed.
         seeded = plan.source == "disk"
-        session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat, init_weights=seeded)
+        resumes_live = plan.source == "live"  # rolls nothing back: no fault for `checkpoint.interval=auto`
+        session = build_session(
+            trainer.cfg, ctx, events, heartbeat=trainer.heartbeat, init_weights=seeded, live=resumes_live
+        )
         step, source, why = restore(trainer, session, previous, live, plan)
         _close_quietly(previous)
         previous = live = None

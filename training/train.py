@@ -73,10 +73,12 @@ def build_session(
     *,
     heartbeat: HeartbeatClient | None = None,
     init_weights: bool = True,
+    live: bool = False,
 ) -> Session:
     """Model (initialised from the seed; `init_weights=False`: left as allocated, for a caller that
     restores every value at once), optimizer, schedule, data at position 0, checkpointer (whose waits
-    run in the heartbeat's "checkpoint" phase)."""
+    run in the heartbeat's "checkpoint" phase; `live`: the session resumes from the last one's live
+    state)."""
     seed_everything(cfg.run.seed, ctx.rank)
     args = MODEL_CONFIGS[cfg.model.name]
     param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
@@ -108,6 +110,7 @@ def build_session(
         world_size=ctx.world_size,
         events=events,
         on_wait=heartbeat.checkpoint_wait if heartbeat is not None else None,
+        live=live,
     )
     return Session(model=model, optimizer=optimizer, state=state, checkpointer=checkpointer)
 

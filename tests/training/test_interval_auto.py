@@ -1,6 +1,7 @@
 """`checkpoint.interval: auto` on 2 real ranks (gloo) with a fault: the interval rank 0 chose from its
 measurements reaches every rank at the same step (both save the same steps), it stays within its bounds,
-it changes once a save is measured, the fault is counted, and the final checkpoint on disk is bitwise the
+it changes once a save is measured, a fault that rolls work back is counted (one resumed from the live state
+is not: tests/training/checkpoint/test_interval.py), and the final checkpoint on disk is bitwise the
 fault-free run's (checkpoint steps do not change the math)."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def test_auto_interval_agrees_on_every_rank_and_a_fault_changes_nothing(
             "--checkpoint.interval_min", str(LO), "--checkpoint.interval_max", str(HI),
             # a week's MTBF puts the optimum far above HI for any measured cost: the choice must move to HI
             "--checkpoint.mtbf_s", str(WEEK_S),
-            "--fault.spec", "exception:step=7:rank=1",
         ],
+        # mid-update (after its optimizer step): the live state is torn, the restart rolls back to a save
+        env={"KIT_FAULT_TEST_IN_UPDATE": "exception:step=7:rank=1"},
     ).check()  # fmt: skip
     events = read_events(run_dir)
 

@@ -101,7 +101,10 @@ class Checkpointer:
         world_size: int,
         events: EventLog | None = None,
         on_wait: Callable[[], AbstractContextManager[object]] | None = None,
+        live: bool = False,
     ) -> None:
+        """`live`: this session resumes from the live state of the last one (an in-process restart that
+        rolls nothing back: not a fault for `interval: auto`)."""
         if cfg.mode == "async" and cfg.backend == "nvrx":
             raise ValueError(
                 "checkpoint.backend nvrx is not wired into the Checkpointer yet (NVRx is measured in "
@@ -122,7 +125,7 @@ class Checkpointer:
         """The step last saved or restored: a second save of it is skipped; `auto` counts from it."""
         self._busy_waits = 0
         self._auto = (
-            AutoInterval(cfg, run_dir=run_dir, rank=rank, events=self.events)
+            AutoInterval(cfg, run_dir=run_dir, rank=rank, events=self.events, live=live)
             if cfg.auto and cfg.mode != "off"
             else None
         )

@@ -15,7 +15,8 @@ Inputs, all measured by rank 0 in the loop (`observe`, once per step, from `Chec
           5 saves, so one odd save does not swing the interval;
   writes  steps one background write took (the steps that started while it was in flight, one more if
           the next save had to wait for it), the most of the last 5 saves: the interval's floor;
-  M       the prior `mtbf_s` blended with the faults this run has seen (`RunHistory`):
+  M       the prior `mtbf_s` blended with the faults this run has seen that rolled work back (`RunHistory`;
+          an in-process restart from the live state computes nothing again, so it is none):
           M = (mtbf_s + exposure_s) / (1 + faults), i.e. the prior counts as one fault after mtbf_s.
 It is re-evaluated once per save, when that save is fully measured (at the first step that starts after
 its write is over, or at the next save if that comes first). A new session (a restarted process, or an
@@ -118,8 +119,9 @@ class RunHistory:
     few kinds needed, so a long run's millions of step lines of every rank are not parsed."""
 
     faults: int = 0
-    """Interruptions: every session (a process start, or an in-process restart) after the first, the one
-    starting now included, except one that follows a clean end (`end` event: a planned stop_at)."""
+    """Interruptions that rolled back: every session (a process start, or an in-process restart) after the
+    first, the one starting now included, except one that follows a clean end (`end` event: a planned
+    stop_at) and one that resumed from the live state (nothing computed again: no cost to weigh)."""
     past_exposure_s: float = 0.0
     """Seconds earlier rank-0 processes ran (first to last event of each file), this one excluded."""
     own_start: float | None = None
@@ -128,7 +130,9 @@ class RunHistory:
     """The newest `interval` event's fields (its measured inputs), if any."""
 
     @classmethod
-    def read(cls, run_dir: str | os.PathLike[str]) -> RunHistory:
+    def read(cls, run_dir: str | os.PathLike[str], *, live: bool = False) -> RunHistory:
+        """`live`: the session starting now resumes from the live state (an in-process restart that rolls
+        nothing back), so it is no fault."""
         history = cls()
         picked: list[dict[str, Any]] = []
         me = (socket.gethostname(), os.getpid())
@@ -146,6 +150,8 @@ class RunHistory:
             sessions.see(e)
         if me in sessions.resumed or me not in sessions.started:  # the session starting now
             sessions.begin()
+            if live:
+                sessions.forgive()
         history.faults = sessions.faults
         history.last = next(
             (e for e in reversed(picked) if e["kind"] == INTERVAL_EVENT and e.get("step_s")), None
@@ -169,8 +175,12 @@ class _Sessions:
     resumed: set[tuple[Any, Any]] = field(default_factory=set)
     """Processes (host, pid) whose current session has resumed: their next `resume` is a restart."""
 
+    counted: bool = False
+    """Whether the current session counted as a fault (undone when it resumed live)."""
+
     def begin(self) -> None:
-        self.faults += 1 if self.count and not self.clean else 0
+        self.counted = bool(self.count and not self.clean)
+        self.faults += self.counted
         self.count += 1
         self.clean = False
 
@@ -184,8 +194,16 @@ class _Sessions:
             if who in self.resumed:
                 self.begin()
             self.resumed.add(who)
+            if e.get("source") == "live":
+                self.forgive()
         elif e["kind"] == "end":
             self.clean = True
+
+    def forgive(self) -> None:
+        """The current session resumed from the live state: nothing was rolled back, so for the interval it
+        was no fault (Young/Daly's M is the mean time between failures that force a rollback)."""
+        self.faults -= self.counted
+        self.counted = False
 
 
 _KINDS = ("start", "resume", "end", INTERVAL_EVENT)
@@ -248,8 +266,15 @@ class AutoInterval:
     """The interval of `checkpoint.interval: auto`, chosen by rank 0 and agreed by every rank (see module)."""
 
     def __init__(
-        self, cfg: CheckpointConfig, *, run_dir: str | os.PathLike[str], rank: int, events: EventLog
+        self,
+        cfg: CheckpointConfig,
+        *,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        events: EventLog,
+        live: bool = False,
     ) -> None:
+        """`live`: this session resumes from the live state of the last one (see `RunHistory.read`)."""
         self.cfg = cfg
         self.rank = rank
         self.events = events
@@ -265,7 +290,7 @@ class AutoInterval:
         self._history = RunHistory()
         if rank != 0:
             return
-        self._history = RunHistory.read(run_dir)
+        self._history = RunHistory.read(run_dir, live=live)
         seed = _measured(self._history.last)
         if seed is not None:  # resume from what the last session measured
             cost_s, step_s, write_steps = seed

@@ -101,6 +101,23 @@ def test_history_counts_every_session_after_the_first_except_after_a_clean_end(t
     assert RunHistory.read(tmp_path / "empty").faults == 0
 
 
+def test_history_counts_no_fault_for_a_session_that_resumed_live(tmp_path: Path) -> None:
+    a = {"host": "h", "pid": 1}
+    _events(
+        tmp_path,
+        "trainer-rank0-h-1.jsonl",
+        [
+            {"ts": 10.0, "kind": "start", **a},
+            {"ts": 11.0, "kind": "resume", "source": "none", **a},
+            {"ts": 20.0, "kind": "resume", "source": "live", **a},  # in process, nothing rolled back
+            {"ts": 30.0, "kind": "resume", "source": "memory", **a},  # a rollback to the host copy: a fault
+            {"ts": 40.0, "kind": "resume", "source": "live", **a},
+        ],
+    )
+    assert RunHistory.read(tmp_path).faults == 2, "the memory restore, and the session starting now"
+    assert RunHistory.read(tmp_path, live=True).faults == 1, "the session starting now resumes live"
+
+
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
