@@ -18,14 +18,30 @@ repetition and reported as its median with the spread (min-max) over the repetit
 
 Per competitor: stall per save (loop blocked), slow-down of the steps that overlap a background write, peak
 host memory growth per rank / checkpoint size per rank, efficiency as the study defines it
-(1 - stalls / wall, drain excluded) and the honest cost (extra wall over `none`, drain included, as a
-fraction of sync's), extra CPU seconds per save (both ranks; the cost that slows overlapped steps on busy
-cores, and robust to other load). Last line, medians over the repetitions:
+(1 - stalls / wall, drain excluded), and two costs measured inside each competitor's own run (not as a
+difference of two runs, whose noise was the size of the kit's whole cost):
+  save CPU per save (both ranks): the main thread's CPU (`time.thread_time()`) inside the save calls, the
+      waits outside the steps and the drain, plus the CPU of every thread born during the run (the kit's
+      writer and its group's gloo threads, built inside the run; DCP's executor and stager threads: the
+      process's CPU delta less the deltas of the threads alive at the start, each read from the kernel's
+      per-thread CPU clock), plus the deltas of the shared checkpoint group's gloo threads (they run the
+      DCP saves' collectives). `none` is charged only with that group's idle socket loop (~0.01 s per rank
+      and run, steady); that, per step, is taken off every competitor. Blocking waits cost no CPU; what
+      overlapping costs the training steps is in the wall figure, not here.
+  extra wall (paired): stalls outside the steps + sum over the overlapped steps of (step - base) + drain,
+      per rank, mean of the ranks. The base is the median of the run's own non-overlapped steps (its
+      first left out) when it has at least 3, else the median step of `none` in the same repetition (the
+      calibrated interval is 1 here, so every step after a save overlaps; a median, not a mean, so one odd
+      step of `none` does not move it). A longer interval would give every run its own base but double
+      the run time.
+Cross-check columns, the old definitions: extra wall over the `none` run (drain included) and extra
+process CPU per save over the `none` run. Last line, medians over the repetitions:
 `RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=... cpu_ratio=...`
-(kit vs sync stall, kit's efficiency, kit vs sync cost, kit vs the better dcp.async_save's extra wall, kit
-memory, kit's extra CPU per save vs the cheaper dcp.async_save's); the line before it, `SPREAD`, holds each
-figure's min-max. `--json PATH` records the figures; `--check-stability A.json B.json C.json` says whether
-runs agree within 10 % on every RESULT figure (issue 15's test of a benchmark that holds still).
+(kit vs sync stall, kit's efficiency, kit vs sync paired extra wall, kit vs the better dcp.async_save's
+paired extra wall, kit memory, kit's save CPU per save vs the cheaper dcp.async_save's); the line before
+it, `SPREAD`, holds each figure's min-max. `--json PATH` records the figures; `--check-stability A.json
+B.json C.json` says whether runs agree within 10 % on every RESULT figure (issue 15's test of a benchmark
+that holds still).
 glibc's dynamic mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers return to the OS and
 each competitor's peak memory is its own.
 """
