@@ -9,8 +9,9 @@ model on the same data once per competitor and repetition:
                 the next optimizer step)
   kit           the kit's Checkpointer, mode async, backend kit
   nvrx          NVRx TorchAsyncCheckpoint, where it can run (needs CUDA); otherwise "not available: why"
-The interval is calibrated so that sync's efficiency is about 60 % (interval x step time = 1.5 x sync save).
-Each save gets a full interval to overlap; the final drain is timed separately.
+The interval is calibrated so that sync's efficiency is about 60 % (interval x step time = 1.5 x sync save),
+but at least MIN_INTERVAL (2) steps, so that the step after an overlapped one runs alone and gives the run
+its own base step time (below). Each save gets a full interval to overlap; the final drain is timed apart.
 
 Repetitions: every competitor runs once per repetition, in an order rotated by one each repetition (so a
 drift of the machine, or a position in the sequence, hits all of them alike). Every figure is computed per
@@ -30,10 +31,11 @@ difference of two runs, whose noise was the size of the kit's whole cost):
       overlapping costs the training steps is in the wall figure, not here.
   extra wall (paired): stalls outside the steps + sum over the overlapped steps of (step - base) + drain,
       per rank, mean of the ranks. The base is the median of the run's own non-overlapped steps (its
-      first left out) when it has at least 3, else the median step of `none` in the same repetition (the
-      calibrated interval is 1 here, so every step after a save overlaps; a median, not a mean, so one odd
-      step of `none` does not move it). A longer interval would give every run its own base but double
-      the run time.
+      first left out) when it has at least 3, else the median step of `none` in the same repetition (a
+      run whose writes outlast a step). Measured on 2026-12-02 under load: with `none`'s median as every
+      run's base (interval 1, the calibrated value here) the kit's paired extra wall came out -9..+7 s
+      over the repetitions of a full run, as other load moves step times between runs; with its own base
+      (interval 2, the quick size) 0.8-1.7 s. The cost: twice the steps per run.
 Cross-check columns, the old definitions: extra wall over the `none` run (drain included) and extra
 process CPU per save over the `none` run. Last line, medians over the repetitions:
 `RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=... cpu_ratio=...`
@@ -83,6 +85,9 @@ class Size:
 
 QUICK = Size(width=1536, layers=6, batch=16, saves=3, reps=3)
 FULL = Size(width=2048, layers=8, batch=16, saves=6, reps=5)
+MIN_INTERVAL = 2
+"""Steps between saves at least: with 1 every step after a save overlaps it and no run has steps of its
+own to take its base step time from (see the module docstring)."""
 RESULT_KEYS = ("stall_ratio", "efficiency", "cost_ratio", "vs_dcp_async", "mem_ratio", "cpu_ratio")
 
 
@@ -279,7 +284,7 @@ def _worker(args: argparse.Namespace) -> None:
     dcp.save(state(), checkpoint_id=work / "calib", process_group=ckpt_pg)
     sync_s = time.perf_counter() - t0
     step_s = statistics.median(step(i) for i in range(3, 7))
-    want = torch.tensor([max(1, round(1.5 * sync_s / step_s))])
+    want = torch.tensor([max(MIN_INTERVAL, round(1.5 * sync_s / step_s))])
     dist.all_reduce(want, op=dist.ReduceOp.MAX)
     interval = int(want.item())
     total_steps = (size.saves + 1) * interval
