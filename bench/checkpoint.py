@@ -123,7 +123,7 @@ class Measured:
     born_threads: int = 0
     lost_threads: int = 0
     """Threads alive at the run's start that were gone by its end (their CPU after the start would count
-    as the save's; 0 in every run so far, as the run waits for the previous run's threads to end)."""
+    as the save's; each run first waits, bounded, for the previous run's threads to end)."""
 
 
 class RssSampler:
