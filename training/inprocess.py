@@ -211,9 +211,12 @@ def restore(
     previous: object | None,
     live: tuple[int | None, str | None, dict[str, Any] | None] = (None, "no live state", None),
     plan: Plan | None = None,
+    *,
+    seeded: bool = True,
 ) -> tuple[int | None, str, str | None]:
     """Restore `session` as every rank agreed (`plan_restore`, run here when not given); (step,
-    source, why not live)."""
+    source, why not live). `seeded`: the session's model was built with the seeded init, so a fallback
+    that finds no checkpoint may start from it."""
     plan = plan or plan_restore(trainer, previous, live)
     if plan.source == "live":
         t0 = time.time()
@@ -228,6 +231,11 @@ def restore(
         step = previous.load_from_memory(session.ckpt_state)  # type: ignore[attr-defined]
         if step is not None:
             return step, "memory", plan.why
+        if not seeded:  # a disk fallback that found nothing would train from uninitialised weights
+            raise RestartFailed(
+                f"rank {trainer.ctx.rank}: the agreed host copy of step {plan.step} is gone; exiting so the "
+                "launcher restarts the group (from the seed or the newest commit)"
+            )
     step = session.checkpointer.load(session.ckpt_state)
     return step, ("disk" if step is not None else "none"), plan.why
 
@@ -292,7 +300,7 @@ def run_with_restarts(trainer: Trainer) -> Session:
         session = build_session(
             trainer.cfg, ctx, events, heartbeat=trainer.heartbeat, init_weights=seeded, live=resumes_live
         )
-        step, source, why = restore(trainer, session, previous, live, plan)
+        step, source, why = restore(trainer, session, previous, live, plan, seeded=seeded)
         _close_quietly(previous)
         previous = live = None
         duration = time.time() - t_fail
