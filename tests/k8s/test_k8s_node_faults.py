@@ -54,7 +54,9 @@ def _launcher_events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in metrics.load_events(run_dir) if e["kind"] == kind and e.get("role") == "launcher"]
 
 
-@pytest.mark.parametrize(("kind", "node"), [("node", 1), ("node", 0), ("drain", 1), ("drain", 0)])
+# A drain is the same per-pod SIGTERM on pod 0 as on pod 1 (the rendezvous lives in its own pod, and every
+# rank agrees on the step through the loss all-reduce), so it runs on pod 1 only; a lost node on both.
+@pytest.mark.parametrize(("kind", "node"), [("node", 1), ("node", 0), ("drain", 1)])
 def test_node_fault_with_a_spare_finishes_bitwise_equal(
     tmp_path: Path, fault_free: Path, kind: str, node: int
 ) -> None:
@@ -79,7 +81,7 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
         assert m.faults[0].resume_step == FAULT_STEP  # saved and committed at the agreed step
 
 
-@pytest.mark.parametrize("node", [0, 1])
+@pytest.mark.parametrize("node", [0])  # pod 0, the one the study's baselines cannot lose; pod 1: with a spare
 def test_node_loss_without_spares_waits_for_the_recreated_pod(
     tmp_path: Path, fault_free: Path, node: int
 ) -> None:
