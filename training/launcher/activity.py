@@ -79,8 +79,9 @@ def sampled_threads(pid: int, names: dict[tuple[int, int], tuple[str, float]] | 
                 names[(pid, tid)] = cached
         if cached[0].startswith(COLLECTIVE_THREADS):
             out.append(tid)
-    if names is not None and len(names) > 2 * len(tids):  # forget exited threads now and then
-        for key in [k for k in names if k[0] == pid and k[1] not in tids]:
+    if names is not None:  # forget this worker's exited threads
+        listed = set(tids)
+        for key in [k for k in names if k[0] == pid and k[1] not in listed]:
             del names[key]
     return out
 

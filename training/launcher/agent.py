@@ -203,8 +203,9 @@ class KitElasticAgent(LocalElasticAgent):
         self._mark_broken(f"hang of rank {stale.rank}")
 
     def _interrupt_hung_rank(self, stale: Stale, probes: list[Probe], now: float, extension_s: float) -> bool:
-        """Interrupt the hung rank in place when its trainer takes it (it restarts in process: about a
-        second, from the live state, where a group restart starts new processes and reads the checkpoint).
+        """Interrupt the hung rank in place when its trainer takes it (it restarts in process: 0.1-0.4 s on
+        the test machine, from the live state, where a group restart starts new processes and reads the
+        checkpoint).
         A stopped rank cannot run the handler; one without a pid here is another node's to interrupt."""
         grace = self.monitor.settings.interrupt_grace_s
         pid = self.monitor.pid(stale.rank)
