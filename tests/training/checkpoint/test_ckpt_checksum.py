@@ -6,9 +6,11 @@ from the bytes on disk.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import mmap
+import pickle
 import random
 import zlib
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from test_ckpt_local import _flip_byte, _resume, _train
 
+from training.checkpoint import writer as writer_module
 from training.checkpoint.commit import FileEntry, read_commit, verify_file
 from training.checkpoint.layout import step_dir
 from training.checkpoint.staging import HostStager, take
@@ -202,3 +205,44 @@ def test_staging_buffers_start_on_a_page_and_share_a_few_mappings() -> None:
         buf = staged[key]
         assert torch.equal(buf, value) and buf.data_ptr() % ALIGN == 0, key
         assert buf.untyped_storage().nbytes() == buf.nbytes, "its own storage (saved without a clone)"
+
+
+def _serialized(tensor: torch.Tensor, alignment: int) -> bytes:
+    """What torch's own serializer writes for `tensor` (zip CRC off, as the writer runs it)."""
+    out = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(out, False, alignment)
+    torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "page_cache"])
+def test_a_cached_archive_writes_the_bytes_torchs_serializer_writes_for_any_values(
+    tmp_path: Path, direct: bool
+) -> None:
+    """The writer makes a tensor's zip archive once per metadata and reuses it: the file must hold, byte for
+    byte, what torch's serializer writes for the values of each save (new values, same metadata), and load
+    back with `torch.load`."""
+    alignment = torch.serialization._get_storage_alignment()
+    shapes = [
+        torch.randn(3, 4),
+        torch.randn(300, 400).t(),  # not contiguous, its whole storage
+        torch.randn(64, 1024).to(torch.bfloat16),  # >= 64 KiB: page-aligned with O_DIRECT
+        torch.tensor(3.5),
+        torch.arange(10),
+        torch.rand(7) > 0.5,
+    ]
+    for save in range(3):
+        tensors = [t.clone() if save == 0 else torch.empty_like(t).copy_(t * (save + 1)) for t in shapes]
+        out = ChecksumFile(tmp_path / f"shard{save}", direct=direct)
+        offsets = [writer_module._write_tensor(out, t, alignment) for t in tensors]
+        direct_now = out.direct
+        out.close()
+        data = (tmp_path / f"shard{save}").read_bytes()
+        for tensor, start, end in zip(tensors, offsets, [*offsets[1:], len(data)], strict=True):
+            big = direct_now and tensor.nbytes >= 64 << 10
+            expected = _serialized(tensor, max(alignment, ALIGN) if big else alignment)
+            assert data[start : start + len(expected)] == expected, (save, tensor.shape)
+            assert not any(data[start + len(expected) : end]), "only zero padding up to the next archive"
+            back = torch.load(io.BytesIO(data[start:end]), weights_only=True)
+            assert torch.equal(back, tensor) and back.stride() == tensor.stride(), (save, tensor.shape)
