@@ -19,9 +19,10 @@ Inputs, all measured by rank 0 in the loop (`observe`, once per step, from `Chec
           an in-process restart from the live state computes nothing again, so it is none):
           M = (mtbf_s + exposure_s) / (1 + faults), i.e. the prior counts as one fault after mtbf_s.
 It is re-evaluated once per save, when that save is fully measured (at the first step that starts after
-its write is over, or at the next save if that comes first). A new session (a restarted process, or an
-in-process restart) starts from the last `interval` event's measured inputs with the faults counted anew,
-else from interval_min.
+its write is over, once at least two clean steps were seen, or at the next save if that comes first); until
+the session's first save is measured, no second one is started (`proposal`). A new session (a restarted
+process, or an in-process restart) starts from the last `interval` event's measured inputs with the faults
+counted anew, else from interval_min.
 
 Consistency: a checkpoint is a collective, so every rank must save at the same steps. Only rank 0 measures
 and chooses; `proposal()` is its choice (0 elsewhere) and the step's loss all-reduce (SUM) carries it, so
@@ -52,6 +53,9 @@ INTERVAL_EVENT = "interval"
 """Event kind rank 0 emits when the chosen interval changes (fields: `Choice`, plus reason, previous)."""
 _CLEAN_WINDOW = 101
 """Clean step durations kept for the median (recent enough to follow a drift, enough to ignore outliers)."""
+_BASELINE_STEPS = 2
+"""Clean steps a save's slow-down is weighed against: a save whose write ended before that many were seen
+(the session's first, early on) is settled once they are (or when the next save starts)."""
 _SAVE_WINDOW = 5
 """Saves whose costs (median) and write lengths (max) the choice uses: one slow or fast save must not swing
 the interval, yet a lasting change shows within a few saves."""
@@ -303,8 +307,14 @@ class AutoInterval:
 
     # -- agreement (every rank) ------------------------------------------------------------------------
     def proposal(self) -> float:
-        """This rank's share of the interval all-reduce (SUM): rank 0's choice, 0 elsewhere."""
-        return float(self.chosen) if self.rank == 0 else 0.0
+        """This rank's share of the interval all-reduce (SUM): rank 0's choice, 0 elsewhere. While the
+        session's first save is not measured yet (nothing measured before it either), rank 0 proposes
+        interval_max: no second save before the first one's cost is known (at interval_min in the
+        meantime, a 1-step floor made a save of every step and measured no clean step to weigh them)."""
+        if self.rank != 0:
+            return 0.0
+        measuring_first = self._pending is not None and not self._costs
+        return float(self.cfg.interval_max if measuring_first else self.chosen)
 
     def agree(self, value: float) -> None:
         self.agreed = round(value)
@@ -335,7 +345,8 @@ class AutoInterval:
                 self._pending.overlapped.append(duration)
             else:
                 self._clean.append(duration)
-            if self._pending is not None and (saved or not self._writing_at_mark):
+            written = self._pending is not None and not self._writing_at_mark
+            if self._pending is not None and (saved or (written and len(self._clean) >= _BASELINE_STEPS)):
                 self._settle(step, waited=saved and busy)
         if saved:
             self._pending = _Pending(step=step, stall_s=left - entered, overlapped=[])
@@ -370,7 +381,10 @@ class AutoInterval:
             exposure_s = self._history.exposure_s(time.time())
             mtbf = blended_mtbf_s(self.cfg.mtbf_s, exposure_s, self._history.faults)
             fields = {"interval": self.chosen, "mtbf_s": mtbf, "faults_seen": self._history.faults}
-            line = f"{self.chosen} steps (interval_min) until a save is measured; MTBF {mtbf:.0f} s"
+            line = (
+                f"first save after {self.chosen} steps (interval_min), the next once it is measured; "
+                f"MTBF {mtbf:.0f} s"
+            )
         else:
             fields = asdict(choice)
             line = (

@@ -199,3 +199,21 @@ def test_a_save_that_waits_for_the_previous_write_raises_the_floor(tmp_path: Pat
     assert auto.chosen == 3, "two steps over the write, plus the wait: a tiny optimum is floored at 3"
     with pytest.raises(RuntimeError, match="needs the interval agreed by train_step's all-reduce"):
         AutoInterval(cfg, run_dir=tmp_path, rank=1, events=EventLog(None, role="trainer", rank=1)).current(2)
+
+
+def test_no_second_save_starts_before_the_first_is_measured_against_clean_steps(tmp_path: Path) -> None:
+    """A 1-step floor with nothing measured: the first save comes at once, then rank 0 proposes interval_max
+    until that save is weighed against two clean steps (it used to save at every step meanwhile)."""
+    cfg = CheckpointConfig(interval="auto", mtbf_s=3600.0, interval_min=1, interval_max=500)
+    auto = AutoInterval(cfg, run_dir=tmp_path, rank=0, events=EventLog(None, role="trainer", rank=0))
+    assert auto.proposal() == 1.0, "nothing measured: the first save after interval_min steps"
+    _observe(auto, 1, 0.0, 0.2, saved=True, writing=True)  # the session's first step saves
+    assert auto.proposal() == 500.0, "no second save while the first is unmeasured"
+    _observe(auto, 2, 1.2, 1.2, busy=True, writing=True)  # 1 s: overlapped
+    _observe(auto, 3, 2.7, 2.7, busy=True)  # 1.5 s: overlapped, the write ended in it
+    _observe(auto, 4, 3.2, 3.2)  # 0.5 s clean: one clean step is no baseline yet
+    assert auto.proposal() == 500.0
+    _observe(auto, 5, 3.7, 3.7)  # 0.5 s clean: measured
+    # cost = 0.2 stall + (1 - 0.5) + (1.5 - 0.5) = 1.7 s against a 0.5 s step; the write took 2 steps
+    assert auto.chosen == round(daly_s(1.7, 3600.0) / 0.5)
+    assert auto.proposal() == float(auto.chosen)
