@@ -438,4 +438,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training.leave import leave
+
+    leave(main())

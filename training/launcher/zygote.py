@@ -33,6 +33,7 @@ from pathlib import Path
 
 from training.launcher import blame
 from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
+from training.leave import leave
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
 
@@ -226,7 +227,7 @@ class _Server:
             traceback.print_exc()
             code = 1
         finally:
-            _finish(code)
+            leave(code)  # as an interpreter would, without unwinding the forked copy
 
     def _reap(self) -> None:
         while True:
@@ -291,18 +292,3 @@ def _exit_code(exc: SystemExit) -> int:
         return exc.code
     print(exc.code, file=sys.stderr)
     return 1
-
-
-def _finish(code: int) -> None:
-    """Leave like an interpreter would: join threads, run atexit, flush, then exit without unwinding."""
-    import atexit
-    import threading
-
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    os._exit(code & 0xFF)
