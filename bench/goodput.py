@@ -20,6 +20,7 @@ torchrun's collective timeout 10 s), runs only the RESULT's mechanisms (kit, ft_
 minutes on 2 cores) and only prints. Last line:
 `RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>`.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
+`--only kit,kit-sync` runs just those mechanisms (at either size) to look at them; it writes no doc.
 """
 
 from __future__ import annotations
@@ -301,6 +302,18 @@ def _schedule(results: dict[str, list[Run]]) -> list[dict]:  # type: ignore[type
     return []
 
 
+def _only(parser: argparse.ArgumentParser, value: str | None) -> set[str] | None:
+    """The labels of `--only`, each a known mechanism (else a one-line usage error)."""
+    if value is None:
+        return None
+    labels = {m.label for m in MECHANISMS}
+    chosen = {v.strip() for v in value.split(",")}
+    unknown = sorted(chosen - labels) if chosen != {""} else [""]
+    if unknown:
+        parser.error(f"--only: unknown mechanism {unknown[0]!r}; choose from {', '.join(sorted(labels))}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -310,9 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's tiny run
     parser.add_argument("--doc", type=Path, default=None, help=argparse.SUPPRESS)  # where to write the doc
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="LABELS",
+        help=f"comma-separated mechanisms to run ({', '.join(m.label for m in MECHANISMS)}), for a look at "
+        "one of them: no doc is written; ratios to mechanisms not run print nan",
+    )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
+    only = _only(parser, args.only)
     scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
     nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
     mechanisms = [m for m in MECHANISMS if nvrx or m.base not in NVRX_MECHANISMS]
@@ -324,10 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         print("note: NVRx is not installed: the ft_launcher run is skipped", flush=True)
     if scale.name == "smoke":
         mechanisms = [m for m in mechanisms if m.label in ("kit", "torchrun")]  # the test's time budget
-    elif scale.name == "quick":
+    elif scale.name == "quick" and only is None:
         mechanisms = [m for m in mechanisms if m.label in RESULT_MECHANISMS]
-    doc = args.doc or (DOC if scale.name == "full" else None)
-    flags = " --quick" if args.quick else ""
+    if only is not None:
+        mechanisms = [m for m in mechanisms if m.label in only]
+    doc = args.doc or (DOC if scale.name == "full" and only is None else None)
+    flags = (" --quick" if args.quick else "") + (f" --only {args.only}" if only is not None else "")
     command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
     workdir = Path(tempfile.mkdtemp(prefix="kit-bench-goodput-"))
     started = time.monotonic()
