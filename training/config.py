@@ -157,6 +157,11 @@ class TrainingConfig:
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step: each rank runs forward and backward on data.batch_size samples this
     many times, then steps (global batch = batch_size x grad_accum_steps x world size)."""
+    gc_every: int = 50
+    """Python garbage collection on the loop's schedule: every rank collects at the same steps (young
+    objects every N steps, all every 20 x N), with automatic collection off, so no rank pauses alone and
+    makes its peers wait in the next collective (training/gc_schedule.py). 0 leaves Python's automatic
+    collection on."""
     dump_final: str = ""
     """If set, rank 0 writes the full (unsharded) model and optimizer state at the end to this file
     (torch.save of {"step", "model", "optim"}), for comparisons; empty disables it."""
@@ -171,6 +176,11 @@ class TrainingConfig:
             )
         _positive("training.collective_timeout_s", self.collective_timeout_s)
         _positive("training.grad_accum_steps", self.grad_accum_steps)
+        if not 0 <= self.gc_every <= _MAX_GC_EVERY:
+            raise ConfigError(
+                f"training.gc_every must be in [0, {_MAX_GC_EVERY}] (steps between collections; 0 = "
+                f"Python's automatic collection), got {self.gc_every}"
+            )
         if self.efa_devices < 0:
             raise ConfigError(
                 f"training.efa_devices must be >= 0 (0 skips the EFA check), got {self.efa_devices}"
@@ -208,6 +218,10 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     inprocess: InprocessConfig = field(default_factory=InprocessConfig)
+
+
+_MAX_GC_EVERY = 100_000
+"""Beyond this many steps between collections the garbage would pile up for days: not a sane setting."""
 
 
 def _positive(name: str, value: float) -> None:

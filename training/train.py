@@ -32,6 +32,7 @@ from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
 from training.events import EventLog
 from training.faults import FaultInjector
+from training.gc_schedule import GcSchedule
 from training.heartbeat import HeartbeatClient
 from training.model import build_model, loss_fn
 from training.shapes import MODEL_CONFIGS
@@ -220,6 +221,7 @@ class Trainer:
             local_rank=ctx.local_rank,
         )
         self.drain = DrainFlag.install()
+        self.gc = GcSchedule(cfg.training.gc_every)
         self._flops_token: float | None = None
         self._peak: float | None = None
 
@@ -293,6 +295,7 @@ class Trainer:
                 self.leave(session, heartbeat)
             session.checkpointer.maybe_save(step, session.ckpt_state)
             heartbeat.beat(step)
+            self.gc.after_step(step)
             if step % cfg.training.log_every == 0 or step == cfg.training.steps:
                 mfu = f", MFU {rate.mfu:.1%}" if rate.mfu is not None else ""
                 self.log(
@@ -350,7 +353,8 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Stop the fault timer, send the final heartbeat, close the event log."""
+        """Stop the fault timer, send the final heartbeat, close the event log, turn automatic GC back on."""
+        self.gc.close()
         self.faults.close()
         self.heartbeat.close()
         self.events.close()

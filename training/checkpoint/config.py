@@ -46,7 +46,8 @@ class CheckpointConfig:
     node, i.e. ~16 days for 16 nodes), but small jobs also meet node repairs, capacity-block ends and
     software faults; a day errs towards saving more often, and the interval grows only as sqrt(MTBF)."""
     interval_min: int = 10
-    """auto only: fewest steps between saves (>= 1); also the interval until the first save is measured."""
+    """auto only: fewest steps between saves (>= 1); also the steps before the first save (no second one
+    starts until that one is measured)."""
     interval_max: int = 1000
     """auto only: most steps between saves (>= interval_min): your bound on lost work, which wins over the
     measured optimum and over the steps one background write takes."""
