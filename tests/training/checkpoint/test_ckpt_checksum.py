@@ -246,3 +246,5 @@ def test_a_cached_archive_writes_the_bytes_torchs_serializer_writes_for_any_valu
             assert not any(data[start + len(expected) : end]), "only zero padding up to the next archive"
             back = torch.load(io.BytesIO(data[start:end]), weights_only=True)
             assert torch.equal(back, tensor) and back.stride() == tensor.stride(), (save, tensor.shape)
+            cached = writer_module._archive(tensor, max(alignment, ALIGN) if big else alignment)
+            assert cached is not None, "written from the cached archive, not by the serializer"
