@@ -377,6 +377,20 @@ def check_socket_folder(workdir: str) -> str | None:
     return None
 
 
+SHM = "/dev/shm"
+
+
+def _workdir_parent() -> str | None:
+    """Where the launcher's temp folder (heartbeats, stacks, the zygote's socket) goes: $TMPDIR when set;
+    else /dev/shm, memory (the kit's pods mount one), so a rank's per-step heartbeat (a small file replaced
+    by rename) never waits on a disk's journal; else tempfile's default. On the test VM's ext4 (2026-12-02),
+    while another process wrote, fsynced and deleted 25 MB files, that write + rename took up to 676 ms
+    (p99 26 ms; 4 ms on /dev/shm); both ranks stopped between steps for up to 0.9 s in a 2,000-step run."""
+    if os.environ.get("TMPDIR") or not (os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK)):
+        return None
+    return SHM
+
+
 def _prepare_environment(workdir: str) -> None:
     """Env the workers and the rendezvous handler read; set before torch creates anything."""
     from training import pod
@@ -415,11 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"kit-launch: error: {problem}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG  # the same on every restart and every pod: fail the Job at once
+    parent = _workdir_parent()
     try:
-        workdir = tempfile.mkdtemp(prefix="kit-launch-")
+        workdir = tempfile.mkdtemp(prefix="kit-launch-", dir=parent)
     except OSError as exc:
         print(
-            f"kit-launch: error: cannot create a temp folder in {tempfile.gettempdir()!r}: {exc.strerror}; "
+            f"kit-launch: error: cannot create a temp folder in {parent or tempfile.gettempdir()!r}: "
+            f"{exc.strerror}; "
             "set TMPDIR to a writable folder",
             file=sys.stderr,
         )
