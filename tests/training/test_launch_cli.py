@@ -127,3 +127,17 @@ def test_bad_flags_exit_2_with_one_line(argv: list[str], message: str) -> None:
     assert proc.returncode == exitcodes.USAGE
     assert message in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_temp_folder_is_tmpdir_when_set_else_memory(monkeypatch, tmp_path: Path) -> None:
+    """Heartbeats are replaced every step: in memory (/dev/shm) they never wait on a disk's journal; a TMPDIR
+    the user set wins."""
+    from training import launch
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert launch._workdir_parent() is None, "TMPDIR set: tempfile's choice, i.e. TMPDIR"
+    monkeypatch.delenv("TMPDIR")
+    expected = launch.SHM if os.access(launch.SHM, os.W_OK | os.X_OK) else None
+    assert launch._workdir_parent() == expected
+    monkeypatch.setattr(launch, "SHM", str(tmp_path / "absent"))
+    assert launch._workdir_parent() is None, "no /dev/shm: tempfile's default"
