@@ -6,11 +6,12 @@ torch.distributed environment (torchrun, `python -m training.launch`, NVRx's ft_
 
 Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); 143 drained (SIGTERM: the job
 saved and committed the agreed step, see `DrainFlag`); anything else is a real failure, recorded by
-torch.distributed.elastic's `@record` for the launcher.
+torch.distributed.elastic's `@record` for the launcher (its file written atomically: training.error_file).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -30,6 +31,7 @@ from training.checkpoint.layout import checkpoints_dir
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown
+from training.error_file import AtomicErrorHandler
 from training.events import EventLog
 from training.faults import FaultInjector
 from training.gc_schedule import GcSchedule
@@ -419,7 +421,7 @@ def verify_fabric(expected: int, ctx: DistContext) -> str | None:
     return "the EFA check failed on another node (its log says why); training.efa_devices=0 skips it"
 
 
-@record
+@functools.partial(record, error_handler=AtomicErrorHandler())
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
