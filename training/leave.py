@@ -15,8 +15,10 @@ import sys
 import threading
 
 
-def leave(code: int) -> None:
-    """Join non-daemon threads, run atexit, flush stdout and stderr, then `os._exit(code)`."""
+def leave(code: int | None) -> None:
+    """Join non-daemon threads, run atexit, flush stdout and stderr, then `os._exit(code)`. None is 0, as
+    for `sys.exit`: torchelastic's `@record` turns a `SystemExit(0)` inside the trainer's main into None."""
+    code = 0 if code is None else code
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(BaseException):
