@@ -1,15 +1,18 @@
-"""torchelastic's error file, written atomically (temp file, then rename).
+"""torchelastic's error file: written atomically by the kit's trainer, read safely by the kit's launcher.
 
 The launcher reads a failed rank's error file (TORCHELASTIC_ERROR_FILE) as soon as the rank has exited, and
 torch's reader (`ProcessFailure`) raises on a file that is not whole JSON, which crashes the launcher. A rank
 that the launcher stops while it is recording its exception (a peer was killed, the group is torn down)
-left the file created but empty: seen once in `make test` (2026-12-02, the save-phase kill test). With the
-rename, the file is either absent or complete.
+left the file created but empty: seen once in `make test` (2026-12-02, the save-phase kill test).
+- Trainer side (`AtomicErrorHandler`): with a temp file and a rename, the file is either absent or complete.
+- Launcher side (`set_aside_if_torn`): a trainer that is not the kit's (its own `@record`) can still leave a
+  torn file; the launcher moves it aside before torch reads it, so the failure is reported by its exit code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
@@ -30,3 +33,34 @@ class AtomicErrorHandler(ErrorHandler):
         if partial is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(partial, partial[: -len(_PARTIAL)])
+
+
+TORN_SUFFIX = ".torn"
+
+
+def _readable(path: str) -> bool:
+    """Whether torch's reader (`ProcessFailure._get_error_data`) can take this file."""
+    try:
+        with open(path, encoding="utf-8") as fp:
+            data = json.load(fp)
+        message = data["message"]
+        int(data.get("timestamp", 0)) if isinstance(message, str) else int(message["extraInfo"]["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def set_aside_if_torn(path: str) -> str | None:
+    """Move an error file torch's reader would raise on out of its way and say where ("moved to
+    <path>.torn", kept for a look, or "removed"); None when the file is absent or readable. Call it only
+    after the rank exited (nothing writes the file any more)."""
+    if not os.path.isfile(path) or _readable(path):
+        return None
+    aside = path + TORN_SUFFIX
+    try:
+        os.replace(path, aside)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # torch must not read it; a torn file holds nothing to lose
+        return "removed"
+    return f"moved to {aside}"

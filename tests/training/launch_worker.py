@@ -3,7 +3,8 @@
 Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) is saved by rank 0 after
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
 training.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that rank compute
-(spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang. Usage:
+(spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
+KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START. Usage:
   python tests/training/launch_worker.py RUN_DIR STEPS [STEP_S] [EXIT_CODE_AT_START]
 """
 
@@ -27,6 +28,8 @@ def main() -> None:
     steps = int(sys.argv[2])
     step_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
     if len(sys.argv) > 4:
+        if os.environ.get("KIT_TEST_TORN_ERROR_FILE"):  # a trainer stopped while writing it
+            Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text('{"message": {"message": "Runtime')
         sys.exit(int(sys.argv[4]))
     hb = HeartbeatClient.from_env()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training.error_file import AtomicErrorHandler
+from training.error_file import AtomicErrorHandler, set_aside_if_torn
 
 
 def test_a_recorded_exception_lands_whole_under_the_launchers_name(monkeypatch, tmp_path: Path) -> None:
@@ -24,3 +24,38 @@ def test_a_recorded_exception_lands_whole_under_the_launchers_name(monkeypatch, 
         fails()
     assert json.loads(target.read_text())["message"]["message"] == "RuntimeError: peer gone"
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"], "no partial file left behind"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b'{"message": {"message": "Run', b"\xff\xfe", b"[1, 2]", b'{"timestamp": 1}', b"null"],
+    ids=["empty", "truncated", "not-utf8", "a-list", "no-message", "null"],
+)
+def test_the_launcher_moves_a_torn_error_file_aside_and_torch_then_reads_the_exit_code(
+    tmp_path: Path, content: bytes
+) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    target = tmp_path / "error.json"
+    target.write_bytes(content)
+    with pytest.raises(Exception):  # noqa: B017 - what the launcher would crash on, whatever torch raises
+        ProcessFailure(local_rank=0, pid=1, exitcode=3, error_file=str(target))
+    assert set_aside_if_torn(str(target)) == f"moved to {target}.torn"
+    assert not target.exists() and (tmp_path / "error.json.torn").read_bytes() == content
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=3, error_file=str(target))
+    assert failure.exitcode == 3 and failure.message  # torch's own wording for a rank with no error file
+
+
+def test_a_whole_error_file_or_none_is_left_as_it_is(monkeypatch, tmp_path: Path) -> None:
+    target = tmp_path / "error.json"
+    assert set_aside_if_torn(str(target)) is None
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(target))
+
+    @functools.partial(record, error_handler=AtomicErrorHandler())
+    def fails() -> None:
+        raise RuntimeError("peer gone")
+
+    with pytest.raises(RuntimeError):
+        fails()
+    written = target.read_bytes()
+    assert set_aside_if_torn(str(target)) is None and target.read_bytes() == written

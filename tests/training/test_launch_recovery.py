@@ -43,18 +43,26 @@ def launch_cmd(run: Path, flags: list[str], steps: int, *extra: str) -> list[str
     ]  # fmt: skip
 
 
-def env_for(tmp: Path, faults: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), KIT_TEST_FAULTS=faults)
+def env_for(tmp: Path, faults: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), KIT_TEST_FAULTS=faults, **extra)
     env.pop("KIT_HEARTBEAT_DIR", None)
     return env
 
 
-def launch(tmp: Path, flags: list[str], *, steps: int, faults: str = "", extra: tuple[str, ...] = ()):
+def launch(
+    tmp: Path,
+    flags: list[str],
+    *,
+    steps: int,
+    faults: str = "",
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+):
     run = tmp / "run"
     proc = subprocess.run(
         launch_cmd(run, ["--standalone", "--nproc-per-node", "2", *flags], steps, *extra),
         cwd=REPO,
-        env=env_for(tmp, faults),
+        env=env_for(tmp, faults, **(env or {})),
         capture_output=True,
         text=True,
         timeout=180,
@@ -128,11 +136,21 @@ def test_a_hang_with_no_restart_left_exits_75_never_0(tmp_path: Path, kind: str)
     assert [e["code"] for e in launcher_events(run, "exit")] == [exitcodes.BUDGET_EXHAUSTED]
 
 
-def test_restart_budget_exhausted_exits_75_with_its_message(tmp_path: Path) -> None:
-    proc, run = launch(tmp_path, ["--max-restarts", "1"], steps=5, extra=("3",))
-    assert proc.returncode == exitcodes.BUDGET_EXHAUSTED
+def test_restart_budget_exhausted_exits_75_with_its_message_over_torn_error_files(tmp_path: Path) -> None:
+    """Every worker exits 3 at start leaving a torn torchelastic error file (a trainer of one's own stopped
+    while writing it): torch's reader would raise on it and crash the launcher; the launcher moves each
+    aside, restarts once, then exits 75 naming exit code 3."""
+    proc, run = launch(
+        tmp_path, ["--max-restarts", "1"], steps=5, extra=("3",), env={"KIT_TEST_TORN_ERROR_FILE": "1"}
+    )
+    assert proc.returncode == exitcodes.BUDGET_EXHAUSTED, proc.stderr[-3000:]
     assert "restart budget exhausted (--max-restarts=1); last failure: rank" in proc.stderr
     assert "exit code 3" in proc.stderr
+    assert "Traceback" not in proc.stderr and "JSONDecodeError" not in proc.stderr
+    assert "left an error file that is not whole JSON (stopped while writing it?); moved to" in proc.stderr
+    torn = sorted((run / "logs").rglob("error.json.torn"))
+    assert len(torn) == 4, torn  # 2 ranks x 2 attempts, kept for a look
+    assert not list((run / "logs").rglob("error.json"))
     assert len(launcher_events(run, "restart")) == 1
     (exit_event,) = launcher_events(run, "exit")
     assert exit_event["code"] == exitcodes.BUDGET_EXHAUSTED

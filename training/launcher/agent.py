@@ -34,13 +34,14 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
+from training.error_file import set_aside_if_torn
 from training.events import EventLog
 from training.hang_interrupt import INTERRUPT_SIGNAL
 from training.launcher.activity import CpuActivity
@@ -51,6 +52,19 @@ log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10
 BUSY_WINDOW_TICKS = 2
 """A training thread is busy if it ran (or waited for a CPU) during the last this many monitor intervals."""
+
+
+def _peek_exit(pid: int) -> Literal["running", "clean", "failed", "reaped"]:
+    """A worker's state, read without reaping (WNOWAIT: torchelastic still collects the exit). Clean: 0, or
+    DRAINED after a committed drain; reaped: torchelastic has already collected it."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return "reaped"
+    if info is None:
+        return "running"
+    clean = info.si_code == os.CLD_EXITED and info.si_status in (exitcodes.OK, exitcodes.DRAINED)
+    return "clean" if clean else "failed"
 
 
 def describe_exit(code: int) -> str:
@@ -136,7 +150,7 @@ class KitElasticAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._kill_peers_of_a_failed_worker()
-        result = super()._monitor_workers(worker_group)
+        result = self._stock_monitor(worker_group)
         if result.state == WorkerState.FAILED:
             return self._on_failed(worker_group, result)
         if result.state != WorkerState.HEALTHY:
@@ -357,26 +371,48 @@ class KitElasticAgent(LocalElasticAgent):
 
         torchelastic answers a failure by SIGTERMing the other workers and waiting up to 30 s for them; a
         trainer takes SIGTERM as a drain request (it runs on to the next step boundary, which a broken
-        collective never reaches), so every failure would cost 30 s. The exit is read without reaping
-        (WNOWAIT), so torchelastic still collects it; a clean exit (0, or DRAINED after a committed drain)
-        is not a failure."""
+        collective never reaches), so every failure would cost 30 s."""
         pcontext = getattr(self, "_pcontext", None)
-        if pcontext is None:
-            return
-        running, failed = [], False
-        for pid in pcontext.pids().values():
+        states = {pid: _peek_exit(pid) for pid in ({} if pcontext is None else pcontext.pids()).values()}
+        if "failed" in states.values():
+            for pid in (pid for pid, state in states.items() if state == "running"):
+                with contextlib.suppress(ProcessLookupError):  # a shim's worker dies with it (the zygote
+                    os.kill(pid, signal.SIGKILL)  # kills the group of a lost shim)
+
+    def _stock_monitor(self, worker_group: WorkerGroup) -> RunResult:
+        """torchelastic's check, safe from torn error files.
+
+        torch's reader raises on a failed worker's error file that is not whole JSON (a trainer of one's
+        own stopped while writing it), which would crash the launcher. Such files of exited workers are
+        moved aside first, and again if torch raised on one that appeared meanwhile (a peer that exited
+        while torch was stopping the group); the failure is then reported by its exit code."""
+        self._set_aside_torn_error_files()
+        while True:
             try:
-                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                continue
-            if info is None:
-                running.append(pid)
-            elif info.si_code != os.CLD_EXITED or info.si_status not in (exitcodes.OK, exitcodes.DRAINED):
-                failed = True
-        if failed:
-            for pid in running:  # a shim's worker dies with it (the zygote kills the group of a lost shim)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                return super()._monitor_workers(worker_group)
+            except (ValueError, KeyError, TypeError):  # what json.load and torch's field reads raise
+                if not self._set_aside_torn_error_files():
+                    raise
+
+    def _set_aside_torn_error_files(self) -> bool:
+        """Move aside the torn error files of workers that are no longer running; True if one was."""
+        pcontext = getattr(self, "_pcontext", None)
+        error_files: dict[int, str] = getattr(pcontext, "error_files", None) or {}
+        pids = {} if pcontext is None else pcontext.pids()
+        moved = False
+        for local_rank, path in sorted(error_files.items()):
+            if local_rank in pids and _peek_exit(pids[local_rank]) == "running":
+                continue  # it may still be writing the file
+            where = set_aside_if_torn(path)
+            if where is not None:
+                moved = True
+                log.warning(
+                    "kit-launch: local rank %d left an error file that is not whole JSON (stopped while "
+                    "writing it?); %s; its failure is reported by its exit code",
+                    local_rank,
+                    where,
+                )
+        return moved
 
     def _on_failed(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         # The earliest exit, to the millisecond (torchelastic's own stamps are whole seconds, taken when it
