@@ -4,7 +4,10 @@ Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) i
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
 training.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that rank compute
 (spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
-KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START. Usage:
+KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START;
+KIT_TEST_LINGER_S=SECONDS: a rank whose collective broke (a peer died) leaves a process that beats on for
+that long, out of reach of the group's kill (a worker of the failed attempt that dies late);
+KIT_TEST_RESTART_START_S=SECONDS: a restarted rank stays that long in "start" (a slow start). Usage:
   python tests/training/launch_worker.py RUN_DIR STEPS [STEP_S] [EXIT_CODE_AT_START]
 """
 
@@ -32,6 +35,8 @@ def main() -> None:
             Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text('{"message": {"message": "Runtime')
         sys.exit(int(sys.argv[4]))
     hb = HeartbeatClient.from_env()
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        time.sleep(float(os.environ.get("KIT_TEST_RESTART_START_S") or 0))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     events = EventLog(run_dir, role="trainer", rank=rank)
     events.emit("start", world_size=world, model="test", ckpt_mode="sync")
@@ -63,7 +68,13 @@ def main() -> None:
                 pass
         t0 = time.time()
         tensor = torch.tensor([float(rank + 1)])
-        dist.all_reduce(tensor)
+        try:
+            dist.all_reduce(tensor)
+        except RuntimeError:  # a peer died
+            linger_s = float(os.environ.get("KIT_TEST_LINGER_S") or 0)
+            if linger_s and os.fork() == 0:
+                linger(hb, step - 1, linger_s)
+            raise
         value = value * 0.5 + float(tensor.item()) + step
         time.sleep(step_s)
         events.emit("step", step=step, loss=value, duration_s=time.time() - t0, t_start=t0)
@@ -82,6 +93,19 @@ def main() -> None:
     injector.close()
     hb.close()
     dist.destroy_process_group()
+
+
+def linger(hb: HeartbeatClient, step: int, seconds: float) -> None:
+    """Beat on as the failed attempt's rank for `seconds` (a new session: the group's kill misses it)."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    end = time.time() + seconds
+    while time.time() < end:
+        hb.beat(step)
+        time.sleep(0.05)
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ here sleeps or depends on the machine's speed."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import types
 from pathlib import Path
@@ -20,12 +21,6 @@ def _settings(**kw: float | None) -> HeartbeatSettings:
     base: dict = {"timeout_s": None, "load_timeout_s": 60.0, "safety_factor": 1.5, "min_timeout_s": 0.5}
     base.update(kw)
     return HeartbeatSettings(**base)
-
-
-def _set_ts(path: Path, ts: float, **fields: object) -> None:
-    record = json.loads(path.read_text())
-    record.update(ts=ts, **fields)
-    path.write_text(json.dumps(record))
 
 
 def test_learner_takes_the_slowest_recent_step_times_the_factor_with_a_floor() -> None:
@@ -65,13 +60,13 @@ def test_client_is_a_no_op_without_a_launcher(monkeypatch: pytest.MonkeyPatch, t
 
 def test_phases_learning_and_staleness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monitor = HeartbeatMonitor(tmp_path, _settings())
-    monitor.reset([0, 1])
+    directory = monitor.reset([0, 1])
     t0 = time.time()
     assert monitor.check(now=t0 + 59) is None  # no file yet: "start" has the load allowance
     stale = monitor.check(now=t0 + 61)
     assert stale is not None and stale.phase == "start" and stale.timeout_s == 60.0
 
-    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(directory))
     clients = {}
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
@@ -104,25 +99,36 @@ def test_phases_learning_and_staleness(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert stale is not None and stale.rank == 1 and stale.phase == "checkpoint"
 
 
-def test_explicit_timeout_and_leftovers_of_an_old_attempt(
+def test_explicit_timeout_and_a_worker_of_the_old_attempt_that_beats_after_the_restart(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
+    """Each attempt beats into its own folder: a worker of the failed attempt that is killed late (under
+    the zygote, a moment after its shim) and beats meanwhile is not taken for the new rank."""
+    monitor = HeartbeatMonitor(tmp_path, _settings(timeout_s=3.0))
     monkeypatch.setenv("RANK", "0")
+    (tmp_path / "attempt_2").mkdir()
+    (tmp_path / "attempt_2" / "rank_0.json").write_text("{}")  # left by an earlier launcher
+    first = monitor.reset([0])
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(first))
     old = HeartbeatClient.from_env()
     old.beat(1)
-    old.beat(2)
-    _set_ts(heartbeat_path(tmp_path, 0), time.time() - 1000)
-    monitor = HeartbeatMonitor(tmp_path, _settings(timeout_s=3.0))
-    monitor.reset([0])  # removes the old attempt's files
-    assert not heartbeat_path(tmp_path, 0).exists()
-    client = HeartbeatClient.from_env()
-    client.beat(3)
-    client.beat(4)
+    second = monitor.reset([0])  # the restart
+    assert second != first and not heartbeat_path(second, 0).exists()
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(second))
+    new = HeartbeatClient.from_env()  # "start"
+    old.beat(2)  # the old worker, not killed yet
+    assert monitor.check(now=time.time() + 10) is None  # the new rank's load allowance, not 3 s of "train"
+    (seen,) = monitor.silent(time.time())
+    assert seen.phase == "start" and seen.step is None
+    new.beat(3)
+    new.beat(4)
     now = time.time()
     assert monitor.check(now=now + 2.9) is None
     stale = monitor.check(now=now + 3.2)
     assert stale is not None and stale.timeout_s == 3.0 and stale.step == 4
+    assert monitor.pid(0) == os.getpid()
+    monitor.reset([0])
+    assert not first.exists() and second.exists()  # the attempt before the last is removed
 
 
 def test_the_step_after_a_save_is_learned_and_allowed_apart(
@@ -132,10 +138,10 @@ def test_the_step_after_a_save_is_learned_and_allowed_apart(
     so the ordinary steps' timeout (and with it the time to find a real hang) does not follow it."""
     clock = types.SimpleNamespace(now=time.time())
     monkeypatch.setattr(training.heartbeat, "time", types.SimpleNamespace(time=lambda: clock.now))
-    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "0")
     monitor = HeartbeatMonitor(tmp_path, _settings(min_timeout_s=0.01))
-    monitor.reset([0])
+    directory = monitor.reset([0])
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(directory))
     client = HeartbeatClient.from_env()
     client.phase("train")
 
@@ -151,7 +157,7 @@ def test_the_step_after_a_save_is_learned_and_allowed_apart(
             client.phase("checkpoint")
             after(0.05)
             client.beat(step)
-            record = json.loads(heartbeat_path(tmp_path, 0).read_text())
+            record = json.loads(heartbeat_path(directory, 0).read_text())
             assert record["ts"] == record["since"]  # what tells the launcher "the next step overlaps a write"
             if step == 5:  # nothing learned about such steps yet: the load allowance
                 assert monitor.check(now=clock.now + 59) is None

@@ -82,7 +82,11 @@ def launcher_events(run: Path, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize("start", ["zygote", "exec"])
 def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, start: str) -> None:
-    proc, run = launch(tmp_path, ["--worker-start", start], steps=14, faults="kill:step=6:rank=1")
+    """Under the zygote a worker of the failed attempt may outlive the restart (it is killed a moment after
+    its shim) and beat on: here rank 0's lingers 1.5 s while the new rank 0 stays 2.5 s in "start". Its
+    beats must not stand for the new rank's (seen in CI once: a false hang, a second restart)."""
+    linger = {"KIT_TEST_LINGER_S": "1.5", "KIT_TEST_RESTART_START_S": "2.5"} if start == "zygote" else {}
+    proc, run = launch(tmp_path, ["--worker-start", start], steps=14, faults="kill:step=6:rank=1", env=linger)
     assert proc.returncode == exitcodes.OK, proc.stderr[-3000:]
     assert final_value(run) == expected_value(14, 2)
     # Rank 0 dies of the broken collective a few ms after rank 1: the launcher names rank 1, the first.
@@ -90,8 +94,9 @@ def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, st
     assert (first["global_rank"], first["exitcode"]) == (1, -9)
     assert "kit-launch: worker failed: rank 1 (local 1," in proc.stderr
     assert launcher_events(run, "restart")[0]["reason"] == "rank 1 signal SIGKILL (-9)"
-    (restart,) = launcher_events(run, "restart")
-    assert restart["attempt"] == 1 and restart["remaining"] == 2
+    restarts = launcher_events(run, "restart")
+    assert len(restarts) == 1, (restarts, proc.stderr[-3000:])
+    assert restarts[0]["attempt"] == 1 and restarts[0]["remaining"] == 2
     assert launcher_events(run, "exit")[0]["code"] == 0
     assert "kit-launch: worker failed: rank" in proc.stderr and "kit-launch: restart 1:" in proc.stderr
     assert "after detection" in proc.stderr

@@ -44,6 +44,7 @@ from training import exitcodes
 from training.error_file import set_aside_if_torn
 from training.events import EventLog
 from training.hang_interrupt import INTERRUPT_SIGNAL
+from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
@@ -338,7 +339,8 @@ class KitElasticAgent(LocalElasticAgent):
         self._extended = None
         self._interrupted = None
         self.activity.forget()
-        self.monitor.reset([w.global_rank for w in worker_group.workers])
+        # the workers' env is the launcher's, copied at spawn (and sent on by the shim under the zygote)
+        os.environ[HEARTBEAT_DIR_ENV] = str(self.monitor.reset([w.global_rank for w in worker_group.workers]))
         pids = super()._start_workers(worker_group)
         self.events.emit(
             "group_started", attempt=self.attempt, ranks=[w.global_rank for w in worker_group.workers]

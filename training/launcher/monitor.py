@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -142,8 +143,11 @@ class _Seen:
 class HeartbeatMonitor:
     """Watches the beat files of this node's ranks for one attempt at a time."""
 
-    def __init__(self, directory: str | os.PathLike[str], settings: HeartbeatSettings) -> None:
-        self.directory = Path(directory)
+    def __init__(self, root: str | os.PathLike[str], settings: HeartbeatSettings) -> None:
+        self.root = Path(root)
+        self.directory = self.root
+        """The folder the current attempt's workers beat into (`reset` makes one per attempt)."""
+        self._attempts = 0
         self.settings = settings
         self.learner = TimeoutLearner(
             safety_factor=settings.safety_factor, min_timeout_s=settings.min_timeout_s
@@ -153,14 +157,26 @@ class HeartbeatMonitor:
         self._seen: dict[int, _Seen] = {}
         self._after_checkpoint: dict[int, tuple[int, int]] = {}  # rank -> (pid, number of its next sample)
 
-    def reset(self, ranks: list[int]) -> None:
-        """A new attempt: forget the old beats (their files are removed) and start the clocks now."""
+    def reset(self, ranks: list[int]) -> Path:
+        """A new attempt: a fresh folder for its beats (returned: the workers' KIT_HEARTBEAT_DIR), the
+        clocks started now.
+
+        Each attempt beats into its own folder because a worker of the old one can outlive the restart:
+        under the zygote the agent stops the shims and the zygote SIGKILLs their workers a moment later,
+        and a trainer restarting in process keeps beating until then. Its late beat in a shared folder
+        stood for the new rank (a silent "train" beat of a dead pid: a false hang, a second restart), and
+        the two processes shared the temp file the beat is renamed from. The folder of the attempt
+        before the last is removed (its workers died an attempt ago)."""
+        self._attempts += 1
+        shutil.rmtree(self.root / f"attempt_{self._attempts - 2}", ignore_errors=True)
+        self.directory = self.root / f"attempt_{self._attempts}"
         self.directory.mkdir(parents=True, exist_ok=True)
-        for path in self.directory.glob("rank_*.json*"):
+        for path in self.directory.glob("rank_*.json*"):  # a folder left by an earlier launcher
             path.unlink(missing_ok=True)
         self._ranks = list(ranks)
         self._started_at = time.time()
         self._seen = {}
+        return self.directory
 
     def step_timeout_s(self, *, after_checkpoint: bool = False) -> float:
         """The timeout in "train" right now (explicit, learned, or the load allowance while learning)."""
