@@ -7,13 +7,17 @@ left the file created but empty: seen once in `make test` (2026-12-02, the save-
 - Trainer side (`AtomicErrorHandler`): with a temp file and a rename, the file is either absent or complete.
 - Launcher side (`set_aside_if_torn`): a trainer that is not the kit's (its own `@record`) can still leave a
   torn file; the launcher moves it aside before torch reads it, so the failure is reported by its exit code.
+  One that a rank left while torch was already polling is read by torch, which logs a traceback and raises:
+  the launcher holds that record (`held_parse_failures`), sets the file aside and polls again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
@@ -64,3 +68,40 @@ def set_aside_if_torn(path: str) -> str | None:
             os.unlink(path)  # torch must not read it; a torn file holds nothing to lose
         return "removed"
     return f"moved to {aside}"
+
+
+TORCH_ERRORS_LOGGER = "torch.distributed.elastic.multiprocessing.errors"
+_PARSE_FAILURE = "Failed to parse reply file"
+
+
+class ParseFailuresHeld(logging.Filter):
+    """While installed on torch's errors logger, holds the traceback torch logs before it raises on a torn
+    error file. The launcher polls inside `held_parse_failures()`: a file it then sets aside is reported by
+    its own one line (`drop()`); anything else is logged as torch wrote it when the block ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_PARSE_FAILURE):
+            self.records.append(record)
+            return False
+        return True
+
+    def drop(self) -> None:
+        self.records.clear()
+
+
+@contextlib.contextmanager
+def held_parse_failures() -> Iterator[ParseFailuresHeld]:
+    """Hold torch's parse-failure records for the block; those not dropped are logged at its end."""
+    logger = logging.getLogger(TORCH_ERRORS_LOGGER)
+    held = ParseFailuresHeld()
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
+        for record in held.records:
+            logger.handle(record)

@@ -7,10 +7,13 @@ training.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RA
 KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START;
 KIT_TEST_LINGER_S=SECONDS: a rank whose collective broke (a peer died) leaves a process that beats on for
 that long, out of reach of the group's kill (a worker of the failed attempt that dies late);
-KIT_TEST_RESTART_START_S=SECONDS: a restarted rank stays that long in "start" (a slow start). Usage:
+KIT_TEST_RESTART_START_S=SECONDS: a restarted rank stays that long in "start" (a slow start). Every worker
+records its pid in RUN_DIR/pids/ATTEMPT-RANK and, if one of an earlier attempt still runs, writes
+RUN_DIR/overlap (a new attempt must start after the old one's workers are gone). Usage:
   python tests/training/launch_worker.py RUN_DIR STEPS [STEP_S] [EXIT_CODE_AT_START]
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +21,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -35,6 +39,7 @@ def main() -> None:
             Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text('{"message": {"message": "Runtime')
         sys.exit(int(sys.argv[4]))
     hb = HeartbeatClient.from_env()
+    record_pid(run_dir)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
         time.sleep(float(os.environ.get("KIT_TEST_RESTART_START_S") or 0))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -93,6 +98,19 @@ def main() -> None:
     injector.close()
     hb.close()
     dist.destroy_process_group()
+
+
+def record_pid(run_dir: Path) -> None:
+    """This worker's pid for the attempts after it; RUN_DIR/overlap names any earlier one still running."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    folder = run_dir / "pids"
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if int(path.name.split("-")[0]) < attempt:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(int(path.read_text())).status() != psutil.STATUS_ZOMBIE:
+                    (run_dir / "overlap").write_text(f"{path.name} ran beside attempt {attempt}\n")
+    (folder / f"{attempt}-{os.environ['RANK']}").write_text(str(os.getpid()))
 
 
 def linger(hb: HeartbeatClient, step: int, seconds: float) -> None:

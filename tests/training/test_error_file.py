@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
 
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, record
 
-from training.error_file import AtomicErrorHandler, set_aside_if_torn
+from training.error_file import (
+    TORCH_ERRORS_LOGGER,
+    AtomicErrorHandler,
+    held_parse_failures,
+    set_aside_if_torn,
+)
 
 
 def test_a_recorded_exception_lands_whole_under_the_launchers_name(monkeypatch, tmp_path: Path) -> None:
@@ -59,3 +65,23 @@ def test_a_whole_error_file_or_none_is_left_as_it_is(monkeypatch, tmp_path: Path
         fails()
     written = target.read_bytes()
     assert set_aside_if_torn(str(target)) is None and target.read_bytes() == written
+
+
+def test_torchs_traceback_for_a_torn_file_is_held_then_dropped_or_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torch logs a traceback, then raises, when it reads a torn file; the launcher holds the record while it
+    polls: dropped once it set the file aside (its own line says so), logged as torch wrote it otherwise."""
+    torn = tmp_path / "error.json"
+    torn.write_text('{"message": {"message": "Runtime')
+    caplog.set_level(logging.ERROR, logger=TORCH_ERRORS_LOGGER)
+    with held_parse_failures() as held:
+        with pytest.raises(ValueError):
+            ProcessFailure(local_rank=0, pid=1, exitcode=3, error_file=str(torn))
+        assert len(held.records) == 1
+        held.drop()
+    assert "Failed to parse reply file" not in caplog.text
+    with pytest.raises(ValueError), held_parse_failures():
+        ProcessFailure(local_rank=0, pid=1, exitcode=3, error_file=str(torn))
+    assert "Failed to parse reply file" in caplog.text and "Traceback" in caplog.text
+    assert not logging.getLogger(TORCH_ERRORS_LOGGER).filters  # removed either way

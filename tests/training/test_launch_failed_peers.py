@@ -54,7 +54,8 @@ def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(co
     peer = subprocess.Popen(SLEEPER)  # ignores SIGTERM, like a trainer asked to drain
     try:
         _exited(failing)
-        agent_over([failing, peer])._kill_peers_of_a_failed_worker()
+        agent = agent_over([failing, peer])
+        agent._kill_peers_of_a_failed_worker(agent._worker_states())
         if peer_killed:
             assert peer.wait(timeout=10) == -signal.SIGKILL
         else:

@@ -96,6 +96,7 @@ def test_killed_rank_is_restarted_and_the_result_is_unchanged(tmp_path: Path, st
     assert launcher_events(run, "restart")[0]["reason"] == "rank 1 signal SIGKILL (-9)"
     restarts = launcher_events(run, "restart")
     assert len(restarts) == 1, (restarts, proc.stderr[-3000:])
+    assert not (run / "overlap").exists()  # the new attempt began after the old one's workers were gone
     assert restarts[0]["attempt"] == 1 and restarts[0]["remaining"] == 2
     assert launcher_events(run, "exit")[0]["code"] == 0
     assert "kit-launch: worker failed: rank" in proc.stderr and "kit-launch: restart 1:" in proc.stderr

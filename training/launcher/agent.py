@@ -41,21 +41,28 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
-from training.error_file import set_aside_if_torn
+from training.error_file import held_parse_failures, set_aside_if_torn
 from training.events import EventLog
 from training.hang_interrupt import INTERRUPT_SIGNAL
 from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
+from training.launcher.zygote import Zygote
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10
+WORKER_EXIT_NOTICE_S = 0.5
+"""A stopped group's workers that take this long to exit are logged (under the zygote, see
+`_await_zygote_workers`)."""
 BUSY_WINDOW_TICKS = 2
 """A training thread is busy if it ran (or waited for a CPU) during the last this many monitor intervals."""
 
 
-def _peek_exit(pid: int) -> Literal["running", "clean", "failed", "reaped"]:
+ExitState = Literal["running", "clean", "failed", "reaped"]
+
+
+def _peek_exit(pid: int) -> ExitState:
     """A worker's state, read without reaping (WNOWAIT: torchelastic still collects the exit). Clean: 0, or
     DRAINED after a committed drain; reaped: torchelastic has already collected it."""
     try:
@@ -125,6 +132,7 @@ class KitElasticAgent(LocalElasticAgent):
         node_failures: NodeFailures | None = None,
         node_name: str = "",
         rejoin_timeout_s: float | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         super().__init__(
             spec=spec, logs_specs=logs_specs, start_method="spawn", shutdown_timeout=shutdown_timeout
@@ -142,6 +150,7 @@ class KitElasticAgent(LocalElasticAgent):
         self.node_failures = node_failures or NodeFailures(limit=0, window_s=1.0)
         self.node_name = node_name or socket.gethostname()
         self.rejoin_timeout_s = rejoin_timeout_s
+        self.zygote = zygote
         self.given_up: str | None = None
         self.activity = CpuActivity(window_s=BUSY_WINDOW_TICKS * spec.monitor_interval)
         self._extended: tuple[Stale, list[int]] | None = None  # the silence given more time, who was busy
@@ -150,8 +159,9 @@ class KitElasticAgent(LocalElasticAgent):
     # --- hooks -------------------------------------------------------------------------------
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self._kill_peers_of_a_failed_worker()
-        result = self._stock_monitor(worker_group)
+        states = self._worker_states()
+        self._kill_peers_of_a_failed_worker(states)
+        result = self._stock_monitor(worker_group, states)
         if result.state == WorkerState.FAILED:
             return self._on_failed(worker_group, result)
         if result.state != WorkerState.HEALTHY:
@@ -362,48 +372,78 @@ class KitElasticAgent(LocalElasticAgent):
             )
             death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
         super()._shutdown(death_sig, timeout)
+        self._await_zygote_workers()
+
+    def _await_zygote_workers(self) -> None:
+        """torchelastic waited for the shims; under the zygote their workers may still be exiting (a
+        SIGKILLed shim's worker is killed by the zygote a moment later; a GPU worker frees its memory on
+        the way out). The next attempt starts once they are gone, or after a bounded wait, said."""
+        if self.zygote is None:
+            return
+        t0 = time.monotonic()
+        alive = self.zygote.wait_workers_gone(BROKEN_GROUP_KILL_TIMEOUT_S)
+        waited = time.monotonic() - t0
+        if alive:
+            log.warning(
+                "kit-launch: worker process(es) %s still running %.0f s after the group was stopped "
+                "(stuck in the kernel or a driver?); going on without them",
+                ", ".join(map(str, alive)),
+                waited,
+            )
+        elif waited >= WORKER_EXIT_NOTICE_S:
+            log.info("kit-launch: the stopped workers took %.2f s to exit", waited)
 
     def _ranks_outside_the_loop(self) -> list[int]:
         return sorted(rank for rank, phase in self.monitor.phases().items() if phase in ("start", "load"))
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _kill_peers_of_a_failed_worker(self) -> None:
+    def _worker_states(self) -> dict[int, tuple[int, ExitState]]:
+        """Local rank -> (pid, `_peek_exit`) of every process the agent started (shims under the zygote)."""
+        pcontext = getattr(self, "_pcontext", None)
+        pids = {} if pcontext is None else pcontext.pids()
+        return {local_rank: (pid, _peek_exit(pid)) for local_rank, pid in pids.items()}
+
+    def _kill_peers_of_a_failed_worker(self, states: dict[int, tuple[int, ExitState]]) -> None:
         """A worker exited with an error: SIGKILL its live peers now, before torchelastic sees it.
 
         torchelastic answers a failure by SIGTERMing the other workers and waiting up to 30 s for them; a
         trainer takes SIGTERM as a drain request (it runs on to the next step boundary, which a broken
         collective never reaches), so every failure would cost 30 s."""
-        pcontext = getattr(self, "_pcontext", None)
-        states = {pid: _peek_exit(pid) for pid in ({} if pcontext is None else pcontext.pids()).values()}
-        if "failed" in states.values():
-            for pid in (pid for pid, state in states.items() if state == "running"):
+        if any(state == "failed" for _, state in states.values()):
+            for pid in (pid for pid, state in states.values() if state == "running"):
                 with contextlib.suppress(ProcessLookupError):  # a shim's worker dies with it (the zygote
                     os.kill(pid, signal.SIGKILL)  # kills the group of a lost shim)
 
-    def _stock_monitor(self, worker_group: WorkerGroup) -> RunResult:
+    def _stock_monitor(
+        self, worker_group: WorkerGroup, states: dict[int, tuple[int, ExitState]]
+    ) -> RunResult:
         """torchelastic's check, safe from torn error files.
 
         torch's reader raises on a failed worker's error file that is not whole JSON (a trainer of one's
         own stopped while writing it), which would crash the launcher. Such files of exited workers are
         moved aside first, and again if torch raised on one that appeared meanwhile (a peer that exited
-        while torch was stopping the group); the failure is then reported by its exit code."""
-        self._set_aside_torn_error_files()
+        while torch was stopping the group; the traceback torch logs before raising is held and dropped);
+        the failure is then reported by its exit code."""
+        self._set_aside_torn_error_files(states)
         while True:
-            try:
-                return super()._monitor_workers(worker_group)
-            except (ValueError, KeyError, TypeError):  # what json.load and torch's field reads raise
-                if not self._set_aside_torn_error_files():
-                    raise
+            with held_parse_failures() as torch_tracebacks:
+                try:
+                    return super()._monitor_workers(worker_group)
+                except (ValueError, KeyError, TypeError):  # what json.load and torch's field reads raise
+                    if not self._set_aside_torn_error_files():
+                        raise
+                    torch_tracebacks.drop()  # our line says it
 
-    def _set_aside_torn_error_files(self) -> bool:
-        """Move aside the torn error files of workers that are no longer running; True if one was."""
+    def _set_aside_torn_error_files(self, states: dict[int, tuple[int, ExitState]] | None = None) -> bool:
+        """Move aside the torn error files of workers that are no longer running (per `states`, read now
+        when not given); True if one was."""
         pcontext = getattr(self, "_pcontext", None)
         error_files: dict[int, str] = getattr(pcontext, "error_files", None) or {}
-        pids = {} if pcontext is None else pcontext.pids()
+        states = self._worker_states() if states is None else states
         moved = False
         for local_rank, path in sorted(error_files.items()):
-            if local_rank in pids and _peek_exit(pids[local_rank]) == "running":
+            if local_rank in states and states[local_rank][1] == "running":
                 continue  # it may still be writing the file
             where = set_aside_if_torn(path)
             if where is not None:

@@ -45,7 +45,7 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         os.environ.update(zygote.env)
         entrypoint, worker_args = worker_command(worker_args)
     try:
-        code, reason = _run_agent(args, entrypoint, worker_args, events)
+        code, reason = _run_agent(args, entrypoint, worker_args, events, zygote)
     finally:
         if zygote is not None:
             zygote.close()
@@ -73,7 +73,7 @@ def rendezvous_setup_error(endpoint: str, exc: BaseException) -> str:
 
 
 def _run_agent(
-    args: LaunchArgs, entrypoint: str, worker_args: list[str], events: EventLog
+    args: LaunchArgs, entrypoint: str, worker_args: list[str], events: EventLog, zygote: Zygote | None
 ) -> tuple[int, str]:
     config = LaunchConfig(
         min_nodes=args.min_nodes,
@@ -145,6 +145,7 @@ def _run_agent(
         node_failures=NodeFailures(limit=args.node_failure_limit, window_s=args.node_failure_window_s),
         node_name=os.environ.get("POD_NAME", ""),
         rejoin_timeout_s=join_timeout if args.max_nodes > 1 else None,
+        zygote=zygote,
     )
     close_rendezvous = True
     result = None

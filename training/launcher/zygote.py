@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
+
 from training.launcher import blame
 from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
 from training.leave import leave
@@ -95,6 +97,32 @@ class Zygote:
     def env(self) -> dict[str, str]:
         """Environment that sends the shim to this zygote."""
         return {ZYGOTE_SOCKET_ENV: self.socket_path}
+
+    def live_workers(self) -> list[int]:
+        """The pids of the workers this zygote forked that have not exited (a zombie has: its memory, a
+        GPU's included, is freed)."""
+        try:
+            children = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        alive = []
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(child.pid)
+        return alive
+
+    def wait_workers_gone(self, timeout_s: float) -> list[int]:
+        """Wait up to `timeout_s` until every worker has exited; the pids of those that have not.
+
+        The agent stops a group by stopping the shims; a SIGKILLed shim's worker is SIGKILLed by the
+        zygote a moment later, and a big process takes a while to exit (a GPU worker frees its device
+        memory on the way out). torchelastic waits for its own children before a restart; this is the
+        same wait for the zygote's, so a new attempt never starts beside the old one."""
+        deadline = time.monotonic() + timeout_s
+        while (alive := self.live_workers()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return alive
 
     def close(self, grace_s: float = 1.0) -> None:
         """End the zygote; it SIGKILLs any worker still running.
