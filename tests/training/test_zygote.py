@@ -58,17 +58,9 @@ def test_the_worker_of_a_killed_shim_is_waited_for(zygote: Zygote, tmp_path: Pat
     os.kill(zygote.pid, signal.SIGSTOP)  # the zygote cannot kill the worker yet
     shim.kill()
     shim.wait(timeout=10)
-    t0 = time.monotonic()
     assert zygote.wait_workers_gone(0.3) == [worker]  # still running: reported after the bounded wait
-    assert 0.3 <= time.monotonic() - t0 < 5
     assert psutil.Process(worker).status() != psutil.STATUS_ZOMBIE
     os.kill(zygote.pid, signal.SIGCONT)  # it sees the shim gone and SIGKILLs the worker's group
     assert zygote.wait_workers_gone(10) == []
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
     assert zygote.live_workers() == []
-
-
-def test_no_worker_no_wait(zygote: Zygote) -> None:
-    t0 = time.monotonic()
-    assert zygote.wait_workers_gone(5) == []
-    assert time.monotonic() - t0 < 1
