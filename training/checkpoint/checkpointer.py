@@ -132,7 +132,11 @@ class Checkpointer:
         self._async = cfg.mode == "async"
         self._stager = HostStager() if self._async and cfg.backend == "kit" else None
         self._dcp_stager: Any = None
-        self._worker = BackgroundWorker(f"ckpt-writer-rank{rank}") if self._async else None
+        self._worker = (
+            BackgroundWorker(f"ckpt-writer-rank{rank}", idle=cfg.writer_priority == "idle")
+            if self._async
+            else None
+        )
         self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step) if self._async else None
         if cfg.mode != "off" and rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from typing import Literal
 
 Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
+WriterPriority = Literal["idle", "normal"]
 _MODES = ("off", "sync", "async")
 _BACKENDS = ("kit", "dcp", "nvrx")
 _WEEK_S = 7 * 24 * 3600.0
@@ -64,6 +65,13 @@ class CheckpointConfig:
     which cut a save's own CPU about 4x on the test machine: docs/checkpointing.md) where the file system
     takes it, else through the page cache on its own. false: always through the page cache (a file system
     whose O_DIRECT is slow, e.g. some NFS mounts)."""
+    writer_priority: WriterPriority = "idle"
+    """async: the scheduling class of the background writer thread. idle (Linux SCHED_IDLE): it runs on the
+    CPU time the training threads leave, so a node whose cores are all busy training slows down less (the
+    tiny model's slow steps beside a write fell ~40 % on the 2-core test machine: docs/checkpointing.md);
+    the loop waits for a write only when the next save is due, and then the writer has the core. normal:
+    the training threads' class (where other busy processes share the node and a save must not wait on
+    them). Elsewhere than Linux the writer keeps the normal class."""
     pg_timeout_s: float = 600.0
     """Timeout in seconds of the checkpoint's own gloo process group (a save whose peer died fails after
     this long instead of hanging the writer forever)."""
@@ -74,6 +82,10 @@ class CheckpointConfig:
         if self.backend not in _BACKENDS:
             raise ValueError(
                 f"checkpoint.backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}"
+            )
+        if self.writer_priority not in ("idle", "normal"):
+            raise ValueError(
+                f"checkpoint.writer_priority must be idle or normal, got {self.writer_priority!r}"
             )
         if self.verify not in ("checksum", "size"):
             raise ValueError(f"checkpoint.verify must be checksum or size, got {self.verify!r}")

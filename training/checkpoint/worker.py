@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -13,10 +14,25 @@ log = logging.getLogger("training.checkpoint")
 _STOP = object()
 
 
-class BackgroundWorker:
-    """Runs submitted callables one at a time on a daemon thread (a SIGKILL never waits for it)."""
+def lower_this_thread() -> bool:
+    """Put the calling thread in Linux's SCHED_IDLE class (unprivileged; threads it starts inherit it):
+    it then runs only on CPU time that normal threads leave. False where that is not possible."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: the calling thread
+    except OSError as e:  # e.g. a seccomp profile that refuses sched_setscheduler
+        log.warning("checkpoint writer keeps the normal scheduling class: %s", e)
+        return False
+    return True
 
-    def __init__(self, name: str) -> None:
+
+class BackgroundWorker:
+    """Runs submitted callables one at a time on a daemon thread (a SIGKILL never waits for it); `idle`:
+    the thread runs in the SCHED_IDLE class (see `lower_this_thread`)."""
+
+    def __init__(self, name: str, *, idle: bool = False) -> None:
+        self._idle = idle
         self._jobs: queue.Queue[object] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -25,6 +41,8 @@ class BackgroundWorker:
         self._jobs.put(job)
 
     def _run(self) -> None:
+        if self._idle:
+            lower_this_thread()
         while True:
             job = self._jobs.get()
             if job is _STOP:

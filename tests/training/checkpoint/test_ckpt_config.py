@@ -23,6 +23,7 @@ from training.checkpoint import CheckpointConfig
         ({"mode": "sometimes"}, r"checkpoint\.mode must be one of off, sync, async, got 'sometimes'"),
         ({"backend": "s3"}, r"checkpoint\.backend must be one of kit, dcp, nvrx, got 's3'"),
         ({"verify": "none"}, r"checkpoint\.verify must be checksum or size, got 'none'"),
+        ({"writer_priority": "low"}, r"checkpoint\.writer_priority must be idle or normal, got 'low'"),
         ({"pg_timeout_s": 0}, r"checkpoint\.pg_timeout_s must be > 0 seconds, got 0"),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,28 @@ def test_an_abandoned_save_stops_and_never_commits(tmp_path: Path, monkeypatch) 
     assert not (step_dir(tmp_path / "checkpoints", 1) / "commit.json").exists()
     (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "ckpt" and e["phase"] == "failed"]
     assert failed["step"] == 1 and failed["error"].startswith("abandoned by an in-process restart")
+
+
+def _sched_policy(tid: int) -> int:
+    """A thread's scheduling policy as the kernel reports it (/proc/<pid>/task/<tid>/stat, field 41)."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[38])
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize("priority", ["idle", "normal"])
+def test_async_writer_runs_in_the_configured_class_and_still_commits(tmp_path: Path, priority: str) -> None:
+    app = App(seed=0, mesh=None)
+    cfg = CheckpointConfig(mode="async", interval=1, writer_priority=priority)
+    ckpt = Checkpointer(cfg, run_dir=tmp_path, rank=0, world_size=1)
+    try:
+        app.train_step(1, 0)
+        assert ckpt.maybe_save(1, {"app": app})
+        writer = next(t for t in threading.enumerate() if t.name == "ckpt-writer-rank0")
+        ckpt.wait()
+        policy = _sched_policy(writer.native_id)
+    finally:
+        ckpt.close()
+    assert policy == (os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER)
+    assert _sched_policy(threading.get_native_id()) == os.SCHED_OTHER  # training's thread is untouched
+    assert read_commit(step_dir(tmp_path / "checkpoints", 1)) is not None
