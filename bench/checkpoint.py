@@ -7,7 +7,7 @@ model on the same data once per competitor and repetition:
   dcp_thread    torch `dcp.async_save`, thread mode, default stager (blocking copy per save)
   dcp_staging   torch `dcp.async_save` with a reused DefaultStager and async staging (wait on staging before
                 the next optimizer step)
-  kit           the kit's Checkpointer, mode async, backend kit
+  kit           the kit's Checkpointer, mode async, backend kit, writer_priority idle
   nvrx          NVRx TorchAsyncCheckpoint, where it can run (needs CUDA); otherwise "not available: why"
 The interval is calibrated so that sync's efficiency is about 60 % (interval x step time = 1.5 x sync save),
 but at least MIN_INTERVAL (2) steps, so that the step after an overlapped one runs alone and gives the run
@@ -303,7 +303,10 @@ def _worker(args: argparse.Namespace) -> None:
         threads = ThreadCpu(ckpt_pg_threads)  # before the Checkpointer: its threads are the saves'
         if name == "kit":
             events = EventLog(folder, role="trainer", rank=rank)
-            cfg = CheckpointConfig(mode="async", backend="kit", interval=interval, keep=2)
+            # the writer in the idle class: this bench's node does nothing but train (docs/checkpointing.md)
+            cfg = CheckpointConfig(
+                mode="async", backend="kit", interval=interval, keep=2, writer_priority="idle"
+            )
             ckpt = Checkpointer(cfg, run_dir=folder, rank=rank, world_size=world, events=events)
         if name == "dcp_staging":
             stager = DefaultStager(StagingOptions(False, False, True, False))

@@ -93,8 +93,9 @@ class Mechanism:
 
 MECHANISMS = (
     Mechanism(label="kit", base="kit-inproc", mode="async", study_interval=False,
-              describe="heartbeat launcher, in-process restart, async checkpoints, the kit's interval (auto, "
-                       "given the schedule's MTBF; the range it chose, and its last choice)"),
+              describe="heartbeat launcher, in-process restart, async checkpoints (writer in the idle "
+                       "class), the kit's interval (auto, given the schedule's MTBF; the range it chose, and "
+                       "its last choice)"),
     Mechanism(label="kit@study", base="kit-inproc", mode="async", study_interval=True,
               describe="the same with the study's interval"),
     Mechanism(label="kit-sync", base="kit-inproc", mode="sync", study_interval=False,
@@ -130,6 +131,8 @@ def case(mech: Mechanism, scale: Scale) -> Case:
         "--fault.schedule_after_step", str(scale.scaled(STUDY_AFTER_STEP)),
         "--checkpoint.mode", mech.mode, *interval_args(mech, scale),
     ]  # fmt: skip
+    if mech.mode == "async":  # a node that only trains: the writer on the CPU left (docs/checkpointing.md)
+        trainer += ["--checkpoint.writer_priority", "idle"]
     if mech.base == "torchrun":
         trainer += ["--training.collective_timeout_s", f"{scale.baseline_timeout_s:g}"]
     return Case(mechanism=mech.base, fault="schedule", steps=scale.steps, trainer=tuple(trainer))

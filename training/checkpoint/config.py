@@ -65,13 +65,14 @@ class CheckpointConfig:
     which cut a save's own CPU about 4x on the test machine: docs/checkpointing.md) where the file system
     takes it, else through the page cache on its own. false: always through the page cache (a file system
     whose O_DIRECT is slow, e.g. some NFS mounts)."""
-    writer_priority: WriterPriority = "idle"
-    """async: the scheduling class of the background writer thread. idle (Linux SCHED_IDLE): it runs on the
-    CPU time the training threads leave, so a node whose cores are all busy training slows down less (the
-    tiny model's slow steps beside a write fell ~40 % on the 2-core test machine: docs/checkpointing.md);
-    the loop waits for a write only when the next save is due, and then the writer has the core. normal:
-    the training threads' class (where other busy processes share the node and a save must not wait on
-    them). Elsewhere than Linux the writer keeps the normal class."""
+    writer_priority: WriterPriority = "normal"
+    """async: the scheduling class of the background writer thread. normal: the training threads' class.
+    idle (Linux SCHED_IDLE): the writer runs only on CPU time that normal threads leave; on a node that does
+    nothing but train and whose cores are all busy, steps beside a write slow down less (the tiny model's
+    slow steps fell ~40 %, goodput +1-2 points, on the 2-core test machine), but beside other CPU-bound
+    processes (data loader workers that fill every core, a laptop's other work) the writer starves and the
+    loop waits for it at the next save (a 6-step test: 75-112 s against 24-27 s); see docs/checkpointing.md.
+    A thread cannot leave the idle class again without CAP_SYS_NICE. Elsewhere than Linux: normal."""
     pg_timeout_s: float = 600.0
     """Timeout in seconds of the checkpoint's own gloo process group (a save whose peer died fails after
     this long instead of hanging the writer forever)."""
