@@ -11,6 +11,7 @@ Backend = Literal["kit", "dcp", "nvrx"]
 WriterPriority = Literal["idle", "normal"]
 _MODES = ("off", "sync", "async")
 _BACKENDS = ("kit", "dcp", "nvrx")
+_WRITER_PRIORITIES = ("idle", "normal")
 _WEEK_S = 7 * 24 * 3600.0
 """Ceiling of every duration (`*_s`), as training.config.MAX_SECONDS (which imports this module)."""
 INTERVAL_CAP = 2**24
@@ -84,7 +85,7 @@ class CheckpointConfig:
             raise ValueError(
                 f"checkpoint.backend must be one of {', '.join(_BACKENDS)}, got {self.backend!r}"
             )
-        if self.writer_priority not in ("idle", "normal"):
+        if self.writer_priority not in _WRITER_PRIORITIES:
             raise ValueError(
                 f"checkpoint.writer_priority must be idle or normal, got {self.writer_priority!r}"
             )

@@ -14,17 +14,15 @@ log = logging.getLogger("training.checkpoint")
 _STOP = object()
 
 
-def lower_this_thread() -> bool:
+def lower_this_thread() -> None:
     """Put the calling thread in Linux's SCHED_IDLE class (unprivileged; threads it starts inherit it):
-    it then runs only on CPU time that normal threads leave. False where that is not possible."""
+    it then runs only on CPU time that normal threads leave. Elsewhere, or if refused, it stays normal."""
     if not hasattr(os, "SCHED_IDLE"):
-        return False
+        return
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: the calling thread
     except OSError as e:  # e.g. a seccomp profile that refuses sched_setscheduler
         log.warning("checkpoint writer keeps the normal scheduling class: %s", e)
-        return False
-    return True
 
 
 class BackgroundWorker:

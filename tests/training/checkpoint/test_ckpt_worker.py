@@ -1,4 +1,4 @@
-"""The background writer's thread: jobs run in order; `idle` puts that thread (only) in SCHED_IDLE."""
+"""The background writer's thread: `idle` puts that thread (only) in SCHED_IDLE; without it, normal."""
 
 from __future__ import annotations
 
