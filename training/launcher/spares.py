@@ -46,6 +46,7 @@ rendezvous internals (torch is pinned; style.md §5).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -81,8 +82,19 @@ class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
         return super().__call__(ctx, deadline)
 
 
+_rejoin = threading.local()
+"""`active` is true while this thread's handler re-joins after a round it was part of (a restart)."""
+
+
 def _poll_delay(seconds: float | tuple[float, float]) -> None:
-    """torch's `_delay`, with its 1 s state poll shortened to RDZV_POLL_S (its random skews are kept)."""
+    """torch's `_delay`, with its 1 s state poll shortened to RDZV_POLL_S and no join skew on a re-join.
+
+    torch skews a node's join by a random 0-0.3 s "if this is our first run" (state.round == 0), but the
+    round only advances once every participant has left it, so the first restart of every job also
+    waited a random 0-0.3 s (mean 0.15 s, most of a single-node restart's rendezvous phase). A first join
+    keeps the skew; a handler that has formed a round before re-joins at once."""
+    if isinstance(seconds, tuple) and getattr(_rejoin, "active", False):
+        return
     _torch_delay(RDZV_POLL_S if seconds == 1 else seconds)
 
 
@@ -121,15 +133,22 @@ def install_join_fix() -> None:
 class KitRendezvousHandler(DynamicRendezvousHandler):
     """torch's handler, reading the shared state every RDZV_POLL_S while it forms a round (torch caches it
     for 1 s, so a waiting node saw a dead node's expiry or another node's join up to 1 s late); a node that
-    trains keeps torch's 1 s cache for its membership checks (one read a second per node)."""
+    trains keeps torch's 1 s cache for its membership checks (one read a second per node). A re-join
+    (a restart) skips torch's first-join skew (`_poll_delay`)."""
+
+    _formed_a_round = False
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
         holder = self._state_holder
         holder._cache_duration = RDZV_POLL_S  # type: ignore[attr-defined]
+        _rejoin.active = self._formed_a_round
         try:
-            return super().next_rendezvous()
+            info = super().next_rendezvous()
         finally:
+            _rejoin.active = False
             holder._cache_duration = TRAINING_CACHE_S  # type: ignore[attr-defined]
+        self._formed_a_round = True
+        return info
 
 
 def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts: int) -> RendezvousHandler:
