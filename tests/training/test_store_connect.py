@@ -1,0 +1,60 @@
+"""A rank that reaches rank 0's store before rank 0 listens waits for the listener instead of torch's
+0.3-0.5 s connect retry (training/distributed.py `wait_for_listener`), on real sockets and a real TCPStore."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from training.distributed import connect_store, wait_for_listener
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_waits_for_a_listener_that_comes_late_and_gives_up_at_the_deadline() -> None:
+    port = _free_port()
+    assert wait_for_listener("127.0.0.1", port, deadline=time.monotonic() + 0.3) is False
+    ready = threading.Event()
+
+    def listen_later() -> None:
+        time.sleep(0.2)
+        with socket.create_server(("127.0.0.1", port)) as server:
+            ready.set()
+            server.settimeout(10)
+            conn, _ = server.accept()
+            conn.close()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    assert wait_for_listener("127.0.0.1", port, deadline=time.monotonic() + 30) is True
+    assert ready.is_set()
+    thread.join()
+
+
+def test_a_client_rank_started_before_rank_0_gets_a_working_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = _free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    client: list[dist.Store] = []
+    thread = threading.Thread(target=lambda: client.append(connect_store(timedelta(seconds=30))))
+    thread.start()
+    time.sleep(0.1)  # rank 1 is probing a port nobody listens on yet
+    server = dist.TCPStore("127.0.0.1", port, 2, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    thread.join(timeout=40)
+    assert client, "rank 1 never connected"
+    client[0].set("from-rank-1", "ok")
+    assert server.get("from-rank-1") == b"ok"  # the probes left the server serving
