@@ -48,6 +48,8 @@ _CLI_KEYS = {
 USAGE, FAILED = 2, 1
 TIMEOUT_MAX_S = 30 * 86400.0
 """TIMEOUT / --timeout above 30 days is a typo, not a plan (and overflows some OS timers)."""
+LOST_POD_REPLACE_MAX_S = 3600.0
+"""A lost pod's replacement delay in `local`: EKS replaces a lost node's pod after 40-340 s."""
 
 
 class UsageError(ValueError):
@@ -124,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float_arg(lo=0, lo_open=True, hi=TIMEOUT_MAX_S),
         action=_Once,
         help="give up after SECONDS (above 0, at most 30 days)",
+    )
+    local_p.add_argument(
+        "--lost-pod-replace-after",
+        type=float_arg(lo=0, hi=LOST_POD_REPLACE_MAX_S),
+        action=_Once,
+        metavar="SECONDS",
+        help="start a lost pod's replacement (the node fault) after SECONDS instead of at once, as a "
+        "cluster does (0 to 3600; default 0)",
     )
     for name, help_text in (("status", "show the run's Job and pods"), ("delete", "delete the run's Job")):
         with_pairs(name, help_text, "RUN_ID=<id> [NAMESPACE=<ns>]")
@@ -302,13 +312,17 @@ def _timeout_s(raw: str | None) -> float | None:
 
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
     timeout = args.timeout or _timeout_s(_split_pairs(args)[1].get("TIMEOUT"))
-    values, manifests, out, _, own = _render_job(args, console, force_local=True)
+    values, manifests, out, dry_run, own = _render_job(args, console, force_local=True)
+    if dry_run:
+        console.print(f"DRY_RUN: nothing run. Manifests: {out}/  (run them: drop DRY_RUN)")
+        return 0
     workdir = Path(own.get("WORKDIR") or args.workdir or Path("runs") / "local") / values.run_id
     console.print(f"running {values.nodes} local pod(s) from {out}/ (logs: {workdir}/logs)")
     result = run_local(
         manifests,
         workdir=workdir,
         timeout_s=timeout,
+        lost_pod_replace_after_s=args.lost_pod_replace_after or 0.0,
         on_line=lambda line: console.print(line, highlight=False, markup=False),
     )
     for pod in result.pods:

@@ -7,7 +7,12 @@ expansion), maps each volume mount to a local folder (the mount path is substitu
 ConfigMap files), points MASTER_ADDR and the rendezvous endpoint at 127.0.0.1 on a free port, and then
 applies the Job's own failure rules: exit 78 fails the Job, other failures replace the pod up to
 `backoffLimitPerIndex`, and any index that runs out fails the Job (`maxFailedIndexes: 0`). A lost pod
-(the `node` fault, exit -9) is replaced at once, as the Job controller does.
+(the `node` fault: the pod's main process SIGKILLed, exit -9) is replaced at once by default, the best case
+of the Kubernetes path; `lost_pod_replace_after_s` delays that replacement. On EKS a lost node's pod is
+only replaced once the node controller has marked the node unreachable (node-monitor grace period, 40 s by
+default) and evicted it (the unreachable toleration, 300 s by default), on another node; started at once
+on a single machine, its start-up (a launcher and a zygote importing torch) takes the very cores that the
+surviving pods and a spare recover on, which a cluster never does.
 
 The kit's rendezvous store (a Deployment) runs first, as a pod of its own: its Service name and port are
 pointed at 127.0.0.1 and the same free port. It is stopped after the Job's pods.
@@ -184,8 +189,10 @@ class LocalRunner:
         volume_root: Path | None = None,
         python: str = sys.executable,
         on_line: Callable[[str], None] | None = None,
+        lost_pod_replace_after_s: float = 0.0,
     ) -> None:
         self.job = job
+        self.lost_pod_replace_after_s = lost_pod_replace_after_s
         self.workdir = workdir.resolve()
         self.volume_root = (volume_root or self.workdir / "volumes").resolve()
         self.python = python
@@ -394,14 +401,20 @@ class LocalRunner:
         self._start_store()
         records = {i: self._start(i, 0) for i in range(self.job.completions)}
         done: set[int] = set()
+        replace_at: dict[int, float] = {}  # lost pods whose replacement is due at a monotonic time
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while len(done) < self.job.completions:
                 if deadline is not None and time.monotonic() > deadline:
                     return self._finish(False, f"timed out after {timeout_s:g} s", run_dir)
                 progressed = False
+                for index, due in list(replace_at.items()):
+                    if time.monotonic() >= due:
+                        del replace_at[index]
+                        records[index] = self._start(index, failures[index])
+                        progressed = True
                 for index, proc in list(self._procs.items()):
-                    if index in done or (code := proc.poll()) is None:
+                    if index in done or index in replace_at or (code := proc.poll()) is None:
                         continue
                     progressed = True
                     records[index].exit_code = code
@@ -420,7 +433,10 @@ class LocalRunner:
                                 f"{self.job.backoff_limit_per_index}); last exit code {code}",
                                 run_dir,
                             )
-                        records[index] = self._start(index, failures[index])
+                        if code == -signal.SIGKILL and self.lost_pod_replace_after_s > 0:
+                            replace_at[index] = time.monotonic() + self.lost_pod_replace_after_s
+                        else:
+                            records[index] = self._start(index, failures[index])
                 if not progressed:
                     self._wait_any(0.2)
         except KeyboardInterrupt:
@@ -451,10 +467,17 @@ def run_local(
     volume_root: Path | None = None,
     timeout_s: float | None = None,
     on_line: Callable[[str], None] | None = None,
+    lost_pod_replace_after_s: float = 0.0,
 ) -> LocalResult:
     """Run the rendered local Job; returns when every index succeeded or the Job failed."""
     job = load_job(manifests)
-    runner = LocalRunner(job, workdir=workdir, volume_root=volume_root, on_line=on_line)
+    runner = LocalRunner(
+        job,
+        workdir=workdir,
+        volume_root=volume_root,
+        on_line=on_line,
+        lost_pod_replace_after_s=lost_pod_replace_after_s,
+    )
     env0 = runner.pod_env(0, f"{job.name}-0-local")
     run_dir = Path(env0.get("RUN_DIR", str(workdir)))
     return runner.run(timeout_s=timeout_s, run_dir=run_dir)

@@ -104,6 +104,21 @@ BAD_INPUT = [
     (["local", "TIMEOUT=-5"], 2, "error: TIMEOUT='-5': must be greater than 0"),
     (["local", "TIMEOUT=9e99"], 2, "error: TIMEOUT='9e99': must be at most 2592000.0"),
     (["local", "TIMEOUT=5", "--timeout", "5"], 2, "error: TIMEOUT is given twice (--timeout and TIMEOUT=5)"),
+    (
+        ["local", "--lost-pod-replace-after", "nan"],
+        2,
+        "error: argument --lost-pod-replace-after: 'nan': must be a finite number",
+    ),
+    (
+        ["local", "--lost-pod-replace-after", "-1"],
+        2,
+        "error: argument --lost-pod-replace-after: '-1': must be at least 0",
+    ),
+    (
+        ["local", "--lost-pod-replace-after", "1", "--lost-pod-replace-after", "2"],
+        2,
+        "error: --lost-pod-replace-after is given twice; give it once",
+    ),
     (["render", "--rdzv-port", "nan"], 2, "error: RDZV_PORT='nan': not a whole number"),
     (
         ["render", "--monitor-interval-s", "inf"],
@@ -369,3 +384,10 @@ def test_k8s_make_train_job_refuses_a_key_given_twice(tmp_path: Path) -> None:
         assert proc.stderr.lower().startswith("error: nodes is given twice"), proc.stderr
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_k8s_cli_local_dry_run_runs_nothing(tmp_path: Path) -> None:
+    proc = run_cli("local", "DRY_RUN=1", "RUN_ID=dry", "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "DRY_RUN: nothing run" in proc.stdout
+    assert not (tmp_path / "work").exists()  # no pod started, no volume prepared

@@ -117,6 +117,31 @@ def test_k8s_local_exit_78_fails_the_job_at_once(tmp_path: Path) -> None:
     assert len([p for p in result.pods if p.index == 0]) == 1
 
 
+# A pod that is lost on its first attempt (SIGKILLed as a whole, as the node fault does); every start writes
+# its wall time, the lost one just before it dies.
+LOST = (
+    "import os, pathlib, signal, time; "
+    "d = pathlib.Path(os.environ['RUN_DIR']); d.mkdir(parents=True, exist_ok=True); "
+    "rank = os.environ['NODE_RANK']; starts = d / ('starts-' + rank); "
+    "first = not starts.exists(); "
+    "starts.open('a').write(f'{time.time()}\\n'); "
+    "rank == '1' and first and os.kill(os.getpid(), signal.SIGKILL)"
+)
+
+
+def test_k8s_local_replaces_a_lost_pod_after_the_delay_asked_for(tmp_path: Path) -> None:
+    manifests = _with_command(_local("NODES=2", "BACKOFF_LIMIT_PER_INDEX=1"), ["python", "-c", LOST])
+    result = run_local(manifests, workdir=tmp_path, timeout_s=60, lost_pod_replace_after_s=1.5)
+    assert result.succeeded, result.reason
+    assert [(p.name, p.exit_code) for p in result.pods if p.index == 1] == [
+        ("loc-1-local", -signal.SIGKILL),
+        ("loc-1-local-r1", 0),
+    ]
+    run_dir = tmp_path / "volumes" / "kit-local-runs" / "runs" / "loc"
+    lost, replacement = (float(t) for t in (run_dir / "starts-1").read_text().split())
+    assert replacement - lost >= 1.5  # never before the delay (the runner kept polling pod 0 meanwhile)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path) -> None:
