@@ -236,8 +236,8 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from training.checkpoint import CheckpointConfig, Checkpointer
-    from training.checkpoint.config import nvrx_unavailable_reason
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
     from training.events import EventLog, read_events
 
     size = QUICK if args.quick else FULL

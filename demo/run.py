@@ -44,8 +44,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from training.checkpoint import CheckpointError
 from training.checkpoint.compare import compare_checkpoints, final_checkpoint
+from training.checkpoint.resume import CheckpointError
 from training.events import read_events
 from training.metrics import MetricsError, RunMetrics, load_run_metrics
 from training.report import comparison_table, faults_table, metrics_table, write_timeline

@@ -22,7 +22,7 @@ import yaml
 
 from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
-from training.checkpoint import CheckpointConfig
+from training.checkpoint.config import CheckpointConfig
 from training.faults import FaultConfig, FaultConfigError
 
 
@@ -420,7 +420,6 @@ def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None)
 
 def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
     """Rules across sections and against the machine (paths, installed packages)."""
-    from training.data import check_shards  # data owns its format; imported late to keep config light
     from training.shapes import MODEL_CONFIGS
 
     margs = MODEL_CONFIGS[cfg.model.name]
@@ -440,6 +439,8 @@ def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
+        from training.data import check_shards  # data owns its format; it imports torch: only when needed
+
         try:
             check_shards(cfg.data.path, seq_len=cfg.data.seq_len, vocab_size=margs.vocab_size)
         except (ValueError, OSError) as exc:

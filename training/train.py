@@ -26,8 +26,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import efa, exitcodes, memory_plan, throughput
-from training.checkpoint import Checkpointer, CheckpointError, check_world_size
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.layout import checkpoints_dir
+from training.checkpoint.resume import CheckpointError, check_world_size
 from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
 from training.data import TokenLoader
 from training.distributed import DistContext, init_distributed, seed_everything, set_deterministic, shutdown

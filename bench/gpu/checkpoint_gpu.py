@@ -62,8 +62,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from training.checkpoint import CheckpointConfig, Checkpointer
-    from training.checkpoint.config import nvrx_unavailable_reason
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
     from training.events import EventLog, read_events
 
     with socket.socket() as s:

@@ -20,7 +20,8 @@ from demo.run import (
     whole_job_restart,
 )
 from k8s.local import PodRecord
-from training.checkpoint import CheckpointConfig, Checkpointer
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.config import CheckpointConfig
 from training.metrics import FaultMetrics
 
 

@@ -52,6 +52,25 @@ def test_check_config_accepts_a_good_config_without_a_process_group(tmp_path: Pa
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
+def test_the_check_does_not_import_torch(tmp_path: Path) -> None:
+    """Every render runs it: torch's import would add ~3 s of CPU to each `make train-job` and `k8s local`."""
+    path = tmp_path / "train.yaml"
+    path.write_text(_config())
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['check_config', '--elsewhere', '--config', {str(path)!r}]\n"
+        "try:\n"
+        "    runpy.run_module('training.check_config', run_name='__main__')\n"
+        "finally:\n"
+        "    print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "[]\n", "")
+
+
 def test_check_config_refuses_with_the_trainers_message_and_78(tmp_path: Path) -> None:
     proc = _check_config(tmp_path, _config("TRAIN.optim.lr=abc"), "--elsewhere")
     assert (proc.returncode, proc.stdout) == (78, "")

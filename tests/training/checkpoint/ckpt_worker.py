@@ -26,7 +26,9 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from training.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.resume import CheckpointError
 from training.events import EventLog
 from training.leave import leave
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from ckpt_worker import App, local_tensors
 
-from training.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, check_world_size
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.commit import (
     CommitRefused,
     FileEntry,
@@ -24,8 +24,10 @@ from training.checkpoint.commit import (
     read_commit,
     verify_file,
 )
+from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.layout import list_steps, step_dir
 from training.checkpoint.planner import cached_plan_keys
+from training.checkpoint.resume import CheckpointError, check_world_size
 from training.checkpoint.retention import plan_deletions
 from training.events import EventLog, read_events
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint import CheckpointConfig
+from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.interval import (
     AutoInterval,
     RunHistory,
