@@ -33,12 +33,12 @@ setup: $(STAMP) ## create .venv and install the pinned Python and npm packages (
 demo: $(STAMP) ## synth offline, run the local Job with a kill, an exception and a hang; report, PNG, kit vs sync vs torchrun
 	$(PY) -m demo
 
-test: $(STAMP) ## run every test (lint, infra, training, k8s, ops, demo)
+test: $(STAMP) ## run every test (lint, infra, training, k8s, ops, demo): the slow ones alone, the rest beside them
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m tools.run_tests
 
-test-fast: $(STAMP) ## the tests without the slow multi-process ones
-	$(PY) -m pytest -m "not slow"
+test-fast: $(STAMP) ## the tests without the slow multi-process ones, on every core
+	$(PY) -m pytest -m "not slow" -n auto
 
 lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
 	$(PY) -m ruff check .
