@@ -78,7 +78,7 @@ train-local: $(STAMP) ## run the rendered local-profile Job here as processes, t
 
 image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_TAG=; needs Docker + AWS credentials)
 	@command -v docker >/dev/null || { echo "error: docker not found; install Docker to build the trainer image" >&2; exit 1; }
-	@set -euo pipefail; ref=$$($(PY) -m k8s image-ref $(MAKEOVERRIDES)); region=$$($(PY) -m k8s image-ref --region $(MAKEOVERRIDES)); \
+	@set -euo pipefail; ref=$$($(PY) -m k8s image-ref --make-pid=$$PPID $(MAKEOVERRIDES)); region=$$($(PY) -m k8s image-ref --region --make-pid=$$PPID $(MAKEOVERRIDES)); \
 	  aws ecr get-login-password --region "$$region" | docker login --username AWS --password-stdin "$${ref%%/*}"; \
 	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"
 

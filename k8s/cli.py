@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +26,9 @@ from k8s import docs
 from k8s.derived import procs_per_node, world_size
 from k8s.kubectl import Kubectl, KubectlError, follow
 from k8s.local import LocalRunError, run_local
+from k8s.make_args import MakeLineError, check_make
 from k8s.outputs import OutputsError, load_stack_outputs
+from k8s.overrides import field_names, key_label
 from k8s.profiles import get_profile
 from k8s.render import DEFAULT_OUT, render, write
 from k8s.rules import check_fields
@@ -44,6 +48,28 @@ _CLI_KEYS = {
     "OUT": "out",
     "WORKDIR": "workdir",
     "TIMEOUT": "timeout",
+}
+# The CLI keys each command takes; any other is refused (a dropped DRY_RUN=1 on delete would delete).
+_COMMAND_KEYS: dict[str, frozenset[str]] = {
+    "render": frozenset({"OUTPUTS", "DRY_RUN", "OUT"}),
+    "apply": frozenset({"OUTPUTS", "DRY_RUN", "OUT"}),
+    "local": frozenset({"DRY_RUN", "OUT", "WORKDIR", "TIMEOUT"}),
+    "status": frozenset(),
+    "delete": frozenset(),
+    "image-ref": frozenset({"OUTPUTS"}),
+}
+_NOT_TAKEN = {
+    ("delete", "DRY_RUN"): "it has no dry run; make train-job-status RUN_ID=<id> shows what it would delete",
+    ("local", "OUTPUTS"): "the local runner needs no stack outputs; drop it",
+}
+# The make target that runs each command (for messages).
+_MAKE_TARGET = {
+    "render": "<target>",
+    "apply": "train-job",
+    "local": "train-local",
+    "status": "train-job-status",
+    "delete": "train-job-delete",
+    "image-ref": "image",
 }
 USAGE, FAILED = 2, 1
 TIMEOUT_MAX_S = 30 * 86400.0
@@ -151,10 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _split_pairs(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Job values vs the CLI's own keys (OUTPUTS, DRY_RUN, ...); make-internal variables are dropped.
 
-    A CLI key given twice, or both as a pair and as its flag (`OUTPUTS=a --outputs b`), is an error.
+    A CLI key given twice, or both as a pair and as its flag (`OUTPUTS=a --outputs b`), is an error; so is
+    one the command does not take (`delete RUN_ID=x DRY_RUN=1` would delete), and one in the environment
+    that the user may think counts (make's environment; `DRY_RUN` here).
     """
-    if args.make_pid is not None:
-        _check_make_command_line(args.make_pid)
     values, own = [], {}
     for item in args.pairs:
         key, sep, value = item.partition("=")
@@ -172,40 +198,34 @@ def _split_pairs(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         if getattr(args, flag, None) not in (None, False):
             raise UsageError(f"{upper} is given twice (--{flag.replace('_', '-')} and {item}); give it once")
         own[upper] = value
+    _check_command_takes(args, own)
+    given = [item.partition("=")[0].strip() for item in args.pairs]
+    if args.make_pid is not None:
+        check_make(args.make_pid, known=_known_keys(), given=given, target=_MAKE_TARGET[args.command])
+    elif "DRY_RUN" in os.environ and "DRY_RUN" not in own and not getattr(args, "dry_run", False):
+        raise UsageError(
+            f"DRY_RUN={os.environ['DRY_RUN']!r} is set in the environment, which python -m k8s does not "
+            "read: give DRY_RUN=1 (or --dry-run) as an argument, or unset DRY_RUN"
+        )
     return values, own
 
 
-def make_assignments(argv: list[str]) -> list[tuple[str, str]]:
-    """(name, item) of each `NAME=value` on a make command line, in order (options and their args skipped)."""
-    takes_arg = {"-C", "-f", "-I", "-o", "-W", "--directory", "--file", "--makefile", "--include-dir"}
-    found, skip = [], False
-    for item in argv[1:]:
-        if skip:
-            skip = False
-        elif item in takes_arg:
-            skip = True
-        elif m := re.match(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*:{0,3}=", item):
-            found.append((m.group(1), item))
-    return found
+def _check_command_takes(args: argparse.Namespace, own: dict[str, str]) -> None:
+    """A CLI key the command does not take is an error, never ignored."""
+    takes = _COMMAND_KEYS[args.command]
+    for key, flag in _CLI_KEYS.items():
+        if key in takes or (key not in own and getattr(args, flag, None) in (None, False)):
+            continue
+        given = f"{key}={own[key]}" if key in own else f"--{flag.replace('_', '-')}"
+        takes_text = ", ".join(sorted(takes)) if takes else "RUN_ID=<id> and NAMESPACE=<ns> only"
+        why = _NOT_TAKEN.get((args.command, key)) or f"it takes {takes_text}"
+        raise UsageError(f"{args.command} does not take {given}: {why}")
 
 
-def _check_make_command_line(pid: int) -> None:
-    """make keeps only the last `NODES=` of its command line, so the CLI cannot see `NODES=4 NODES=5`;
-    make's own argv (Linux /proc) still can. Elsewhere this check is skipped (docs/k8s.md says so)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")[:-1]
-    except OSError:
-        return
-    if not argv or "make" not in Path(argv[0]).name:
-        return
-    seen: dict[str, str] = {}
-    for name, item in make_assignments(argv):
-        if name in seen:
-            raise UsageError(
-                f"{name} is given twice on the make command line ({seen[name]}, then {item}); make keeps "
-                "only the last one, so give it once"
-            )
-        seen[name] = item
+@functools.cache
+def _known_keys() -> frozenset[str]:
+    """Every key make train-job & co. pass on: the values' and the CLI's own."""
+    return frozenset({key_label(name) for name in field_names()} | set(_CLI_KEYS))
 
 
 def _overrides(args: argparse.Namespace, pairs: list[str]) -> list[str]:
@@ -415,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return FAILED
-    except (UsageError, ValuesError, OutputsError, LocalRunError) as exc:
+    except (UsageError, ValuesError, OutputsError, LocalRunError, MakeLineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     except (KubectlError, OSError) as exc:

@@ -313,6 +313,53 @@ def test_k8s_cli_unknown_dry_run_spelling_never_applies(
     assert not log.exists() and not (tmp_path / "build").exists()
 
 
+IGNORED_KEYS = [
+    (["delete", "RUN_ID=r7", "DRY_RUN=1"], "error: delete does not take DRY_RUN=1: it has no dry run"),
+    (["status", "TIMEOUT=5"], "error: status does not take TIMEOUT=5: it takes RUN_ID=<id> and NAMESPACE"),
+    (
+        ["render", "RUN_ID=r7", "WORKDIR=w"],
+        "error: render does not take WORKDIR=w: it takes DRY_RUN, OUT, OUTPUTS",
+    ),
+    (["local", "RUN_ID=r7", "--outputs", "x.json"], "error: local does not take --outputs: the local runner"),
+    (
+        ["image-ref", "IMAGE_TAG=v1", "DRY_RUN=1"],
+        "error: image-ref does not take DRY_RUN=1: it takes OUTPUTS",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), IGNORED_KEYS, ids=[" ".join(a) for a, _ in IGNORED_KEYS])
+def test_a_key_the_command_would_ignore_is_refused_and_nothing_runs(
+    args: list[str], message: str, tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """`delete RUN_ID=x DRY_RUN=1` used to delete: each command names the CLI keys it takes."""
+    path, log = fake_kubectl
+    proc = run_cli(*args, cwd=tmp_path, path=path, extra_env={"FAKE_LOG": str(log)})
+    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not log.exists() and not (tmp_path / "build").exists() and not (tmp_path / "runs").exists()
+
+
+def test_dry_run_in_the_environment_is_refused_not_ignored(
+    tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """`DRY_RUN=1 python -m k8s apply` used to apply: the CLI reads its arguments only, so it says so."""
+    path, log = fake_kubectl
+    env = {"FAKE_LOG": str(log), "DRY_RUN": "1"}
+    for args in (["apply", "RUN_ID=r8", f"OUTPUTS={outputs_file}"], ["delete", "RUN_ID=r8"]):
+        proc = run_cli(*args, cwd=tmp_path, path=path, extra_env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            "error: DRY_RUN='1' is set in the environment, which python -m k8s does not read: give DRY_RUN=1 "
+            "(or --dry-run) as an argument, or unset DRY_RUN\n"
+        )
+    assert not log.exists() and not (tmp_path / "build").exists()
+    given = run_cli("apply", "RUN_ID=r8", f"OUTPUTS={outputs_file}", "DRY_RUN=1", cwd=tmp_path, path=path,
+                    extra_env=env)  # fmt: skip
+    assert given.returncode == 0 and "DRY_RUN: nothing applied" in given.stdout, given.stderr
+    assert not log.exists()
+
+
 TRAINER_REFUSES = [
     (
         ["TRAIN.optim.bogus=1"],
@@ -384,6 +431,40 @@ def test_k8s_make_train_job_refuses_a_key_given_twice(tmp_path: Path) -> None:
         assert proc.stderr.lower().startswith("error: nodes is given twice"), proc.stderr
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _make(tmp_path: Path, target: str, *pairs: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPO), "-o", str(stamp), f"STAMP={stamp}",
+         f"PY={sys.executable}", target, *pairs],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_k8s_make_refuses_a_key_in_its_environment(tmp_path: Path, fake_kubectl) -> None:
+    """make passes on only its command line's values: `DRY_RUN=1 make train-job` used to apply and
+    `NODES=8 make train-job` to render the default. The CLI reads make's environment and refuses both;
+    a key given on the command line (which make also exports) is fine."""
+    path, log = fake_kubectl
+    base = {k: v for k, v in os.environ.items() if k.upper() not in {"DRY_RUN", "NODES", "OUT", "RUN_ID"}}
+    base.update(PATH=path, FAKE_LOG=str(log), PYTHONPATH=str(REPO))
+    out = f"OUT={tmp_path / 'out'}"
+    for key, value in (("DRY_RUN", "1"), ("NODES", "8")):
+        proc = _make(tmp_path, "train-job", "RUN_ID=r9", out, env={**base, key: value})
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        first = proc.stderr.splitlines()[0]
+        assert first == (
+            f"error: {key}='{value}' is set in the environment, and make passes on only its command line's "
+            f"values: give it after the target (make train-job {key}={value}) or unset {key}"
+        )
+    assert not log.exists() and not (tmp_path / "out").exists()
+    proc = _make(tmp_path, "train-job", "RUN_ID=r9", "NODES=2", "DRY_RUN=1", out, env=base)
+    assert proc.returncode == 0 and "DRY_RUN: nothing applied" in proc.stdout, proc.stderr
+    deleted = _make(tmp_path, "train-job-delete", "RUN_ID=r9", env={**base, "DRY_RUN": "1"})
+    assert deleted.returncode == 2 and "DRY_RUN='1' is set in the environment" in deleted.stderr
+    assert not log.exists()
 
 
 def test_k8s_cli_local_dry_run_runs_nothing(tmp_path: Path) -> None:
