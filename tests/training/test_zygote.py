@@ -8,9 +8,12 @@ its shim for as long as the test says: the wait must report it, then see it gone
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -64,3 +67,44 @@ def test_the_worker_of_a_killed_shim_is_waited_for(zygote: Zygote, tmp_path: Pat
     assert zygote.wait_workers_gone(10) == []
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
     assert zygote.live_workers() == []
+
+
+def _send_request(zygote: Zygote, argv: list[str], cwd: Path) -> socket.socket:
+    """What the shim sends (training/launcher/shim.py): the request, with /dev/null as its stdio."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    body = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(zygote.socket_path)
+    with open(os.devnull, "r+b") as null:
+        socket.send_fds(conn, [struct.pack("!I", len(body))], [null.fileno()] * 3)
+    conn.sendall(body)
+    return conn
+
+
+def test_a_shim_gone_before_its_reply_takes_its_worker_and_the_zygote_serves_on(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    """A shim that dies between its request and the zygote's reply (its group stopped as it starts): the
+    reply fails (EPIPE). That used to crash the zygote, leaving the worker running, orphaned, and every
+    later shim without a zygote (seen once under load). The zygote is stopped while a shim's request
+    arrives and the shim hangs up, so the reply is sure to fail."""
+    script = tmp_path / "pid_then_sleep.py"
+    script.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(60)")
+    os.kill(zygote.pid, signal.SIGSTOP)
+    _send_request(zygote, [str(script), str(tmp_path / "doomed.pid")], tmp_path).close()
+    os.kill(zygote.pid, signal.SIGCONT)
+    # The zygote handles requests in order: once a later one has its reply, the first was handled.
+    with _send_request(zygote, [str(script), str(tmp_path / "later.pid")], tmp_path) as later:
+        later.settimeout(30)
+        reply = later.makefile("rb").readline()
+        assert reply, "the zygote closed the connection: it crashed on the first request"
+        worker = json.loads(reply)["pid"]
+        deadline = time.monotonic() + 10
+        while (live := zygote.live_workers()) != [worker] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert live == [worker]
+        time.sleep(0.5)  # an orphan would have written its pid by now
+        if (tmp_path / "doomed.pid").exists():
+            orphan = int((tmp_path / "doomed.pid").read_text())
+            assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+    assert zygote.wait_workers_gone(10) == []  # the later shim hung up too: its worker is killed

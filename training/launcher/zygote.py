@@ -227,7 +227,10 @@ class _Server:
             os.close(fd)
         self.by_pid[pid] = conn
         self.pid_by_fd[conn.fileno()] = pid
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the shim died since its request (killed as its group stopped): so does the worker
+            self._shim_gone(conn)
 
     def _become_worker(self, conn: socket.socket, fds: list[int], request: dict) -> None:
         code = 1
@@ -281,6 +284,8 @@ class _Server:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a worker not yet in its own group (setsid)
+                os.kill(pid, signal.SIGKILL)
             self.by_pid.pop(pid, None)
         conn.close()
 
