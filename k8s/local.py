@@ -39,6 +39,7 @@ import psutil
 
 from k8s.render import Manifest
 from k8s.spec import INDEX_ANNOTATION
+from training.ports import free_port_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -95,21 +96,11 @@ class PathMap:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, with the next two free too (trainer and in-process stores)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 > 65535:
-            continue
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port + 1))
-                b.bind(("127.0.0.1", port + 2))
-            return port
-        except OSError:
-            continue
-    raise LocalRunError("no free TCP port triple on 127.0.0.1; close other jobs and retry")
+    """A TCP port free now, with the next two free too (the NVRx backend's stores): training.ports."""
+    try:
+        return free_port_run()
+    except OSError as exc:
+        raise LocalRunError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from training.launcher import blame
+from training.ports import free_port_run
 
 
 @dataclass
@@ -124,7 +125,7 @@ def init_distributed(
     timeout = timedelta(seconds=timeout_s)
     if "MASTER_ADDR" not in os.environ and world == 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port_run()))
     ctx = DistContext(
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, timeout=timeout
     )
@@ -186,11 +187,3 @@ def set_deterministic(enabled: bool) -> None:
     torch.use_deterministic_algorithms(enabled, warn_only=True)
     torch.backends.cudnn.deterministic = enabled
     torch.backends.cudnn.benchmark = not enabled
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

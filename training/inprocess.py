@@ -367,7 +367,7 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
     """
     from nvidia_resiliency_ext import inprocess
 
-    from training.distributed import init_distributed
+    from training.distributed import init_distributed, wait_for_listener
     from training.train import Trainer, build_session
 
     port = int(os.environ.get("MASTER_PORT", "29500"))
@@ -380,9 +380,12 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
         iteration = call_wrapper.iteration
         if (stale := kept.get("checkpointer")) is not None:
             stale.abandon()  # type: ignore[attr-defined]  # before a new group exists for it to run on
+        timeout_s = cfg.inprocess.barrier_timeout_s
+        if rank != 0:  # in Python, not in torch's C connect loop, so NVRx's progress watchdog sees it alive
+            wait_for_listener(host, port + 1, deadline=time.monotonic() + timeout_s)
         store = dist.TCPStore(
             host, port + 1, world_size=world, is_master=rank == 0, multi_tenant=True, wait_for_workers=False,
-            timeout=timedelta(seconds=cfg.inprocess.barrier_timeout_s),
+            timeout=timedelta(seconds=timeout_s),
         )  # fmt: skip
         ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration)
         trainer = kept.get("trainer")

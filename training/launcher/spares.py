@@ -39,6 +39,10 @@ source of every frame (~6 ms a call on a busy machine, several per poll and per 
 launcher's GIL): a waiting spare's launcher used 13 % of a core and beat only every ~0.5 s, with gaps up
 to 14 s under load. The kit looks the frame up instead (`_method_name`).
 
+Rank 0 of a round picks the workers' MASTER_PORT (the kit runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+through torch's `get_free_port`, which checks only that port; the kit checks the two after it too
+(`training.ports`: the NVRx backend's stores live there).
+
 `first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
 rendezvous internals (torch is pinned; style.md §5).
 """
@@ -51,11 +55,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters, dynamic_rendezvous
+from torch.distributed.elastic.rendezvous import api as rendezvous_api
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
 )
+
+from training.ports import free_port_run
 
 POLL_S = 0.2
 RDZV_POLL_S = 0.2
@@ -122,8 +129,9 @@ _torch_method_name = dynamic_rendezvous.get_method_name
 
 
 def install_join_fix() -> None:
-    """Make torch's rendezvous use SpareJoinOp, the shorter poll, the keep-alive test above and the cheap
-    method name (it names all four from its module)."""
+    """Make torch's rendezvous use SpareJoinOp, the shorter poll, the keep-alive test above, the cheap
+    method name (it names all four from its module) and a MASTER_PORT with its store ports free."""
+    rendezvous_api.get_free_port = free_port_run  # type: ignore[attr-defined]
     dynamic_rendezvous._RendezvousJoinOp = SpareJoinOp  # type: ignore[misc]
     dynamic_rendezvous._delay = _poll_delay  # type: ignore[assignment]
     dynamic_rendezvous._should_keep_alive = _should_keep_alive

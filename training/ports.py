@@ -1,0 +1,47 @@
+"""Free TCP ports for a round's stores (no torch import: the launcher and the local runner use it too).
+
+Rank 0 of a round hosts the job's TCPStore on MASTER_PORT, and under the NVRx backend two more stores on
+MASTER_PORT+1 (each Wrapper iteration's) and MASTER_PORT+2 (the Wrapper's own). torch picks MASTER_PORT
+as any free port; the next two were never checked. Under load one of them was a client socket's local
+port (ephemeral ports are allocated from the same range): rank 0 failed to bind it (EADDRINUSE), rank 1
+blocked in C for 45 s connecting to it, and NVRx's hard timeout killed rank 1, a false restart.
+`free_port_run` returns a port whose whole run is free at the time of the call. Nothing reserves it after
+that; the window left is a worker's start-up, not the whole job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterable, Iterator
+
+STORE_PORTS = 3
+"""MASTER_PORT and the two after it (the NVRx backend's iteration store and Wrapper store)."""
+
+
+def _kernel_picks(host: str) -> Iterator[int]:
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        yield port
+
+
+def free_port_run(
+    count: int = STORE_PORTS, *, host: str = "", tries: int = 64, candidates: Iterable[int] | None = None
+) -> int:
+    """A port P such that P .. P+count-1 can all be bound on `host` now ("" = every interface, as a
+    TCPStore server listens). Candidates come from the kernel (bind to port 0) unless given.
+    Raises OSError when `tries` candidates all fail."""
+    picks = iter(candidates) if candidates is not None else _kernel_picks(host)
+    for _, port in zip(range(tries), picks, strict=False):
+        if port + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for p in range(port, port + count):
+                    held.enter_context(socket.socket()).bind((host, p))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no run of {count} free TCP ports found in {tries} tries; close other jobs and retry")
