@@ -55,7 +55,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stability
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 COMPETITORS = ("none", "sync", "dcp_thread", "dcp_staging", "kit", "nvrx")
@@ -427,10 +427,6 @@ def model_state(model: Any, opt: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- parent
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MIN_OWN_BASE_STEPS = 3
@@ -633,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     out = work / "results"
     out.mkdir()
-    port = _free_port()
+    port = free_port_run()
     procs = []
     for rank in range(2):
         env = {

@@ -45,7 +45,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from typing import Any
 from bench import stability
 from training.events import read_events
 from training.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "recovery.md"
@@ -201,12 +201,6 @@ def release(workdir: Path, *, keep: bool) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def trainer_args(case: Case, root: Path, run_id: str) -> list[str]:
     args = ["--run.id", run_id, "--run.root", str(root), *JOB, "--training.steps", str(case.total_steps)]
     if case.fault not in ("none", "schedule"):
@@ -231,7 +225,8 @@ def command(case: Case, root: Path, run_id: str, logs: Path) -> list[str]:
             py, "-m", "training.launch", "--standalone", "--nproc-per-node", "2", *restarts, *start,
             "--heartbeat-load-timeout", "60", "--run-dir", str(run_dir), "--log-dir", str(logs), *train,
         ]  # fmt: skip
-    endpoint = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id]
+    port = free_port_run()
+    endpoint = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
     if case.mechanism == "ft_launcher":
         return [
             str(Path(py).with_name("ft_launcher")), "--nnodes", "1", "--nproc-per-node", "2", *restarts,

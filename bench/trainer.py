@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "trainer.md"
@@ -94,17 +95,11 @@ def _worker(args: argparse.Namespace) -> None:
     shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(
     mode: str, *, model: str, seq_len: int, batch: int, steps: int, workdir: Path
 ) -> dict[str, float]:
     """One run of `mode` on WORLD ranks; the worst rank's memory and the slower rank's step time."""
-    port = _free_port()
+    port = free_port_run()
     procs, outs = [], []
     for rank in range(WORLD):
         out = workdir / f"{mode}-{rank}.json"

@@ -4,7 +4,6 @@ on the rendered train.yaml (no process group, no model), and k8s turns its exit 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from k8s.render import render
 from k8s.spec import CONFIG_FILE
 from k8s.trainer_check import check_trainer_config
 from k8s.values import build_values
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,15 +39,9 @@ def _check_config(
     )  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_check_config_accepts_a_good_config_without_a_process_group(tmp_path: Path) -> None:
     """Env that would make a process group wait for a rank 1 that never comes: the check must not care."""
-    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port_run())}
     proc = _check_config(tmp_path, _config("TRAIN.optim.beta1=0.8"), "--elsewhere", env=env)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from training import exitcodes
 from training.events import read_events
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = str(Path(__file__).with_name("launch_worker.py"))
@@ -28,12 +28,6 @@ def expected_value(steps: int, world: int) -> float:
     for step in range(1, steps + 1):
         value = value * 0.5 + float(sum(range(1, world + 1))) + step
     return value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_cmd(run: Path, flags: list[str], steps: int, *extra: str) -> list[str]:
@@ -174,7 +168,7 @@ def test_fatal_config_exit_is_never_retried(tmp_path: Path) -> None:
 
 def test_two_nodes_a_fault_on_one_restarts_both(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    port = free_port()
+    port = free_port_run()
     procs = []
     for node in (0, 1):
         flags = [

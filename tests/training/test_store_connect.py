@@ -12,18 +12,13 @@ import pytest
 import torch.distributed as dist
 
 from training.distributed import connect_store, wait_for_listener
+from training.ports import free_port_run
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_waits_for_a_listener_that_comes_late_and_gives_up_at_the_deadline() -> None:
-    port = _free_port()
+    port = free_port_run()
     assert wait_for_listener("127.0.0.1", port, deadline=time.monotonic() + 0.3) is False
     ready = threading.Event()
 
@@ -43,7 +38,7 @@ def test_waits_for_a_listener_that_comes_late_and_gives_up_at_the_deadline() -> 
 
 
 def test_a_client_rank_started_before_rank_0_gets_a_working_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    port = _free_port()
+    port = free_port_run()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -11,7 +11,6 @@ from it).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from training import exitcodes
 from training.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
 from training.events import read_events
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -29,12 +29,6 @@ TINY = [
     "--optim.warmup_steps", "3",
     "--training.log_every", "1",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -72,7 +66,7 @@ def run_trainer(
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}",
         "--max-restarts", "0", "--log-dir", str(logs),
         "-m", "training.train", *args,
     ]  # fmt: skip

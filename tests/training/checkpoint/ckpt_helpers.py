@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).resolve().parent / "ckpt_worker.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(
     run_dir: Path, *args: str, world: int = 2, env: dict[str, str] | None = None
 ) -> list[subprocess.Popen]:
-    port = free_port()
+    port = free_port_run()
     procs = []
     for rank in range(world):
         penv = {
