@@ -427,8 +427,6 @@ def model_state(model: Any, opt: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- parent
-
-
 MIN_OWN_BASE_STEPS = 3
 """A run's own non-overlapped steps (its first step left out) give its base step time when there are at
 least this many; otherwise the base is `none`'s median step, same rank and repetition."""

@@ -44,7 +44,8 @@ def _client_on(port: int) -> Iterator[None]:
 
 
 def test_a_port_whose_next_ports_are_taken_is_skipped() -> None:
-    taken_by_listener, taken_by_client, good = _free_run(3), _free_run(3), _free_run(3)
+    base = _free_run(9)  # three disjoint runs of 3: separate picks could return the same port
+    taken_by_listener, taken_by_client, good = base, base + 3, base + 6
     with socket.socket() as listener, _client_on(taken_by_client + 2):
         listener.bind(("", taken_by_listener + 1))
         listener.listen()
