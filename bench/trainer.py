@@ -1,6 +1,6 @@
 """Trainer benchmark: the memory plan against measured peak memory, and what activation checkpointing buys.
 
-`python -m bench.trainer [--quick]` runs the real trainer's session (`training.train.build_session` and
+`python -m bench.trainer [--quick]` runs the real trainer's session (`training.train.KitTrainer.build` and
 `train_step`: FSDP2, AdamW, gloo) on 2 ranks x 1 thread, once per activation-checkpointing mode, side by side
 in one run, and measures per rank:
 - peak memory: the kernel's resident high-water mark (VmHWM, reset through /proc/self/clear_refs after a
@@ -54,10 +54,10 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from training import resilience
     from training.config import load_config
     from training.distributed import init_distributed, shutdown
-    from training.events import EventLog
-    from training.train import build_session, train_step
+    from training.train import KitTrainer
 
     run_root = args.run_root
     cfg = load_config(
@@ -69,22 +69,20 @@ def _worker(args: argparse.Namespace) -> None:
     )  # fmt: skip
     ctx = init_distributed(timeout_s=300)
     base = _rss("VmRSS")
-    events = EventLog(cfg.run.run_dir, role="bench", rank=ctx.rank)
-    session = build_session(cfg, ctx, events)
-    clip = cfg.optim.grad_clip
-    train_step(
-        session, device=ctx.device, grad_clip=clip, world_size=ctx.world_size
-    )  # optimizer state exists
+    job, trainer = resilience.Job(cfg), KitTrainer(cfg)
+    job.ctx = ctx
+    session = trainer.build(job)
+    trainer.train_step(job, session)  # optimizer state exists
     torch.distributed.barrier()
     before = _rss("VmRSS")
     _reset_peak()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        train_step(session, device=ctx.device, grad_clip=clip, world_size=ctx.world_size)
+        trainer.train_step(job, session)
         times.append(time.perf_counter() - t0)
     peak = _rss("VmHWM")
-    events.close()
+    job.close()
     out = {
         "rank": ctx.rank,
         "peak": peak - base,

@@ -27,7 +27,7 @@ they take effect at the next step boundary.
 
 Test hook (never set in production): KIT_FAULT_TEST_IN_UPDATE, a spec of `exception` faults in the grammar
 above, fires each right after the optimizer step of its step instead of at its top (`maybe_inject_in_update`),
-so tests can fail a rank mid-update, where its live state is torn (training.state). Once per run, like a
+so tests can fail a rank mid-update, where its live state is torn (resilience.state). Once per run, like a
 fault (marker `<key>-in-update`).
 
 The study's seeded schedule (reference/seed-system.md §11) is reproduced exactly: with
@@ -305,6 +305,7 @@ class FaultInjector:
         self.rank = rank
         self._events = events
         plan = cfg.plan(world_size=world_size, max_steps=max_steps)
+        self._plan = plan
         here = NodeFaultTarget(node=pod.pod_index() if node is None else node, local_rank=local_rank)
         self._faults = [f for f in plan if (f.rank == rank if f.node is None else here.acts_on(f))]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
@@ -345,6 +346,14 @@ class FaultInjector:
         fault = self._in_update.get(step)
         if fault is not None and self._claim(fault, key=f"{fault.key}-in-update", where="update"):
             self._act(fault)
+
+    def unfired(self) -> list[Fault]:
+        """The run's planned faults (every rank and node) that never fired: no marker in the run folder
+        (without a run folder: this rank's own that this process did not fire). Read at the end of a run,
+        so a report never counts a planned fault that did not happen as recovered."""
+        if self._marker_dir is None:
+            return [f for f in self._faults if f.key not in self._fired]
+        return [f for f in self._plan if not (self._marker_dir / f.key).exists()]
 
     def close(self) -> None:
         """Stops the timer of time-based faults."""

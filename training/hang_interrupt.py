@@ -1,5 +1,5 @@
 """A hung training thread, interrupted in place: the launcher's first answer to a hang when the trainer
-restarts in process (the kit backend of training/inprocess.py).
+restarts in process (the kit backend of training/resilience/inprocess.py).
 
 The launcher (training/launcher/agent.py) finds a rank silent past its heartbeat timeout and blames it
 (training/launcher/blame.py). If that rank's beats say it is interruptible, the launcher sends it

@@ -1,5 +1,6 @@
-"""Which state an in-process restart resumes from (training.inprocess.agree), whether a rank's live state
-is clean (training.state.TrainState brackets each step), and the test hook that fails a rank mid-update.
+"""Which state an in-process restart resumes from (training.resilience.inprocess.agree), whether a rank's
+live state is clean (training.resilience.state.TrainState brackets each step), and the test hook that fails a
+rank mid-update.
 The end-to-end runs (real processes, gloo) are in test_trainer_inprocess.py and test_fault_during_save.py.
 """
 
@@ -15,8 +16,8 @@ from training.config import DataConfig
 from training.data import TokenLoader
 from training.events import EventLog, read_events
 from training.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
-from training.inprocess import Plan, Report, agree
-from training.state import TrainState
+from training.resilience.inprocess import Plan, Report, agree
+from training.resilience.state import TrainState
 
 
 def test_live_only_when_every_rank_is_clean_at_the_same_step() -> None:

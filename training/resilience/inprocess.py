@@ -12,7 +12,7 @@ launcher interrupts: training.hang_interrupt):
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;
   4. restore, agreed in one all-gather over the new group (every rank reports its live step and its
      host-memory step, so no rank resumes from a state its peers did not agree to):
-     live       every rank's live state is clean at the same step (training.state: the exception came
+     live       every rank's live state is clean at the same step (resilience.state: the exception came
                 before the step's optimizer update, or between steps): copy the failed session's own
                 tensors into the new one; no step is computed again. If the last save due by then never
                 committed (the restart abandoned it), that step is saved again at once;
@@ -28,6 +28,9 @@ live) and `resume` events.
 
 NVRx backend (`inprocess.backend=nvrx`): the same loop runs inside nvidia_resiliency_ext's
 `inprocess.Wrapper` (store and group created per Wrapper iteration, as its docs require).
+
+Both take the script's `build(job, *, init_weights) -> Session` and `train(job, session)`: nothing here
+knows a model or a loop (public API: training.resilience.run).
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -49,12 +53,24 @@ from training import hang_interrupt
 from training.checkpoint.layout import checkpoints_dir, is_committed, list_steps
 from training.checkpoint.resume import one_line
 from training.checkpoint.staging import flatten_state, restore_into
-from training.distributed import abort_groups, new_group
+from training.distributed import abort_groups, new_group, seed_everything
 
 if TYPE_CHECKING:
-    from training.config import InprocessConfig, TrainConfig
     from training.distributed import DistContext
-    from training.train import Session, Trainer
+    from training.resilience.config import InprocessConfig
+    from training.resilience.job import Job
+    from training.resilience.session import Session
+
+
+class Build(Protocol):
+    """The script's builder: a fresh Session on `job.ctx` (seeded init, or values left as allocated when
+    `init_weights` is False because every value is restored at once)."""
+
+    def __call__(self, job: Job, *, init_weights: bool) -> Session: ...
+
+
+Train = Callable[["Job", "Session"], None]
+"""The script's loop: trains `session` up to the job's last step, one `job.step(session)` per step."""
 
 
 class RestartFailed(RuntimeError):
@@ -185,7 +201,7 @@ def _local_tree(obj: Any) -> Any:
 
 
 def plan_restore(
-    trainer: Trainer,
+    job: Job,
     previous: object | None,
     live: tuple[int | None, str | None, dict[str, Any] | None] = (None, "no live state", None),
 ) -> Plan:
@@ -193,20 +209,20 @@ def plan_restore(
     so a rank that restores from live state or host memory can skip the seeded init."""
     live_step, why, _ = live
     mem_step = previous.memory_step() if previous is not None else None  # type: ignore[attr-defined]
-    ckpt = trainer.cfg.checkpoint
+    ckpt, ctx = job.cfg.checkpoint, _ctx(job)
     committed = None
-    if trainer.ctx.rank == 0 and live_step is not None and ckpt.mode != "off":
-        root = checkpoints_dir(trainer.cfg.run.run_dir)
+    if ctx.rank == 0 and live_step is not None and ckpt.mode != "off":
+        root = checkpoints_dir(job.cfg.run.run_dir)
         committed = max((s for s in list_steps(root) if is_committed(root, s)), default=None)
     mine = Report(live=live_step, why=why, memory=mem_step, committed=committed)
-    reports = [mine] * trainer.ctx.world_size
-    if trainer.ctx.world_size > 1:
+    reports = [mine] * ctx.world_size
+    if ctx.world_size > 1:
         dist.all_gather_object(reports, mine)
     return agree(reports, interval=ckpt.interval if ckpt.mode != "off" and not ckpt.auto else None)
 
 
 def restore(
-    trainer: Trainer,
+    job: Job,
     session: Session,
     previous: object | None,
     live: tuple[int | None, str | None, dict[str, Any] | None] = (None, "no live state", None),
@@ -217,11 +233,11 @@ def restore(
     """Restore `session` as every rank agreed (`plan_restore`, run here when not given); (step,
     source, why not live). `seeded`: the session's model was built with the seeded init, so a fallback
     that finds no checkpoint may start from it."""
-    plan = plan or plan_restore(trainer, previous, live)
+    plan = plan or plan_restore(job, previous, live)
     if plan.source == "live":
         t0 = time.time()
         restore_into(session.ckpt_state, live[2])  # type: ignore[arg-type]
-        trainer.events.emit(
+        job.events.emit(
             "resume", step=plan.step, source="live", duration_s=time.time() - t0, fallback_from=None, ts=t0
         )
         if plan.resave:
@@ -233,7 +249,7 @@ def restore(
             return step, "memory", plan.why
         if not seeded:  # a disk fallback that found nothing would train from uninitialised weights
             raise RestartFailed(
-                f"rank {trainer.ctx.rank}: the agreed host copy of step {plan.step} is gone; exiting so the "
+                f"rank {_ctx(job).rank}: the agreed host copy of step {plan.step} is gone; exiting so the "
                 "launcher restarts the group (from the seed or the newest commit)"
             )
     step = session.checkpointer.load(session.ckpt_state)
@@ -247,24 +263,39 @@ def _close_quietly(checkpointer: object) -> None:
         print(f"[inprocess] closing the previous checkpointer: {one_line(exc)}", file=sys.stderr, flush=True)
 
 
-def run_with_restarts(trainer: Trainer) -> Session:
-    """Build, resume and train; with in-process restart enabled, recover soft faults in place."""
-    from training.train import build_session
+def _ctx(job: Job) -> DistContext:
+    if job.ctx is None:
+        raise RuntimeError("the job has no process group yet")
+    return job.ctx
 
-    cfg: InprocessConfig = trainer.cfg.inprocess
-    ctx, events = trainer.ctx, trainer.events
+
+def build_session(job: Job, build: Build, *, init_weights: bool = True, live: bool = False) -> Session:
+    """`build` on the current group, every RNG seeded first (the same weights at every start); `live`: the
+    session resumes from the last one's live state (not a fault for `checkpoint.interval=auto`)."""
+    seed_everything(job.cfg.run.seed, _ctx(job).rank)
+    job.live_restart = live
+    try:
+        return build(job, init_weights=init_weights)
+    finally:
+        job.live_restart = False
+
+
+def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
+    """Build, resume and train; with in-process restart enabled, recover soft faults in place."""
+    cfg: InprocessConfig = job.cfg.inprocess
+    ctx, events = _ctx(job), job.events
     if cfg.enabled:
-        # What is alive now (modules, config, the trainer) outlives every restart: the full collection
+        # What is alive now (modules, config, the job) outlives every restart: the full collection
         # that frees a failed session then scans only what came after (0.3 s -> ms on the test machine).
         gc.freeze()
-    session = build_session(trainer.cfg, ctx, events, heartbeat=trainer.heartbeat)
-    trainer.resume(session)
+    session = build_session(job, build)
+    job.resume(session)
     if not cfg.enabled:
-        trainer.train_loop(session)
+        train(job, session)
         return session
     store = RestartStore(ctx, cfg.barrier_timeout_s)
     restarts = 0
-    while (reason := _train_until_fault(trainer, session)) is not None:
+    while (reason := _train_until_fault(job, session, train)) is not None:
         t_fail = time.time()
         if restarts >= cfg.max_restarts:
             raise RestartFailed(
@@ -281,7 +312,7 @@ def run_with_restarts(trainer: Trainer) -> Session:
         # Then the in-flight save is abandoned: it stops at its next phase (never on without its group, nor
         # on the next one), and whatever it still tries on the aborted group fails at once. Abandoning it
         # before the abort would let it start a collective that the abort then races with.
-        trainer.heartbeat.phase("load")  # the load allowance from here: abort, settle, barrier, rebuild
+        job.heartbeat.phase("load")  # the load allowance from here: abort, settle, barrier, rebuild
         previous = session.checkpointer
         abort_groups(ctx)
         live = capture_live(session)
@@ -292,15 +323,13 @@ def run_with_restarts(trainer: Trainer) -> Session:
         gc.collect()  # the failed session's cycles (FSDP state, hooks): the frozen imports are not scanned
         store.barrier(ctx.generation + 1)
         new_group(ctx, ctx.generation + 1)
-        plan = plan_restore(trainer, previous, live)
+        plan = plan_restore(job, previous, live)
         # Restored from this process's own live state or host copy: the seeded init would be overwritten.
         # From disk it stays: a checkpoint that turns out unreadable falls back to the seed.
         seeded = plan.source == "disk"
         resumes_live = plan.source == "live"  # rolls nothing back: no fault for `checkpoint.interval=auto`
-        session = build_session(
-            trainer.cfg, ctx, events, heartbeat=trainer.heartbeat, init_weights=seeded, live=resumes_live
-        )
-        step, source, why = restore(trainer, session, previous, live, plan, seeded=seeded)
+        session = build_session(job, build, init_weights=seeded, live=resumes_live)
+        step, source, why = restore(job, session, previous, live, plan, seeded=seeded)
         _close_quietly(previous)
         previous = live = None
         duration = time.time() - t_fail
@@ -308,22 +337,22 @@ def run_with_restarts(trainer: Trainer) -> Session:
             "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration,
             why=why,
         )  # fmt: skip
-        if source == "none" and trainer.cfg.checkpoint.mode == "off":  # else the checkpointer emitted it
+        if source == "none" and job.cfg.checkpoint.mode == "off":  # else the checkpointer emitted it
             events.emit("resume", step=None, source="none", duration_s=duration, fallback_from=None)
         because = f" ({why})" if why else ""
-        trainer.log(
+        job.log(
             f"in-process restart {restarts}: restored step {step} from {source}{because} in {duration:.2f} s"
         )
-        trainer.heartbeat.phase("train")
+        job.heartbeat.phase("train")
     return session
 
 
-def _train_until_fault(trainer: Trainer, session: Session) -> str | None:
+def _train_until_fault(job: Job, session: Session, train: Train) -> str | None:
     """Run the loop (the launcher may interrupt a hang in it); on an Exception return its one-line reason.
     Returning (not raising) frees the traceback's frames, which hold the model and so the failed group."""
     try:
-        with hang_interrupt.armed(trainer.heartbeat):
-            trainer.train_loop(session)
+        with hang_interrupt.armed(job.heartbeat):
+            train(job, session)
     except Exception as exc:  # BaseException (KeyboardInterrupt, SystemExit) is never caught
         traceback.print_exc(file=sys.stderr)
         return one_line(exc)
@@ -357,25 +386,27 @@ def nvrx_timeouts(cfg: InprocessConfig, collective_timeout_s: float) -> dict[str
     }
 
 
-def run_under_nvrx(cfg: TrainConfig) -> int:
-    """Run the trainer inside NVRx's `inprocess.Wrapper` (reference: torch-on-cpu.md §5.3).
+def run_under_nvrx(job: Job, build: Build, train: Train, finish: Callable[[Session], None]) -> int:
+    """Run the script inside NVRx's `inprocess.Wrapper` (reference: torch-on-cpu.md §5.3).
 
     The Wrapper owns its store on MASTER_PORT+2; each iteration builds a multi-tenant TCPStore on
-    MASTER_PORT+1 and a process group on a per-iteration prefix, rebuilds the model and restores from
-    the previous iteration's host copy (all ranks agreeing) or from disk. Its abort only destroys gloo
-    groups, so a peer's recovery is bounded by the collective timeout (training.collective_timeout_s).
+    MASTER_PORT+1 and a process group on a per-iteration prefix, rebuilds the session and restores from
+    the previous iteration's host copy (all ranks agreeing) or from disk; `finish(session)` ends the last
+    one. Its abort only destroys gloo groups, so a peer's recovery is bounded by the collective timeout
+    (training.collective_timeout_s).
     """
     from nvidia_resiliency_ext import inprocess
 
     from training.distributed import init_distributed, wait_for_listener
-    from training.train import Trainer, build_session
 
+    cfg = job.cfg
     port = int(os.environ.get("MASTER_PORT", "29500"))
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     kept: dict[str, object] = {}
+    heartbeat = job.heartbeat
 
-    def train(call_wrapper: inprocess.CallWrapper = None) -> int:  # type: ignore[assignment]
+    def iteration_fn(call_wrapper: inprocess.CallWrapper = None) -> int:  # type: ignore[assignment]
         t0 = time.time()
         iteration = call_wrapper.iteration
         if (stale := kept.get("checkpointer")) is not None:
@@ -387,42 +418,38 @@ def run_under_nvrx(cfg: TrainConfig) -> int:
             host, port + 1, world_size=world, is_master=rank == 0, multi_tenant=True, wait_for_workers=False,
             timeout=timedelta(seconds=timeout_s),
         )  # fmt: skip
-        ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration)
-        trainer = kept.get("trainer")
-        if trainer is None:
-            trainer = kept["trainer"] = Trainer(cfg, ctx)
-            trainer.emit_start()
-        trainer.ctx = ctx  # type: ignore[attr-defined]
-        session = build_session(cfg, ctx, trainer.events, heartbeat=trainer.heartbeat)  # type: ignore[attr-defined]
+        job.ctx = init_distributed(
+            timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration
+        )
+        session = build_session(job, build)
         previous = kept.pop("checkpointer", None)
         kept["checkpointer"] = session.checkpointer
         if iteration == 0:
-            trainer.resume(session)  # type: ignore[attr-defined]
+            job.resume(session)
         else:
-            step, source, why = restore(trainer, session, previous)  # type: ignore[arg-type]
+            step, source, why = restore(job, session, previous)
             if previous is not None:
                 _close_quietly(previous)
-            trainer.events.emit(  # type: ignore[attr-defined]
+            job.events.emit(
                 "inprocess_restart", reason="nvrx wrapper restart", restored_step=step, source=source,
                 duration_s=time.time() - t0, iteration=iteration, why=why,
             )  # fmt: skip
-        trainer.train_loop(session, heartbeat=_PingingHeartbeat(trainer.heartbeat, call_wrapper))  # type: ignore[attr-defined]
-        trainer.finish(session)  # type: ignore[attr-defined]
+        job.heartbeat = _PingingHeartbeat(heartbeat, call_wrapper)  # type: ignore[assignment]
+        try:
+            train(job, session)
+        finally:
+            job.heartbeat = heartbeat
+        finish(session)
         session.checkpointer.close()
         dist.destroy_process_group()
         return 0
 
     # The Wrapper injects CallWrapper by annotation; this module's annotations are strings (PEP 563).
-    train.__annotations__["call_wrapper"] = inprocess.CallWrapper
+    iteration_fn.__annotations__["call_wrapper"] = inprocess.CallWrapper
     wrapped = inprocess.Wrapper(
         store_kwargs={"host_name": host, "port": port + 2},
         initialize=inprocess.initialize.RetryController(max_iterations=cfg.inprocess.max_restarts + 1),
         health_check=None,
         **nvrx_timeouts(cfg.inprocess, cfg.training.collective_timeout_s),
-    )(train)
-    try:
-        return int(wrapped())
-    finally:
-        trainer = kept.get("trainer")
-        if trainer is not None:
-            trainer.close()  # type: ignore[attr-defined]
+    )(iteration_fn)
+    return int(wrapped())

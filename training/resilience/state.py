@@ -1,9 +1,11 @@
-"""Everything a resume needs, as one Stateful object the checkpointer saves with DCP.
+"""Everything a resume needs, as one Stateful object the checkpointer saves with DCP (public API: TrainState).
 
 Keys: "model" and "optim" (sharded DTensors from torch.distributed.checkpoint.state_dict, so each rank
-writes only its shard), "scheduler" (LR schedule), "data" (position in the token stream), "step", and
-"rng.rank<R>" (this rank's RNG states). DCP treats non-DTensor values as replicated and keeps one copy,
-so per-rank values carry the rank in their key; a checkpoint therefore resumes on the same world size.
+writes only its shard), "scheduler" (LR schedule), "data" (the data loader's position: the same on every
+rank, as the kit's global sample cursor is), "step", "rng.rank<R>" (this rank's RNG states) and
+"extra.<name>.rank<R>" (each user extra, per rank). DCP treats non-DTensor values as replicated and keeps
+one copy, so per-rank values carry the rank in their key; a checkpoint therefore resumes on the same world
+size. A data loader whose state differs per rank goes in `extras`.
 
 In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
 `train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
@@ -15,6 +17,7 @@ mid-update (the model, optimizer, schedule or step may hold a half-applied step)
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -22,8 +25,6 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-
-from training.data import TokenLoader
 
 
 def _rng_state() -> dict[str, Any]:
@@ -96,31 +97,38 @@ def _prime_adam_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 class TrainState(Stateful):
-    """Model, optimizer, LR scheduler, data position, step and RNG of one rank."""
+    """Model, optimizer, LR scheduler, data position, step, RNG and user extras of one rank.
+
+    `data` and each extra are Stateful (`state_dict()` / `load_state_dict()`); `data` may be None (a loader
+    that needs no state) and so may `scheduler`. The loop changes `step` only through `Job.step`."""
 
     def __init__(
         self,
         *,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        data: TokenLoader,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        data: Stateful | None = None,
         rank: int,
+        extras: dict[str, Stateful] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.data = data
         self.rank = rank
+        self.extras = dict(extras or {})
         self.step = 0
         self.updating = False
         """True from the optimizer step of a step until that step is finished: the live state is torn."""
-        self._step_start: tuple[dict[str, Any], tuple[Any, ...]] | None = None
+        self._step_start: tuple[tuple[Any, dict[str, Any]], tuple[Any, ...]] | None = None
         """Data position and RNG before the current step's first batch; None between steps."""
 
     def begin_step(self) -> None:
         """The top of a step, before its first batch."""
-        self._step_start = (self.data.state_dict(), _raw_rng())
+        data = copy.deepcopy(self.data.state_dict()) if self.data is not None else None
+        extras = {name: copy.deepcopy(x.state_dict()) for name, x in self.extras.items()}
+        self._step_start = ((data, extras), _raw_rng())
 
     def begin_update(self) -> None:
         """Just before the optimizer step: from here until `end_step` the live state is not a step's."""
@@ -139,8 +147,11 @@ class TrainState(Stateful):
         if self.updating:
             return None
         if self._step_start is not None:
-            data, rng = self._step_start
-            self.data.load_state_dict(data)
+            (data, extras), rng = self._step_start
+            if self.data is not None:
+                self.data.load_state_dict(data)
+            for name, value in extras.items():
+                self.extras[name].load_state_dict(value)
             _set_raw_rng(rng)
             self._step_start = None
         return self.step
@@ -152,14 +163,19 @@ class TrainState(Stateful):
     def state_dict(self) -> dict[str, Any]:
         _prime_adam_state(self.optimizer)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.data.state_dict(),
-            "step": self.step,
-            self.rng_key: _rng_state(),
-        }
+        out: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state_dict()
+        if self.data is not None:
+            out["data"] = self.data.state_dict()
+        out["step"] = self.step
+        out[self.rng_key] = _rng_state()
+        for name, extra in self.extras.items():
+            out[self._extra_key(name)] = extra.state_dict()
+        return out
+
+    def _extra_key(self, name: str) -> str:
+        return f"extra.{name}.rank{self.rank}"
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_state_dict(
@@ -168,7 +184,11 @@ class TrainState(Stateful):
             model_state_dict=state_dict["model"],
             optim_state_dict=state_dict["optim"],
         )
-        self.scheduler.load_state_dict(state_dict["scheduler"])
-        self.data.load_state_dict(state_dict["data"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state_dict["scheduler"])
+        if self.data is not None:
+            self.data.load_state_dict(state_dict["data"])
         self.step = int(state_dict["step"])
         _set_rng_state(state_dict[self.rng_key])
+        for name, extra in self.extras.items():
+            extra.load_state_dict(state_dict[self._extra_key(name)])

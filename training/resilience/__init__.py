@@ -1,0 +1,73 @@
+"""The kit's public resilience API (version `API_VERSION`): what a training script calls to get the kit's
+guarantees. Everything else under `training/` is private and may change between releases.
+
+    from training import resilience
+
+    def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
+        model, optimizer, scheduler, loader = ...          # your model on job.ctx.mesh, your data
+        state = resilience.TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=loader,
+                                      rank=job.ctx.rank)
+        return resilience.Session(job, state)
+
+    def train(job: resilience.Job, session: resilience.Session) -> None:
+        while session.step < job.cfg.training.steps:
+            with job.step(session) as step:                # planned faults, the step's bracket
+                loss = compute_loss(...); loss.backward()
+                with step.update():                        # optimizer + schedule: live state torn inside
+                    optimizer.step(); optimizer.zero_grad(); scheduler.step()
+                step.report(loss)                          # the one all-reduce: mean loss, drain, interval
+            # leaving the block: the step event, the heartbeat, the checkpoint if due, the drain if agreed
+
+    sys.exit(resilience.run(resilience.load_config(rest_of_argv), build=build, train=train))
+
+The public names:
+- `load_config`, `ResilienceConfig`, `ConfigError`: the typed config (run, training, checkpoint, fault,
+  inprocess), from `$KIT_CONFIG` (the Job's ConfigMap) or `--config`, with `--section.field` overrides.
+- `run`: the process's whole life: checks, process group, build, resume, train, in-process restarts, final
+  save, exit code (0 done, 78 bad config, 143 drained after the agreed step committed).
+- `Job`: the per-process parts the loop talks to (events, heartbeat, faults, drain): `job.step(session)`.
+- `Session`: one process group's state and its asynchronous, verified checkpointer (rebuilt per restart).
+- `TrainState`: a Stateful of model, optimizer, LR scheduler, data loader, RNG, step and user extras.
+- `InjectedFault`: what an `exception` fault raises (so a script's own handler can let it through).
+- `API_VERSION`.
+Heavy names (torch) load on first use, so the config can be read where torch is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from training.resilience.config import ConfigError, ResilienceConfig, load_config
+
+if TYPE_CHECKING:
+    from training.faults import InjectedFault
+    from training.resilience.job import Job
+    from training.resilience.run import run
+    from training.resilience.session import Session
+    from training.resilience.state import TrainState
+
+API_VERSION = "1.0"
+"""Semantic version of this surface: a name removed or a signature broken bumps the major number."""
+
+_LAZY = {
+    "Job": "training.resilience.job",
+    "Session": "training.resilience.session",
+    "TrainState": "training.resilience.state",
+    "run": "training.resilience.run",
+    "InjectedFault": "training.faults",
+}
+
+__all__ = [
+    "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TrainState",
+    "load_config", "run",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'training.resilience' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
