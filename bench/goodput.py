@@ -18,7 +18,8 @@ training.metrics, over the job's wall time from this process's clock (launch to 
 --quick scales the run down by 10 (200 steps, interval and schedule window scaled alike, the same 5 faults;
 torchrun's collective timeout 10 s), runs only the RESULT's mechanisms (kit, ft_launcher, torchrun: under 5
 minutes on 2 cores) and only prints. Last line:
-`RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>`.
+`RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>
+unfired=<planned faults that never fired, over those runs>`.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
 `--only kit,kit-sync` runs just those mechanisms (at either size) to look at them; it writes no doc.
 """
@@ -209,7 +210,14 @@ def result_line(results: dict[str, list[Run]]) -> str:
     def ratio(a: float | None, b: float | None) -> str:
         return "nan" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
-    return f"RESULT kit_goodput={_fmt(kit)} vs_ft_launcher={ratio(kit, ft)} vs_torchrun={ratio(kit, torch)}"
+    # A planned fault that never fired would flatter its mechanism: the RESULT says how many there were.
+    unfired = sum(
+        len(r.metrics.faults_unfired) for m in RESULT_MECHANISMS for r in results.get(m, []) if r.metrics
+    )
+    return (
+        f"RESULT kit_goodput={_fmt(kit)} vs_ft_launcher={ratio(kit, ft)} vs_torchrun={ratio(kit, torch)} "
+        f"unfired={unfired}"
+    )
 
 
 def _restarts(r: Run) -> str:

@@ -380,6 +380,8 @@ def takeaways(outcomes: Sequence[Outcome]) -> list[str]:
             f"faults recovered: kit {k.faults_recovered}/{len(k.faults)} vs torchrun baseline "
             f"{b.faults_recovered}/{len(b.faults)}; mean recovery {shown['kit']} vs {shown['torchrun']}"
         )
+        for fault in k.faults_unfired:
+            lines.append(f"kit: planned fault {fault} never fired: this demo does not prove its recovery")
         unseen = [f for f in b.faults if f.recovery_s is None]
         if unseen and not base.succeeded:
             lines.append(

@@ -81,6 +81,10 @@ class FaultMetrics:
     started after it."""
 
 
+UNFIRED = "fault_unfired"
+"""The trainer's event for a planned fault that never fired (training.resilience.job: `Job.finish`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunMetrics:
     """The design's metrics for one run (ops' cost report reads these fields)."""
@@ -142,6 +146,9 @@ class RunMetrics:
     """In-process restarts (counted once per restart, not per rank)."""
     faults_recovered: int = 0
     """Faults followed by a resume and a completed step."""
+    faults_unfired: list[str] = field(default_factory=list)
+    """Planned faults that never fired (`fault_unfired` events at the end of the run, in the fault grammar):
+    the run does not prove their recovery, and the report says so."""
     checkpoint_write_s: float = 0.0
     """Seconds of background writing (async) on the reference rank; overlaps training, not a stall."""
     events_skipped: int = 0
@@ -477,6 +484,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         restarts=restarts,
         inprocess_restarts=max(inprocess.values(), default=0),
         faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
+        faults_unfired=list(dict.fromkeys(str(e.get("fault")) for e in trainer if e["kind"] == UNFIRED)),
         checkpoint_write_s=ckpt_sum("write"),
         events_skipped=len(given) - len(evs),
         tokens_per_s=statistics.median(rates) if rates else None,

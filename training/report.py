@@ -50,7 +50,7 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("final drain", "last background save at exit", lambda m: _s(m.drain_s)),
     ("checkpoints", "committed / failed", lambda m: f"{m.checkpoints_committed} / {m.checkpoints_failed}"),
     ("efficiency", "1 - stalls / wall (study)", lambda m: _pct(m.efficiency)),
-    ("faults", "recovered / injected", lambda m: f"{m.faults_recovered} / {len(m.faults)}"),
+    ("faults", "recovered / injected", lambda m: f"{m.faults_recovered} / {len(m.faults)}" + _unfired(m)),
     ("restarts", "worker group / in-process", lambda m: f"{m.restarts} / {m.inprocess_restarts}"),
     ("recovery total", "sum over faults", lambda m: _s(m.recovery_s_total)),
     ("goodput", "steps x median step / wall (strict)", lambda m: _pct(m.goodput)),
@@ -58,6 +58,11 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("infra goodput", "study's definition", lambda m: _pct(m.infra_goodput)),
 )
 """Table rows: label, meaning, formatter. Shared by the single-run and the side-by-side tables."""
+
+
+def _unfired(m: RunMetrics) -> str:
+    """What a planned fault that never fired adds to the faults cell: the run does not prove its recovery."""
+    return f" ({len(m.faults_unfired)} planned never fired)" if m.faults_unfired else ""
 
 
 def metrics_table(m: RunMetrics, title: str = "Run metrics") -> Table:
@@ -253,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(metrics_table(m, title=f"Run metrics: {run_dir}"))
     if m.faults:
         console.print(faults_table(m))
+    for fault in m.faults_unfired:
+        console.print(f"warning: planned fault {fault} never fired: this run does not prove its recovery")
     if png is not None:
         console.print(f"timeline: {png}")
     return exitcodes.OK

@@ -29,8 +29,10 @@ def test_goodput_smoke_prints_result_and_renders_doc(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     fields = dict(re.findall(r"(\w+)=(\S+)", last))
-    assert last.startswith("RESULT ") and set(fields) == {"kit_goodput", "vs_ft_launcher", "vs_torchrun"}
+    assert last.startswith("RESULT ")
+    assert set(fields) == {"kit_goodput", "vs_ft_launcher", "vs_torchrun", "unfired"}
     assert fields.pop("vs_ft_launcher") == "nan"
+    assert fields.pop("unfired") == "0", proc.stdout[-3000:]  # every planned fault fired
     for value in fields.values():
         assert value != "-" and math.isfinite(float(value)) and float(value) > 0, proc.stdout[-3000:]
     text = doc.read_text(encoding="utf-8")

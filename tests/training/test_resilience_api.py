@@ -1,0 +1,165 @@
+"""The public resilience API (training.resilience): its surface, its layering, its config, the step protocol
+and the report of planned faults that never fired. The end-to-end proofs (a user's script under the
+launcher and the local runner with faults, bitwise equal on disk) are in tests/k8s/test_k8s_own_model.py."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import resilience
+from training.events import EventLog, read_events
+from training.faults import FaultConfig, FaultInjector
+from training.metrics import load_run_metrics
+from training.report import metrics_table
+
+REPO = Path(__file__).resolve().parents[2]
+RESILIENCE = REPO / "training" / "resilience"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_the_public_surface_is_small_and_every_name_resolves() -> None:
+    assert len(resilience.__all__) < 12
+    for name in resilience.__all__:
+        assert getattr(resilience, name) is not None
+    assert resilience.API_VERSION.split(".")[0] == "1"
+    with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
+        resilience.Trainer  # noqa: B018
+
+
+def test_the_kit_trainer_reaches_resilience_only_through_the_public_api() -> None:
+    private = ("training.checkpoint", "training.faults", "training.heartbeat", "training.events",
+               "training.inprocess", "training.distributed", "training.resilience.")  # fmt: skip
+    used = _imports(REPO / "training" / "train.py")
+    assert "training.resilience" in used
+    assert not [name for name in used if name.startswith(private)], used
+
+
+def test_the_resilience_package_knows_no_model_data_or_loop() -> None:
+    kit = ("training.model", "training.data", "training.train", "training.shapes", "training.config",
+           "training.memory_plan", "transformers")  # fmt: skip
+    for path in RESILIENCE.glob("*.py"):
+        assert not [name for name in _imports(path) if name.startswith(kit)], path.name
+
+
+def test_reading_the_config_imports_no_torch() -> None:
+    code = "import sys; from training import resilience; resilience.load_config(['--run.id', 'x']); "
+    code += "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_load_config_reads_the_jobs_file_then_the_scripts_leftover_options(tmp_path: Path) -> None:
+    job_file = tmp_path / "kit.yaml"
+    job_file.write_text(
+        "run: {id: from-file, root: /fsx/runs}\ncheckpoint: {interval: 7}\n", encoding="utf-8"
+    )
+    env = {"KIT_CONFIG": str(job_file)}
+    cfg = resilience.load_config(["--checkpoint.interval", "9"], env=env)
+    assert (cfg.run.id, cfg.run.root, cfg.checkpoint.interval) == ("from-file", "/fsx/runs", 9)
+    job_file.write_text("run: {id: x}\nmodel: {name: tiny}\n", encoding="utf-8")
+    with pytest.raises(resilience.ConfigError, match="unknown config section 'model'; valid sections: run, "):
+        resilience.load_config([], env=env)
+    with pytest.raises(resilience.ConfigError, match=r"run\.id is required"):
+        resilience.load_config([], env={})
+    with pytest.raises(resilience.ConfigError, match="targets rank 3 but the world size is 2"):
+        resilience.load_config(
+            ["--run.id", "x", "--fault.spec", "kill:step=2:rank=3"], env={"WORLD_SIZE": "2"}
+        )
+    with pytest.raises(resilience.ConfigError, match="unknown option --lr"):
+        resilience.load_config(["--run.id", "x", "--lr", "3"], env={})
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.n = state["n"]
+
+
+def _session(tmp_path: Path) -> tuple[resilience.Job, resilience.Session, _Counter]:
+    from training.distributed import DistContext
+
+    cfg = resilience.load_config(["--run.id", "api", "--run.root", str(tmp_path), "--checkpoint.mode", "off"])
+    job = resilience.Job(cfg)
+    job.ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",
+                          timeout=__import__("datetime").timedelta(seconds=5))  # fmt: skip
+    model = torch.nn.Linear(2, 1)
+    counter = _Counter()
+    state = resilience.TrainState(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data=counter, rank=0,
+        extras={"counter": _Counter()},
+    )  # fmt: skip
+    return job, resilience.Session(job, state), counter
+
+
+def test_a_step_without_its_update_is_refused_and_a_full_one_is_counted(tmp_path: Path) -> None:
+    job, session, data = _session(tmp_path)
+    missing = r"step 1: the block ended without `with step.update\(\):`"
+    with pytest.raises(RuntimeError, match=missing), job.step(session):
+        data.n += 1
+    assert session.step == 0
+    with job.step(session) as step:
+        with step.update():
+            session.optimizer.step()
+        assert step.report(torch.tensor(2.5)) == 2.5
+    assert session.step == 1 and step.number == 1 and step.loss == 2.5
+    steps = [e for e in read_events(job.cfg.run.run_dir) if e["kind"] == "step"]
+    assert [(e["step"], e["loss"]) for e in steps] == [(1, 2.5)]
+    job.close()
+
+
+def test_a_failed_step_rewinds_the_data_loader_and_the_extras(tmp_path: Path) -> None:
+    job, session, data = _session(tmp_path)
+    extra = session.state.extras["counter"]
+    session.state.begin_step()
+    data.n, extra.n = 5, 7
+    assert session.state.live_step() == 0  # failed before its update: rewound
+    assert (data.n, extra.n) == (0, 0)
+    assert set(session.state.state_dict()) >= {"data", "extra.counter.rank0", "rng.rank0", "step", "model"}
+    job.close()
+
+
+def test_a_planned_fault_that_never_fired_is_in_the_events_and_the_report(tmp_path: Path) -> None:
+    run_dir = tmp_path / "unfired"
+    events = EventLog(run_dir, role="trainer", rank=0)
+    cfg = FaultConfig(spec="exception:step=2:rank=0,kill:step=9:rank=1")
+    injector = FaultInjector(cfg, rank=0, world_size=2, max_steps=10, events=events, run_dir=run_dir)
+    with pytest.raises(resilience.InjectedFault):
+        injector.maybe_inject(2)
+    assert [str(f) for f in injector.unfired()] == ["kill:step=9:rank=1"]  # every rank's plan, by marker
+    for kind, fields in (
+        ("start", {"world_size": 2}),
+        ("step", {"step": 1, "duration_s": 0.1, "t_start": 1.0}),
+        ("fault_unfired", {"fault": "kill:step=9:rank=1", "step": 1}),
+        ("end", {"step": 1}),
+    ):
+        events.emit(kind, **fields)  # fmt: skip
+    events.close()
+    m = load_run_metrics(run_dir)
+    assert m.faults_unfired == ["kill:step=9:rank=1"]
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(metrics_table(m))
+    assert "(1 planned never fired)" in console.export_text()
