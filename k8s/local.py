@@ -332,7 +332,10 @@ class LocalRunner:
         name = f"{self.job.name}-{index}-{suffix}"
         record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self._host_env(), **self.pod_env(index, name)}
+        host, pod = self._host_env(), self.pod_env(index, name)
+        env = {**host, **pod}
+        if "PYTHONPATH" in pod:  # ENV.PYTHONPATH replaces the image's /app (the kit); here the repo is it
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [pod["PYTHONPATH"], host["PYTHONPATH"]]))
         proc = self._popen(self.pod_argv(env), env, record)
         with self._lock:
             self._procs[index] = proc

@@ -47,6 +47,10 @@ TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
     }
 )
 
+RESILIENCE_SECTIONS: tuple[str, ...] = ("run", "training", "checkpoint", "fault", "inprocess")
+"""The config sections a script's resilience API reads (training.resilience.load_config); with ENTRYPOINT
+the ConfigMap holds only these. model, data and optim are the kit trainer's own."""
+
 # Env names the launcher or the Job controller own. Users may not set them (kubeflow trainer's rule).
 RESERVED_ENV: frozenset[str] = frozenset(
     {
@@ -129,7 +133,11 @@ class JobValues:
     efa_per_node: int | None = None
     """EFA devices each pod requests. None: all of the instance's; any other number is an error."""
     image: str = ""
-    """Trainer image. Empty: <EcrRepositoryUri>:<image_tag> from the stack outputs. Required on EKS."""
+    """Container image of the trainer pods and the rendezvous store: the kit's, or your own built FROM it
+    (it must keep the kit's training/ package: the launcher and the store run from it), written
+    [REGISTRY[:PORT]/]PATH[:TAG][@sha256:DIGEST] with a lower-case path, e.g.
+    123456789012.dkr.ecr.us-east-2.amazonaws.com/my-train:v1. Empty: <EcrRepositoryUri>:<image_tag> from the
+    stack outputs. Required on EKS."""
     image_tag: str = "latest"
     """Tag appended to the ECR repository when `image` is empty (`make image` pushes this tag)."""
     image_pull_policy: PullPolicy = "IfNotPresent"
@@ -184,6 +192,15 @@ class JobValues:
     """Seconds over which NODE_FAILURE_LIMIT counts a node's failures."""
 
     # -- trainer (contract 4; None leaves the trainer's own default) --
+    entrypoint: str = ""
+    """Your training command instead of the kit's trainer, one string split as a shell would (quotes, no
+    expansion): "python -m myproject.train --cfg x" (a module), "python train.py --steps 20" (a script,
+    relative to the image's working directory; the repository root locally) or "bash run.sh" (any program).
+    The launcher runs it on every rank; it gets no --config: the kit's resilience config is the file
+    $KIT_CONFIG (training.resilience.load_config() reads it), which then holds only the run, training,
+    checkpoint, fault and inprocess sections, so MODEL, DATA_KIND, DATA_PATH, SEQ_LEN, BATCH_SIZE and
+    TRAIN.model/data/optim.* are refused. Later words may use $(VAR) of the pod's env (Kubernetes expands
+    it; $$ is a literal $). Empty: the kit's trainer (python -m training.train --config $KIT_CONFIG)."""
     model: ModelName | None = None
     """Model: tiny, small or llama3.1-8b. None: the profile's (p5/p4d llama3.1-8b, g5 small, local tiny)."""
     data_kind: DataKind = "synthetic"

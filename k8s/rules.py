@@ -7,6 +7,7 @@ Kubernetes naming rules come from `k8s.names`, derived numbers from `k8s.derived
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import typing
@@ -23,6 +24,7 @@ from k8s.derived import (
     staging_gib,
     world_size,
 )
+from k8s.entrypoint import IMAGE_TAG, image_problem, parse_entrypoint, shown
 from k8s.model import (
     FSX_MOUNT,
     KEEP_ALIVE_ATTEMPTS_MAX,
@@ -97,6 +99,8 @@ def check_fields(v: JobValues) -> None:
             f"letter or digit, at most {RUN_ID_MAX} characters (e.g. llama-4n-async)",
         )
     _check_names(v)
+    _check_image(v)
+    _check_entrypoint(v)
     if v.nodes < 1:
         _fail("NODES", v.nodes, "must be at least 1")
     if v.spares < 0:
@@ -184,6 +188,51 @@ def check_fields(v: JobValues) -> None:
         _fail(
             "DATA_PATH", v.data_path, "is only used with DATA_KIND=shards; remove it or set DATA_KIND=shards"
         )
+
+
+def _check_image(v: JobValues) -> None:
+    if v.image and (problem := image_problem(v.image)):
+        _fail("IMAGE", shown(v.image), problem)
+    if not IMAGE_TAG.fullmatch(v.image_tag):
+        _fail(
+            "IMAGE_TAG",
+            shown(v.image_tag) or "''",
+            "a Docker tag is letters, digits, '_', '.', '-' (at most 128, not starting with '.' or '-')",
+        )
+
+
+# Values only the kit's trainer reads (model, data, optim sections): (field, what a user's script chooses).
+_KIT_TRAINER_VALUES: tuple[tuple[str, str], ...] = (
+    ("model", "its model"),
+    ("data_kind", "its data"),
+    ("data_path", "its data"),
+    ("seq_len", "its data"),
+    ("batch_size", "its data"),
+)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobValues)}
+_KIT_TRAINER_SECTIONS = {"model": "its model", "data": "its data", "optim": "its optimizer"}
+
+
+def _check_entrypoint(v: JobValues) -> None:
+    """ENTRYPOINT's own rules (`k8s.entrypoint`), then the kit trainer's values it leaves without a reader."""
+    if parse_entrypoint(v.entrypoint) is None:
+        return
+    fix = "drop it, or drop ENTRYPOINT to train with the kit's trainer"
+    for name, what in _KIT_TRAINER_VALUES:
+        value = getattr(v, name)
+        if value != _DEFAULTS[name]:
+            _fail(
+                _key_label(name),
+                value,
+                f"is the kit trainer's; with ENTRYPOINT your script chooses {what}: {fix}",
+            )
+    for section, what in _KIT_TRAINER_SECTIONS.items():
+        for name, value in v.train.get(section, {}).items():
+            _fail(
+                f"TRAIN.{section}.{name}",
+                value,
+                f"is the kit trainer's; with ENTRYPOINT your script chooses {what}: {fix}",
+            )
 
 
 # (field, rule, what the name becomes): every user-chosen name that lands in a manifest.
@@ -329,8 +378,10 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"hot spares need LAUNCHER=kit ({v.launcher} is a baseline and keeps its own set-up); "
             "use SPARES=0 or LAUNCHER=kit",
         )
+    # With ENTRYPOINT the checkpoint's size is the script's: the kit sizes /dev/shm and the grace period as
+    # for the profile's default model and leaves SHM_GIB and TERMINATION_GRACE_S to the user, unchecked.
     needed = grace_needed_s(v)
-    if v.termination_grace_s is not None and v.termination_grace_s < needed:
+    if v.termination_grace_s is not None and v.termination_grace_s < needed and not v.entrypoint:
         _fail(
             "TERMINATION_GRACE_S",
             v.termination_grace_s,
@@ -379,7 +430,7 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
     memory = profile.memory_gib
     if shm > memory // 2:
         _fail("SHM_GIB", shm, f"is more than half the pod's {memory} GiB memory (the shm counts against it)")
-    if v.checkpoint_mode == "async" and shm < staging_gib(v):
+    if v.checkpoint_mode == "async" and shm < staging_gib(v) and not v.entrypoint:
         _fail(
             "SHM_GIB",
             shm,

@@ -21,7 +21,16 @@ from k8s.derived import (
     termination_grace_s,
     world_size,
 )
-from k8s.model import FSX_MOUNT, RUNS_ROOT, SYSTEM_NODE_LABELS, TRAINER_FIELDS, JobValues, ValuesError
+from k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
+from k8s.model import (
+    FSX_MOUNT,
+    RESILIENCE_SECTIONS,
+    RUNS_ROOT,
+    SYSTEM_NODE_LABELS,
+    TRAINER_FIELDS,
+    JobValues,
+    ValuesError,
+)
 from k8s.profiles import get_profile
 
 CONFIG_DIR = "/etc/kit"
@@ -75,6 +84,8 @@ class JobSpec:
     volume_mounts: list[dict[str, Any]]
     config_yaml: str
     config_sha256: str
+    config_comment: str
+    """The ConfigMap's first comment: who reads the config (the kit's trainer, or ENTRYPOINT's script)."""
     pv: dict[str, Any] | None
     pvc: dict[str, Any] | None
     backoff_limit_per_index: int
@@ -153,7 +164,16 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
     for section, fields in v.train.items():
         config[section].update(fields)
     cleaned = {s: {k: x for k, x in f.items() if x is not None} for s, f in config.items()}
-    return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s]}
+    # A user's ENTRYPOINT reads only the resilience sections (the rules refuse model/data/optim values).
+    sections = RESILIENCE_SECTIONS if v.entrypoint else TRAINER_FIELDS
+    return {s: cleaned[s] for s in TRAINER_FIELDS if cleaned[s] and s in sections}
+
+
+CONFIG_COMMENTS = {
+    False: "Trainer config (contract 4): the container reads it with --config; the pods carry its sha256.",
+    True: "Resilience config (run, training, checkpoint, fault, inprocess): ENTRYPOINT's script reads it "
+    "from $KIT_CONFIG (training.resilience.load_config); the pods carry its sha256.",
+}
 
 
 def node_failure_limit(v: JobValues) -> int:
@@ -183,9 +203,16 @@ def efa_devices(v: JobValues) -> int:
 # (parent 0), forwards SIGTERM to the launcher, so a drain still reaches it; outside a container (the local
 # runner signals the pod's process group) the launcher got it already. No `$(` and no `$$` in the scripts:
 # Kubernetes would expand those.
-WORKER_WRAPPER = (
-    'trap : TERM; python "$@"; rc=$?; if [ "$rc" -eq 78 ]; then : > "$KIT_EXIT78_MARK"; fi; exit "$rc"'
-)
+def _worker_wrapper(run: str) -> str:
+    return f'trap : TERM; {run}"$@"; rc=$?; if [ "$rc" -eq 78 ]; then : > "$KIT_EXIT78_MARK"; fi; exit "$rc"'
+
+
+WORKER_WRAPPER = _worker_wrapper("python ")
+"""Runs `python ARGS...` (a module or a script: the kit's trainer, or ENTRYPOINT's)."""
+PROGRAM_WRAPPER = _worker_wrapper("")
+"""Runs `PROGRAM ARGS...` (an ENTRYPOINT that is not python): the same trap and exit-78 mark."""
+
+
 POD_WRAPPER = (
     f'KIT_EXIT78_MARK="${{TMPDIR:-/tmp}}/kit-exit78-${{POD_NAME:-pod}}"; export {EXIT78_MARK_ENV}; '
     'rm -f "$KIT_EXIT78_MARK"; '
@@ -199,8 +226,24 @@ POD_WRAPPER = (
 )
 
 
+def worker_target(v: JobValues, *, config_path: str) -> list[str]:
+    """What the launcher starts on every rank, in its own flags: `-m mod args`, `script args` or
+    `--no-python prog args` (kit launcher); torchrun and ft_launcher start the worker wrapper instead
+    (`--no-python sh -c WRAPPER kit-worker ...`), which runs python with the module or script, or the
+    program itself, and keeps its exit 78."""
+    entry = parse_entrypoint(v.entrypoint) or Entrypoint(
+        kind="module", target=KIT_TRAINER_MODULE, args=("--config", config_path)
+    )
+    python = [*(["-m"] if entry.kind == "module" else []), entry.target, *entry.args]
+    if v.launcher == "kit":
+        return ["--no-python", entry.target, *entry.args] if entry.kind == "program" else python
+    wrapper = PROGRAM_WRAPPER if entry.kind == "program" else WORKER_WRAPPER
+    return ["--no-python", "sh", "-c", wrapper, "kit-worker", *python]
+
+
 def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_dir: str) -> list[str]:
-    """The container's argv: launcher flags (contract 4, torchrun names), then the trainer and config.
+    """The container's argv: launcher flags (contract 4, torchrun names), then the worker's target: the
+    kit's trainer and its config, or ENTRYPOINT (`worker_target`).
 
     The kit launcher exits 78 itself when a worker did; torchrun and ft_launcher run inside the two
     wrappers above (`--no-python` starts the worker wrapper instead of python), so they keep it too.
@@ -208,11 +251,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
     nnodes, nproc, port = v.nodes, procs_per_node(v), v.rdzv_port
     restarts = max_restarts(v)
     store_host = rdzv_store_host(v.run_id, v.namespace)
-    if v.launcher == "kit":
-        trainer = ["-m", "training.train", "--config", config_path]
-    else:
-        trainer = ["--no-python", "sh", "-c", WORKER_WRAPPER, "kit-worker", "-m", "training.train"]
-        trainer += ["--config", config_path]
+    trainer = worker_target(v, config_path=config_path)
     pod = ["sh", "-c", POD_WRAPPER, "kit-pod"]
     if v.launcher == "kit":
         cmd = [
@@ -388,7 +427,10 @@ def _storage(v: JobValues) -> tuple[str, dict[str, Any] | None, dict[str, Any] |
 
 
 def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
-    """The store pod's Deployment and Service context; None for the baselines (their store is pod 0's)."""
+    """The store pod's Deployment and Service context; None for the baselines (their store is pod 0's).
+
+    It runs the trainer pods' image (IMAGE, the user's one too: it is built FROM the kit's), so the store
+    and the launchers that talk to it always come from the same kit code."""
     if v.launcher != "kit":
         return None
     name = f"{v.run_id}{RDZV_STORE_SUFFIX}"
@@ -486,6 +528,7 @@ def job_spec(v: JobValues) -> JobSpec:
         ],
         config_yaml=config_yaml,
         config_sha256=digest,
+        config_comment=CONFIG_COMMENTS[bool(v.entrypoint)],
         pv=pv,
         pvc=pvc,
         backoff_limit_per_index=v.backoff_limit_per_index,

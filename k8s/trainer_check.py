@@ -24,12 +24,20 @@ CHECK_TIMEOUT_S = 120.0
 
 
 def check_trainer_config(
-    config_yaml: str, *, memory: tuple[int, int, int, int] | None = None, python: str = sys.executable
+    config_yaml: str,
+    *,
+    memory: tuple[int, int, int, int] | None = None,
+    plan: bool = True,
+    python: str = sys.executable,
 ) -> str | None:
     """Raise ValuesError with the trainer's message if it would refuse `config_yaml`; with `memory`
-    (world size, ranks per node, GPU MiB (0: CPU), pod memory MiB) also check the trainer's memory plan
-    for that job and return the plan's line."""
-    extra = ["--memory", ",".join(map(str, memory))] if memory else []
+    (world size, ranks per node, GPU MiB (0: CPU), pod memory MiB) check it in that job's world and, unless
+    `plan` is False, also check the trainer's memory plan for that job and return the plan's line.
+
+    With ENTRYPOINT the config holds only the resilience sections: the same loader checks them (the kit
+    trainer's own sections keep their defaults, which pass), and `plan=False` leaves out the memory plan,
+    which is about the kit trainer's model, not the script's."""
+    extra = ["--memory", ",".join(map(str, memory))] if memory and plan else []
     with tempfile.TemporaryDirectory(prefix="kit-check-") as tmp:
         path = Path(tmp) / "train.yaml"
         path.write_text(config_yaml, encoding="utf-8")

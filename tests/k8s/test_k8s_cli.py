@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,6 +138,32 @@ BAD_INPUT = [
         "error: PRIORITY_CLASS=High: a PriorityClass name must be a DNS-1123 subdomain",
     ),
     (["render", "RUN_ID=t", "ENV.RANK=3"], 2, "error: ENV.RANK=3: is set by the kit or the launcher"),
+    (
+        ["render", "ENTRYPOINT=python t.py", "ENTRYPOINT=python u.py"],
+        2,
+        "error: ENTRYPOINT is given twice (ENTRYPOINT=python t.py, then ENTRYPOINT=python u.py); give each key once",
+    ),
+    (
+        ["render", "ENTRYPOINT=python t.py", "--entrypoint", "python u.py"],
+        2,
+        "error: ENTRYPOINT is given twice (ENTRYPOINT=python t.py, then ENTRYPOINT=python u.py)",
+    ),
+    (
+        ["local", "ENTRYPOINT=python -m", "DRY_RUN=1"],
+        2,
+        "error: ENTRYPOINT=python -m: python -m needs a module name",
+    ),
+    (
+        ["local", "--entrypoint", "--foo", "DRY_RUN=1"],
+        2,
+        "error: argument --entrypoint: expected one argument",
+    ),
+    (
+        ["local", "--entrypoint=--foo", "DRY_RUN=1"],
+        2,
+        "error: ENTRYPOINT=--foo: starts with an option (--foo)",
+    ),
+    (["local", "IMAGE=Kit Trainer", "DRY_RUN=1"], 2, "error: IMAGE=Kit Trainer: is not an image reference"),
 ]
 
 
@@ -389,6 +416,104 @@ def test_k8s_cli_trainer_rules_run_before_anything_is_applied(
                    extra_env={"FAKE_LOG": str(log)})  # fmt: skip
     assert (proc.returncode, proc.stderr) == (2, message)
     assert not log.exists() and not (tmp_path / "build").exists()
+
+
+# Each rule of ENTRYPOINT and IMAGE through `apply ... DRY_RUN=1` and a real apply: one line, exit 2, nothing
+# written or applied (tests/k8s/test_k8s_entrypoint.py has every rule's exact text).
+ENTRYPOINT_REFUSED = [
+    (
+        ["ENTRYPOINT=python train.py --name 'a b"],
+        "error: ENTRYPOINT=python train.py --name 'a b: is not a command line (No closing quotation)",
+    ),
+    (["ENTRYPOINT=''"], "error: ENTRYPOINT='': names no program"),
+    (
+        ["ENTRYPOINT=python t.py\udcff"],
+        "error: override ENTRYPOINT=python t.py\\udcff holds bytes that are not UTF-8",
+    ),
+    (["ENTRYPOINT=--foo"], "error: ENTRYPOINT=--foo: starts with an option (--foo)"),
+    (["ENTRYPOINT=$(PY) t.py"], "error: ENTRYPOINT=$(PY) t.py: the program '$(PY)' holds '$('"),
+    (["ENTRYPOINT=python -m"], "error: ENTRYPOINT=python -m: python -m needs a module name"),
+    (
+        ["ENTRYPOINT=python -m my-pkg.train"],
+        "error: ENTRYPOINT=python -m my-pkg.train: -m my-pkg.train: a module name is dotted",
+    ),
+    (
+        ["ENTRYPOINT=python -m my.train", "MODEL=small"],
+        "error: MODEL=small: is the kit trainer's; with ENTRYPOINT your script chooses its model",
+    ),
+    (
+        ["ENTRYPOINT=python -m my.train", "TRAIN.optim.lr=1e-4"],
+        "error: TRAIN.optim.lr=0.0001: is the kit trainer's",
+    ),
+    (
+        ["IMAGE=reg.example/My-Train:v1"],
+        "error: IMAGE=reg.example/My-Train:v1: is not an image reference [REGISTRY[:PORT]/]PATH[:TAG][@sha256:<64 hex>]",
+    ),
+    (
+        ["IMAGE=reg.example/train@sha256:123"],
+        "error: IMAGE=reg.example/train@sha256:123: is not an image reference",
+    ),
+]
+
+
+# Every row as DRY_RUN=1; a few as a real apply too (the same check runs before kubectl either way).
+_REFUSED_CASES = [(*row, True) for row in ENTRYPOINT_REFUSED] + [
+    (*ENTRYPOINT_REFUSED[i], False) for i in (0, 4, 8, 10)
+]
+
+
+@pytest.mark.parametrize(("items", "message", "dry_run"), _REFUSED_CASES,
+                         ids=[f"{'dry' if d else 'apply'}:{i[-1][:30]}" for i, _, d in _REFUSED_CASES])  # fmt: skip
+def test_k8s_cli_bad_entrypoint_or_image_applies_nothing(
+    items: list[str], message: str, dry_run: bool, tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    path, log = fake_kubectl
+    proc = run_cli("apply", "RUN_ID=r8", f"OUTPUTS={outputs_file}", *items, *(["DRY_RUN=1"] if dry_run else []),
+                   cwd=tmp_path, path=path, extra_env={"FAKE_LOG": str(log)})  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(message) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not log.exists() and not (tmp_path / "build").exists()
+
+
+def test_k8s_cli_renders_a_users_entrypoint_and_image(tmp_path: Path, outputs_file: Path) -> None:
+    image = "123456789012.dkr.ecr.us-east-2.amazonaws.com/my-train:v1"
+    proc = run_cli("apply", "RUN_ID=r9", f"OUTPUTS={outputs_file}", "DRY_RUN=1", f"IMAGE={image}",
+                   "ENTRYPOINT=python -m myproject.train --cfg 'a b'", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "build" / "k8s" / "r9"
+    job = yaml.safe_load((out / "06-job.yaml").read_text())
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == image and container["command"][-4:] == [
+        "-m",
+        "myproject.train",
+        "--cfg",
+        "a b",
+    ]
+    store = yaml.safe_load((out / "05-rdzv-store.yaml").read_text())
+    assert store["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    config = yaml.safe_load(yaml.safe_load((out / "04-configmap.yaml").read_text())["data"]["train.yaml"])
+    assert set(config) == {"run", "training", "checkpoint", "inprocess"}
+    assert "memory plan" not in proc.stdout  # the kit trainer's model's plan: not the script's
+
+
+def test_k8s_make_passes_an_entrypoint_with_spaces_and_quotes(tmp_path: Path) -> None:
+    """make escapes the spaces of `ENTRYPOINT="..."` in $(MAKEOVERRIDES); the recipe's shell hands the CLI one
+    argument, and shlex splits it as the user wrote it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("ENTRYPOINT", None)
+    proc = _make(tmp_path, "train-local", "RUN_ID=mk", "DRY_RUN=1", f"OUT={tmp_path / 'out'}",
+                 "ENTRYPOINT=python examples/hf_llama/train.py --steps 20 --name 'a b'", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = yaml.safe_load((tmp_path / "out" / "06-job.yaml").read_text())
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-5:] == ["examples/hf_llama/train.py", "--steps", "20", "--name", "a b"]
+    twice = _make(tmp_path, "train-local", "RUN_ID=mk", "DRY_RUN=1", "ENTRYPOINT=python a.py",
+                  "ENTRYPOINT=python b.py", env=env)  # fmt: skip
+    assert twice.returncode == 2 and twice.stderr.startswith(
+        "error: ENTRYPOINT is given twice on the make command line (ENTRYPOINT=python a.py, then "
+        "ENTRYPOINT=python b.py)"
+    ), twice.stderr
 
 
 def test_k8s_cli_trainer_fields_k8s_does_not_list_still_pass(tmp_path: Path) -> None:

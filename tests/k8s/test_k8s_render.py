@@ -16,7 +16,7 @@ import yaml
 from k8s.local import LocalRunner, load_job
 from k8s.outputs import merge_stack_outputs
 from k8s.render import Manifest, environment, render, write
-from k8s.spec import POD_WRAPPER, WORKER_WRAPPER
+from k8s.spec import POD_WRAPPER, PROGRAM_WRAPPER, WORKER_WRAPPER
 from k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
 from k8s.values import build_values
 
@@ -135,6 +135,7 @@ def _render_local(nodes: int) -> list[Manifest]:
 
 
 # (overrides, manifest kind, path, expected): one render test per value, asserted on parsed YAML by path.
+ECR_DIGEST = "123456789012.dkr.ecr.us-east-2.amazonaws.com/team/my-train:v1@sha256:" + "ab" * 32
 JOB = "spec.template.spec"
 C0 = f"{JOB}.containers.0"
 PER_VALUE = [
@@ -145,6 +146,11 @@ PER_VALUE = [
     (["SERVICE_ACCOUNT=trainer"], "Job", f"{JOB}.serviceAccountName", "trainer"),
     (["SERVICE_ACCOUNT=trainer"], "ServiceAccount", "metadata.name", "trainer"),
     (["IMAGE=reg.example/kit:9"], "Job", f"{C0}.image", "reg.example/kit:9"),
+    (["IMAGE=reg.example/kit:9"], "Deployment", f"{JOB}.containers.0.image", "reg.example/kit:9"),
+    ([f"IMAGE={ECR_DIGEST}"], "Job", f"{C0}.image", ECR_DIGEST),
+    (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-2", "-m"),
+    (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-1", "my.train"),
+    ([], "Job", f"{C0}.command.-3", "training.train"),
     (["IMAGE_PULL_POLICY=Always"], "Job", f"{C0}.imagePullPolicy", "Always"),
     (["BACKOFF_LIMIT_PER_INDEX=0"], "Job", "spec.backoffLimitPerIndex", 0),
     (["BACKOFF_LIMIT_PER_INDEX=7"], "Job", "spec.backoffLimitPerIndex", 7),
@@ -194,7 +200,7 @@ def _dotted(obj: Any, path: str) -> Any:
                          ids=[f"{o[0] if o else 'default'}:{p}" for o, _, p, _ in PER_VALUE])  # fmt: skip
 def test_k8s_each_value_lands_at_its_path(overrides: list[str], kind: str, path: str, expected: Any) -> None:
     manifests = _render(["RUN_ID=t", *overrides])
-    assert _dotted(_obj(manifests, kind), path) == expected
+    assert _dotted(_obj(manifests, kind, store=kind == "Deployment"), path) == expected
 
 
 ENV_VALUES = [
@@ -260,6 +266,43 @@ TRAINER = [
     (["TRAIN.optim.lr=0.0002"], "optim", {"lr": 0.0002}),
     (["SEQ_LEN=2048", "BATCH_SIZE=1"], "data", {"kind": "synthetic", "seq_len": 2048, "batch_size": 1}),
 ]
+
+
+RESILIENCE = {"run", "training", "checkpoint", "fault", "inprocess"}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["ENTRYPOINT=python -m my.train", "STEPS=50", "SEED=3", "FAULT_SPEC=kill:step=5:rank=1",
+         "INPROCESS=1", "CHECKPOINT_INTERVAL=10", "TRAIN.checkpoint.interval_max=400"],
+        ["ENTRYPOINT=bash run.sh", "PROFILE=local"],
+    ],
+    ids=["module-p5", "program-local"],
+)  # fmt: skip
+def test_k8s_entrypoint_config_holds_only_the_resilience_sections(overrides: list[str]) -> None:
+    """A user's script reads $KIT_CONFIG with the resilience API: run, training, checkpoint, fault and
+    inprocess, every value given; the kit trainer's model, data and optim sections are left out."""
+    manifests = _render(["RUN_ID=t", *overrides])
+    configmap = _obj(manifests, "ConfigMap")
+    config = yaml.safe_load(configmap["data"]["train.yaml"])
+    assert set(config) <= RESILIENCE and {"run", "checkpoint", "inprocess"} <= set(config)
+    assert config["run"] == {"id": "t", "root": "/fsx/runs", **({"seed": 3} if "SEED=3" in overrides else {})}
+    if "STEPS=50" in overrides:
+        assert config["training"] == {"steps": 50, "efa_devices": 32}
+        assert config["fault"] == {"spec": "kill:step=5:rank=1"}
+        assert config["checkpoint"] == {"mode": "async", "interval": 10, "interval_max": 400}
+        assert config["inprocess"] == {"enabled": True}
+    text = next(m.text for m in manifests if m.obj["kind"] == "ConfigMap")
+    assert text.startswith("# Resilience config (run, training, checkpoint, fault, inprocess): ENTRYPOINT's")
+    assert _env(manifests)["KIT_CONFIG"] == "/etc/kit/train.yaml"
+    assert "--config" not in _container(manifests)["command"]
+
+
+def test_k8s_default_configmap_is_the_kit_trainers() -> None:
+    text = next(m.text for m in _render(["RUN_ID=t"]) if m.obj["kind"] == "ConfigMap")
+    assert text.startswith("# Trainer config (contract 4): the container reads it with --config;")
+    assert {"model", "data"} <= set(yaml.safe_load(yaml.safe_load(text)["data"]["train.yaml"]))
 
 
 @pytest.mark.parametrize(("overrides", "section", "expected"), TRAINER,
@@ -362,6 +405,67 @@ LAUNCH = [
 @pytest.mark.parametrize(("overrides", "argv"), LAUNCH, ids=["kit", "ft_launcher", "torchrun"])
 def test_k8s_launcher_command_lines(overrides: list[str], argv: list[str]) -> None:
     assert _container(_render(overrides))["command"] == argv
+
+
+PROGRAM = ["--no-python", "sh", "-c", PROGRAM_WRAPPER, "kit-worker"]
+# (launcher, ENTRYPOINT, what follows the launcher's own flags): python's module and script forms become the
+# launcher's `-m mod` / `script`; any other program runs with --no-python (torchrun and ft_launcher: inside
+# the worker wrapper, which keeps exit 78: python's for modules and scripts, the program's own otherwise).
+ENTRYPOINTS = [
+    ("kit", "python -m myproject.train --cfg x", ["-m", "myproject.train", "--cfg", "x"]),
+    ("kit", "python3 -u -m myproject.train", ["-m", "myproject.train"]),
+    ("kit", "python3.11 -mmyproject.train --lr=3e-4", ["-m", "myproject.train", "--lr=3e-4"]),
+    ("kit", "python examples/hf_llama/train.py --steps 20", ["examples/hf_llama/train.py", "--steps", "20"]),
+    ("kit", "python train.py --name 'a b' ''", ["train.py", "--name", "a b", ""]),
+    ("kit", "python train.py --out $(RUN_DIR)/x", ["train.py", "--out", "$(RUN_DIR)/x"]),
+    ("kit", "bash run.sh --x 1", ["--no-python", "bash", "run.sh", "--x", "1"]),
+    ("kit", "/opt/x/train", ["--no-python", "/opt/x/train"]),
+    (
+        "kit",
+        "/opt/venv/bin/python -X dev -m m",
+        ["--no-python", "/opt/venv/bin/python", "-X", "dev", "-m", "m"],
+    ),
+    ("torchrun", "python -m myproject.train --cfg x", [*WORKER, "-m", "myproject.train", "--cfg", "x"]),
+    ("torchrun", "python train.py --steps 20", [*WORKER, "train.py", "--steps", "20"]),
+    ("torchrun", "bash run.sh --x 1", [*PROGRAM, "bash", "run.sh", "--x", "1"]),
+    ("ft_launcher", "python -m myproject.train", [*WORKER, "-m", "myproject.train"]),
+    ("ft_launcher", "/opt/x/train a", [*PROGRAM, "/opt/x/train", "a"]),
+]
+
+
+@pytest.mark.parametrize(("launcher", "entrypoint", "target"), ENTRYPOINTS,
+                         ids=[f"{launcher}:{e}" for launcher, e, _ in ENTRYPOINTS])  # fmt: skip
+def test_k8s_entrypoint_becomes_the_launchers_target(
+    launcher: str, entrypoint: str, target: list[str]
+) -> None:
+    default = _container(_render(["RUN_ID=r1", f"LAUNCHER={launcher}"]))["command"]
+    flags = default[: len(default) - (4 if launcher == "kit" else 9)]  # less the kit trainer's target
+    command = _container(_render(["RUN_ID=r1", f"LAUNCHER={launcher}", f"ENTRYPOINT={entrypoint}"]))[
+        "command"
+    ]
+    assert command == flags + target
+
+
+def test_k8s_program_wrapper_differs_from_the_python_one_only_in_what_it_runs() -> None:
+    assert PROGRAM_WRAPPER == WORKER_WRAPPER.replace('python "$@"', '"$@"') != WORKER_WRAPPER
+
+
+@pytest.mark.parametrize("launcher", ["kit", "ft_launcher", "torchrun"])
+@pytest.mark.parametrize("entrypoint", ["python -m my.train --cfg x", "python t.py", "bash run.sh"])
+def test_k8s_every_launcher_with_an_entrypoint_is_valid(
+    launcher: str, entrypoint: str, stack_outputs: dict
+) -> None:
+    outputs = merge_stack_outputs(stack_outputs)
+    overrides = [
+        "RUN_ID=t",
+        "NODES=2",
+        f"LAUNCHER={launcher}",
+        f"ENTRYPOINT={entrypoint}",
+        f"IMAGE={ECR_DIGEST}",
+    ]
+    manifests = _render(overrides, outputs=outputs)
+    validate(manifests, versions=SCHEMA_VERSIONS)
+    assert _container(manifests)["image"] == ECR_DIGEST
 
 
 def test_k8s_job_failure_policy_and_security() -> None:
