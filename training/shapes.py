@@ -17,6 +17,9 @@ class ModelArgs:
     max_seq_len: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    tied_embeddings: bool = False
+    """The output projection is the input embedding's matrix (Hugging Face `tie_word_embeddings`): one
+    vocab_size x dim matrix in the parameters, not two. The kit's own model never ties."""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -38,8 +41,9 @@ class ModelArgs:
 
     @property
     def root_params(self) -> int:
-        """Parameters outside the blocks: input embedding, output projection, final norm."""
-        return 2 * self.vocab_size * self.dim + self.dim
+        """Parameters outside the blocks: input embedding, output projection (the same matrix when tied),
+        final norm."""
+        return (1 if self.tied_embeddings else 2) * self.vocab_size * self.dim + self.dim
 
     def num_params(self) -> int:
         return self.n_layers * self.block_params + self.root_params
