@@ -28,6 +28,7 @@ ELSEWHERE = "--elsewhere"
 _HOST_NEUTRAL = (
     "--data.kind=synthetic",
     "--data.path=",
+    "--model.hf_path=",
     "--training.dump_final=",
     "--inprocess.backend=kit",
     "--checkpoint.backend=kit",
@@ -60,9 +61,9 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
     if memory is None:
         return None, None
     from training import memory_plan
-    from training.shapes import MODEL_CONFIGS
+    from training.config import model_shape
 
-    shape = MODEL_CONFIGS[cfg.model.name]
+    shape = model_shape(cfg)
     host = host_mib << 20
     try:
         line = memory_plan.plan_line(

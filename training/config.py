@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from training.checkpoint.config import CheckpointConfig
 from training.faults import FaultConfig
@@ -26,9 +27,13 @@ from training.resilience.config import (
     check_positive,
 )
 
+if TYPE_CHECKING:
+    from training.shapes import ModelArgs
+
 __all__ = [
     "MAX_SECONDS", "ConfigError", "DataConfig", "InprocessConfig", "ModelConfig", "OptimConfig", "RunConfig",
-    "TrainConfig", "TrainingConfig", "help_text", "load_config", "sections", "to_dict", "valid_keys",
+    "TrainConfig", "TrainingConfig", "help_text", "load_config", "model_shape", "sections", "to_dict",
+    "valid_keys",
 ]  # fmt: skip
 
 ModelName = Literal["tiny", "small", "llama3.1-8b"]
@@ -41,6 +46,11 @@ class ModelConfig:
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward instead of keeping them: none; selective (every second block, as
     torchtitan's per-layer mode); full (every block: only block inputs are kept). Same results, bitwise."""
+    hf_path: str = ""
+    """A local Hugging Face model folder (config.json, optionally safetensors weights, e.g. a copy of
+    Llama-3.1-8B on FSx): the trainer builds that causal LM instead of model.name's own Llama; its weights
+    are loaded when the folder has them, else it starts from the seed. The memory plan and MFU read its
+    config.json; a tokenizer.json beside it must be the one the shards were made with. Offline only."""
     compile: bool = False
     """torch.compile each block (after activation checkpointing, before FSDP2, as torchtitan does). Off by
     default: on CPU it only adds compile time; on GPU turn it on once the job runs."""
@@ -134,25 +144,64 @@ def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None)
     return cfg
 
 
-def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
-    """Rules across sections and against the machine: the resilience layer's, then the trainer's own."""
+def model_shape(cfg: TrainConfig) -> ModelArgs:
+    """The model's shape: model.hf_path's config.json (the Llama family), else model.name's; ConfigError
+    (one line) for a folder that is not a causal LM's. Standard library only."""
+    from training.hf_model import HfModelError, hf_shape, read_hf_config
     from training.shapes import MODEL_CONFIGS
 
+    if not cfg.model.hf_path:
+        return MODEL_CONFIGS[cfg.model.name]
+    try:
+        return hf_shape(read_hf_config(cfg.model.hf_path))
+    except HfModelError as exc:
+        raise ConfigError(f"model.hf_path: {exc}") from None
+
+
+def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
+    """Rules across sections and against the machine: the resilience layer's, then the trainer's own."""
     resilience_config.validate(cfg, env=env)
-    margs = MODEL_CONFIGS[cfg.model.name]
+    margs = model_shape(cfg)
+    name = f"model.hf_path={cfg.model.hf_path!r}" if cfg.model.hf_path else f"model {cfg.model.name}"
     if cfg.data.seq_len > margs.max_seq_len:
         raise ConfigError(
-            f"data.seq_len={cfg.data.seq_len} exceeds model {cfg.model.name}'s "
-            f"max_seq_len={margs.max_seq_len}: "
+            f"data.seq_len={cfg.data.seq_len} exceeds {name}'s max_seq_len={margs.max_seq_len}: "
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
         from training.data import check_shards  # data owns its format; it imports torch: only when needed
 
         try:
-            check_shards(cfg.data.path, seq_len=cfg.data.seq_len, vocab_size=margs.vocab_size)
+            check_shards(
+                cfg.data.path, seq_len=cfg.data.seq_len, vocab_size=margs.vocab_size,
+                tokenizer_id=_model_tokenizer(cfg),
+            )  # fmt: skip
         except (ValueError, OSError) as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _model_tokenizer(cfg: TrainConfig) -> int | None:
+    """The fingerprint of the tokenizer.json beside model.hf_path's config (the shards must be made with
+    it), after checking its vocab fits the model's; None when there is none (nothing to compare)."""
+    if not cfg.model.hf_path:
+        return None
+    path = Path(cfg.model.hf_path) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from training.data import tokenizer_fingerprint
+    from training.hf_model import HfModelError, check_tokenizer, read_hf_config
+
+    try:
+        from tokenizers import Tokenizer
+
+        check_tokenizer(
+            Tokenizer.from_file(str(path)).get_vocab_size(True), read_hf_config(cfg.model.hf_path)
+        )
+        return tokenizer_fingerprint(path)
+    except HfModelError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except Exception as exc:  # the tokenizers library's own errors: not a tokenizer.json it can read
+        raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library reads: {exc}") from None
 
 
 def help_text() -> str:

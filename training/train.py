@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from training import exitcodes, memory_plan, resilience, throughput
-from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config
+from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config, model_shape
 from training.data import TokenLoader
+from training.hf_model import HfModelError, build_hf_model, check_weights, has_weights, hf_loss
 from training.model import build_model, loss_fn
-from training.shapes import MODEL_CONFIGS
 
 
 def lr_schedule(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -46,7 +46,7 @@ class KitTrainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.shape = MODEL_CONFIGS[cfg.model.name]
+        self.shape = model_shape(cfg)
         self._flops_token: float | None = None
         self._peak: float | None = None
 
@@ -56,16 +56,14 @@ class KitTrainer:
         cfg, ctx = self.cfg, job.ctx
         assert ctx is not None
         param_dtype = torch.bfloat16 if ctx.device.type == "cuda" else None
-        model = build_model(
-            self.shape,
-            mesh=ctx.mesh,
-            device=ctx.device,
-            seed=cfg.run.seed,
-            param_dtype=param_dtype,
-            activation_checkpointing=cfg.model.activation_checkpointing,
-            compile_blocks=cfg.model.compile,
-            init_weights=init_weights,
-        )
+        if cfg.model.hf_path:
+            model = build_hf_model(
+                cfg.model.hf_path, mesh=ctx.mesh, device=ctx.device, seed=cfg.run.seed,
+                param_dtype=param_dtype, activation_checkpointing=cfg.model.activation_checkpointing,
+                init_weights=init_weights,
+            )  # fmt: skip
+        else:
+            model = self._own_model(ctx, param_dtype=param_dtype, init_weights=init_weights)
         optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=cfg.optim.lr,
@@ -82,6 +80,24 @@ class KitTrainer:
         )
         return resilience.Session(job, state)
 
+    def _own_model(self, ctx, *, param_dtype: torch.dtype | None, init_weights: bool) -> torch.nn.Module:
+        cfg = self.cfg
+        return build_model(
+            self.shape,
+            mesh=ctx.mesh,
+            device=ctx.device,
+            seed=cfg.run.seed,
+            param_dtype=param_dtype,
+            activation_checkpointing=cfg.model.activation_checkpointing,
+            compile_blocks=cfg.model.compile,
+            init_weights=init_weights,
+        )
+
+    def loss(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.cfg.model.hf_path:
+            return hf_loss(model, inputs, targets)
+        return loss_fn(model(inputs), targets)
+
     def train(self, job: resilience.Job, session: resilience.Session) -> None:
         while session.step < job.last_step:
             self.train_step(job, session)
@@ -97,7 +113,7 @@ class KitTrainer:
             total = torch.zeros((), device=device)
             for _ in range(accum):
                 inputs, targets = state.data.next_batch()
-                loss = loss_fn(session.model(inputs.to(device)), targets.to(device)) / accum
+                loss = self.loss(session.model, inputs.to(device), targets.to(device)) / accum
                 loss.backward()
                 total += loss.detach()
             if cfg.optim.grad_clip > 0:
@@ -113,8 +129,8 @@ class KitTrainer:
         """Tokens/s of this rank (one GPU) and MFU for a step that took `duration_s` (the step event's)."""
         cfg, args = self.cfg, self.shape
         if self._flops_token is None:
-            self._flops_token = throughput.flops_per_token(
-                params=args.num_params(),
+            self._flops_token = throughput.flops_per_token(  # a tied output matrix still costs its matmul
+                params=args.num_params() + (args.vocab_size * args.dim if args.tied_embeddings else 0),
                 vocab_size=args.vocab_size,
                 dim=args.dim,
                 n_layers=args.n_layers,
@@ -159,7 +175,7 @@ def check_memory(cfg: TrainConfig) -> str:
         capacity = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
     else:
         capacity = host // max(1, local)
-    shape = MODEL_CONFIGS[cfg.model.name]
+    shape = model_shape(cfg)
     try:
         return memory_plan.plan_line(
             cfg, shape, world=world, ranks_per_node=local, device_capacity=capacity, host_capacity=host,
@@ -181,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.FATAL_CONFIG
     try:
         plan_line = check_memory(cfg)
-    except ConfigError as exc:
+        if cfg.model.hf_path and has_weights(cfg.model.hf_path):  # before any group: one line, not rank 37
+            check_weights(cfg.model.hf_path)
+    except (ConfigError, HfModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     if int(os.environ.get("RANK", "0")) == 0:
@@ -192,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         build=trainer.build,
         train=trainer.train,
         on_finish=trainer.on_finish,
-        start_fields={"model": cfg.model.name},
+        start_fields={"model": cfg.model.name}
+        if not cfg.model.hf_path
+        else {"model": "hf", "hf_path": cfg.model.hf_path},
         on_job=trainer.on_job,
     )
 

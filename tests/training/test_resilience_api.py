@@ -5,6 +5,7 @@ launcher and the local runner with faults, bitwise equal on disk) are in tests/k
 from __future__ import annotations
 
 import ast
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,14 @@ from training.report import metrics_table
 
 REPO = Path(__file__).resolve().parents[2]
 RESILIENCE = REPO / "training" / "resilience"
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_restored():
+    """A Job installs the drain's SIGTERM handler for the process's life: not for this pytest worker's."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _imports(path: Path) -> set[str]:
