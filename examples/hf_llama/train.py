@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     optimizer.zero_grad(set_to_none=True)
                     session.state.scheduler.step()
                 step.report(loss)
-            log_samples(args.sample_log, step.number, data)
+                log_samples(args.sample_log, step.number, data)  # in the block: a drain leaves at its end
 
     return resilience.run(cfg, build=build, train=train)
 
