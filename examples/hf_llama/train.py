@@ -153,15 +153,45 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
+def check_inputs(args: argparse.Namespace) -> str | None:
+    """Why the model or data folder cannot be used (one line), or None: before any process group."""
+    config = Path(args.model_dir) / "config.json"
+    if not config.is_file():
+        return f"--model-dir {args.model_dir!r} has no config.json: pass a Hugging Face model folder"
+    try:
+        vocab = int(json.loads(config.read_text(encoding="utf-8"))["vocab_size"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"{config} is not a model config with a vocab_size: pass a Hugging Face model folder"
+    shards = sorted(Path(args.data_dir).glob("*.bin")) if Path(args.data_dir).is_dir() else []
+    if not shards:
+        return f"--data-dir {args.data_dir!r} holds no *.bin shards: run python -m training.prepare_data"
+    for shard in shards:
+        head = shard.read_bytes()[:SHARD_HEADER]
+        if head[:8] != b"KITTOK01" or int.from_bytes(head[12:16], "little") > vocab:
+            return (
+                f"{shard} is not a token shard for a vocab of {vocab}: prepare it with the model's tokenizer"
+            )
+    for name in ("seq_len", "batch_size", "warmup"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            return f"--{name.replace('_', '-')}={getattr(args, name)} is out of range: give a positive number"
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        return f"--lr={args.lr} must be a finite number > 0"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args, kit_args = parse(sys.argv[1:] if argv is None else argv)
-    if args.plain:
-        return plain(args, kit_args)
     try:
-        cfg = resilience.load_config(kit_args)
+        cfg = None if args.plain else resilience.load_config(kit_args)
     except resilience.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 78
+    problem = check_inputs(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 78
+    if cfg is None:
+        return plain(args, kit_args)
     steps = cfg.training.steps
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
