@@ -236,9 +236,9 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from training.checkpoint.checkpointer import Checkpointer
-    from training.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
     from training.events import EventLog, read_events
+    from training.resilience.checkpoint.checkpointer import Checkpointer
+    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
 
     size = QUICK if args.quick else FULL
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.recovery import NVRX_MECHANISMS, Case, Outcome, release, run_case
-from training.checkpoint.interval import INTERVAL_EVENT
 from training.events import read_events
 from training.metrics import Goodput, RunMetrics, goodput_over, time_budget
 from training.report import write_timeline
+from training.resilience.checkpoint.interval import INTERVAL_EVENT
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "goodput.md"

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.checkpoint.compare import compare_checkpoints, final_checkpoint
 from training.metrics import load_events, load_run_metrics
 from training.ports import free_port_run
+from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "hf_llama" / "train.py"

@@ -16,7 +16,8 @@
    them at once: the best case of that path.
 6. Checks the guarantee on what is persisted: each run's final checkpoint, verified and loaded back from
    disk, must equal the fault-free run's value by value (model, optimizer, scheduler, data position, RNG;
-   `training.checkpoint.compare`). The demo exits 1 when a run of the kit's launcher (node loss included)
+   `training.resilience.checkpoint.compare`). The demo exits 1 when a run of the kit's launcher (node loss
+   included)
    differs or has no final checkpoint; the baselines are shown as they are.
 
 `--quick` (the test suite's form) skips the synth, trains fewer steps, and runs only the kit's faulted run
@@ -44,11 +45,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from training.checkpoint.compare import compare_checkpoints, final_checkpoint
-from training.checkpoint.resume import CheckpointError
 from training.events import read_events
 from training.metrics import MetricsError, RunMetrics, load_run_metrics
 from training.report import comparison_table, faults_table, metrics_table, write_timeline
+from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from training.resilience.checkpoint.resume import CheckpointError
 
 if TYPE_CHECKING:
     from k8s.local import PodRecord

@@ -3,7 +3,8 @@
 k8s does not import the trainer (no torch here, design's folders table): it runs
 `python -m training.check_config --elsewhere --config <file>` as a subprocess on exactly the `train.yaml`
 the ConfigMap will hold, and turns the trainer's one-line error (exit 78) into a `ValuesError`. The
-trainer's config module does not import torch (training/checkpoint/__init__.py), so a check takes ~0.2 s.
+trainer's config module does not import torch (training/resilience/checkpoint/__init__.py), so a check takes
+~0.2 s.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from training.checkpoint.config import CheckpointConfig
-from training.faults import FaultConfig
 from training.resilience import config as resilience_config
+from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.config import (
     MAX_SECONDS,
     ConfigError,
@@ -26,6 +25,7 @@ from training.resilience.config import (
     build_config,
     check_positive,
 )
+from training.resilience.faults import FaultConfig
 
 if TYPE_CHECKING:
     from training.shapes import ModelArgs

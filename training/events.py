@@ -22,7 +22,7 @@ Kinds and their own fields:
     drained       step (committed before leaving), duration_s, signalled (this rank got the SIGTERM)
     interval      rank 0, checkpoint.interval=auto, when the chosen interval changes: interval, previous,
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
-                  faults_seen, exposure_s, optimum_s (training.checkpoint.interval)
+                  faults_seen, exposure_s, optimum_s (training.resilience.checkpoint.interval)
     inprocess_restart  reason, restored_step, source ("live": the failed session's own state, nothing
                   computed again; "memory": the last save's host copy; "disk"; "none"), why (why not live;
                   null when live), duration_s, iteration (NVRx Wrapper mode only)
@@ -34,7 +34,7 @@ Kinds and their own fields:
                   the timeout while a rank was busy on a CPU), busy_ranks (still busy: the cap decided),
                   phase, step, ranks ({rank: "stopped" | "elsewhere" | "collective" | "unknown"}: where each
                   silent rank's main thread was), where, action ("interrupt": the rank is interrupted in
-                  place, training.hang_interrupt; "restart": the group is restarted)
+                  place, training.resilience.hang_interrupt; "restart": the group is restarted)
     hang_interrupt_unanswered global_rank, grace_s, step: the interrupted rank did not beat again within the
                   grace (stuck outside Python): the group is restarted
     busy_extension global_rank, stale_s, timeout_s, busy_ranks, phase, step: a rank silent past its timeout

@@ -406,7 +406,7 @@ def _prepare_environment(workdir: str) -> None:
             os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"],
         )
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    from training.heartbeat import HEARTBEAT_DIR_ENV
+    from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
     from training.launcher.blame import STACKS_DIR_ENV

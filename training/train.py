@@ -6,7 +6,8 @@ torch.distributed environment (torchrun, `python -m training.launch`, NVRx's ft_
 
 Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); 143 drained (SIGTERM: the job
 saved and committed the agreed step: training.resilience); anything else is a real failure, recorded by
-torch.distributed.elastic's `@record` for the launcher (its file written atomically: training.error_file).
+torch.distributed.elastic's `@record` for the launcher (its file written atomically:
+training.resilience.error_file).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from demo.run import (
     whole_job_restart,
 )
 from k8s.local import PodRecord
-from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.config import CheckpointConfig
 from training.metrics import FaultMetrics
+from training.resilience.checkpoint.checkpointer import Checkpointer
+from training.resilience.checkpoint.config import CheckpointConfig
 
 
 def _run(run_dir: Path, weights: torch.Tensor, *, step: int = 3) -> Path:

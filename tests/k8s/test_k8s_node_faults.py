@@ -3,7 +3,8 @@
 2 pods x 1 rank (+1 hot spare): a `node` fault (the pod's every process SIGKILLed at once) or a `drain`
 (SIGTERM, SIGKILL after the grace period) on pod 1 or on pod 0, the pod that used to host the rendezvous.
 Each run must finish with its final checkpoint, verified and loaded back from disk
-(training/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no step.
+(training/resilience/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no
+step.
 Without spares the lost pod is recreated, as the Job controller would, and the job still finishes.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from training import metrics
-from training.checkpoint.compare import compare_checkpoints, final_checkpoint
+from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -22,7 +22,7 @@ import pytest
 from bench.own_model import exactly_once, trajectory
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
 from training import metrics, prepare_data
-from training.checkpoint.compare import compare_checkpoints, final_checkpoint
+from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"

@@ -2,7 +2,8 @@
 
 Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) is saved by rank 0 after
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
-training.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that rank compute
+training.resilience.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that
+rank compute
 (spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
 KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START;
 KIT_TEST_LINGER_S=SECONDS: a rank whose collective broke (a peer died) leaves a process that beats on for
@@ -26,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from training.events import EventLog
-from training.faults import FaultConfig, FaultInjector
-from training.heartbeat import HeartbeatClient
+from training.resilience.faults import FaultConfig, FaultInjector
+from training.resilience.heartbeat import HeartbeatClient
 
 
 def main() -> None:

@@ -66,7 +66,7 @@ def test_innermost_frames_decide_whether_a_rank_waits_in_a_collective() -> None:
     record = f"{torch_dir}/distributed/elastic/multiprocessing/errors/__init__.py"
     assert blame.waits_in_collective([c10d, mine, record])
     assert blame.waits_in_collective([ops, f"{torch_dir}/distributed/_functional_collectives.py", mine])
-    assert not blame.waits_in_collective([str(REPO / "training/faults.py"), mine, record])
+    assert not blame.waits_in_collective([str(REPO / "training/resilience/faults.py"), mine, record])
     assert not blame.waits_in_collective([f"{torch_dir}/nn/functional.py", mine, record])
 
 

@@ -3,7 +3,8 @@ process (an exception; a hang, interrupted by the launcher) or by a restart of t
 persisted final checkpoint equals the fault-free run's and resumes.
 
 The save is put in the phase deterministically: the test-only hold (KIT_CKPT_TEST_HOLD, see
-training/checkpoint/guard.py) stops the save of a step at the start of a phase until it is abandoned or
+training/resilience/checkpoint/guard.py) stops the save of a step at the start of a phase until it is
+abandoned or
 its process dies, and the fault fires at the top of the next step. One run per (kind, in-process restart)
 carries all three phases: step 2 held in staging, fault at 3 (rank 1): the first save of the process,
 nothing committed yet, the host copy torn; step 4 held in writing, fault at 5 (rank 0); step 6 held in
@@ -19,10 +20,10 @@ from pathlib import Path
 import pytest
 from trainer_helpers import assert_resumes_from_final, assert_same_final_checkpoint, launch_trainer
 
-from training.checkpoint.commit import expected_files, read_commit
-from training.checkpoint.compare import load_committed
-from training.checkpoint.layout import is_committed, list_steps, step_dir
 from training.events import read_events
+from training.resilience.checkpoint.commit import expected_files, read_commit
+from training.resilience.checkpoint.compare import load_committed
+from training.resilience.checkpoint.layout import is_committed, list_steps, step_dir
 
 pytestmark = pytest.mark.slow
 HOLDS = "staging@2,writing@4,committing@6"
@@ -34,7 +35,8 @@ def _faults(kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("kind", "inprocess"),
-    # An exception and a hang (interrupted by the launcher: training.hang_interrupt) are recovered in
+    # An exception and a hang (interrupted by the launcher: training.resilience.hang_interrupt) are recovered
+    # in
     # process; a kill always restarts the group (the peer's in-process attempt waits for a rank that is
     # gone), so it runs with in-process restart off: the group-restart path, which an exception or a hang
     # would take with it off, from the same held saves.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from training.faults import Fault, NodeFaultTarget, parse_spec
 from training.launcher.agent import NodeFailures
+from training.resilience.faults import Fault, NodeFaultTarget, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_node_kinds_name_a_node_and_rank_kinds_a_rank() -> None:
     ],
 )
 def test_node_fault_spec_errors_name_the_fix(spec: str, message: str) -> None:
-    from training.faults import FaultConfigError
+    from training.resilience.faults import FaultConfigError
 
     with pytest.raises(FaultConfigError, match=message):
         parse_spec(spec)

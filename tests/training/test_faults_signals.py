@@ -20,7 +20,7 @@ VICTIM = textwrap.dedent(
     """
     import sys
     from training.events import EventLog
-    from training.faults import FaultConfig, FaultInjector
+    from training.resilience.faults import FaultConfig, FaultInjector
     run_dir, spec = sys.argv[1], sys.argv[2]
     events = EventLog(run_dir, role="trainer", rank=1)
     injector = FaultInjector(
@@ -100,7 +100,7 @@ def test_time_kill_fires_from_the_timer_thread(tmp_path: Path) -> None:
             "-c",
             "import sys, threading\n"
             "from training.events import EventLog\n"
-            "from training.faults import FaultConfig, FaultInjector\n"
+            "from training.resilience.faults import FaultConfig, FaultInjector\n"
             "ev = EventLog(sys.argv[1], role='trainer', rank=0)\n"
             "cfg = FaultConfig(spec='kill:time=0.2:rank=0')\n"
             "FaultInjector(cfg, rank=0, world_size=1, max_steps=1, events=ev)\n"

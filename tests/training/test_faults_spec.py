@@ -1,4 +1,5 @@
-"""Fault grammar, the study's seeded schedule, and the injector's once-per-run rule (training/faults.py)."""
+"""Fault grammar, the study's seeded schedule, and the injector's once-per-run rule
+(training/resilience/faults.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from training.events import EventLog, read_events
-from training.faults import (
+from training.resilience.faults import (
     Fault,
     FaultConfig,
     FaultConfigError,

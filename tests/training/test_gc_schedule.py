@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from training.config import ConfigError, TrainingConfig
-from training.gc_schedule import FULL_EVERY, GcSchedule
+from training.resilience.gc_schedule import FULL_EVERY, GcSchedule
 
 
 @pytest.fixture

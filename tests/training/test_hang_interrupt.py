@@ -1,4 +1,5 @@
-"""The launcher's hang interrupt (training/hang_interrupt.py) against a real worker process: a rank hung at
+"""The launcher's hang interrupt (training/resilience/hang_interrupt.py) against a real worker process: a
+rank hung at
 Python level is interrupted in place and carries on in the same process; one stuck where no Python handler
 runs (the signal blocked, as in C) is restarted with its group once the grace is over."""
 
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.slow
 WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
-    from training import hang_interrupt
-    from training.heartbeat import HeartbeatClient
+    from training.resilience import hang_interrupt
+    from training.resilience.heartbeat import HeartbeatClient
 
     hb = HeartbeatClient.from_env()
     hb.phase("train")

@@ -15,7 +15,7 @@ import torch
 from training.config import DataConfig
 from training.data import TokenLoader
 from training.events import EventLog, read_events
-from training.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
+from training.resilience.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
 from training.resilience.inprocess import Plan, Report, agree
 from training.resilience.state import TrainState
 

@@ -1,7 +1,8 @@
 """`checkpoint.interval: auto` on 2 real ranks (gloo) with a fault: the interval rank 0 chose from its
 measurements reaches every rank at the same step (both save the same steps), it stays within its bounds,
 it changes once a save is measured, a fault that rolls work back is counted (one resumed from the live state
-is not: tests/training/checkpoint/test_interval.py), and the final checkpoint on disk is bitwise the
+is not: tests/training/resilience/checkpoint/test_interval.py), and the final checkpoint on disk is bitwise
+the
 fault-free run's (checkpoint steps do not change the math)."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_trainer
 
-from training.checkpoint.interval import INTERVAL_EVENT
 from training.events import read_events
 from training.metrics import load_run_metrics
+from training.resilience.checkpoint.interval import INTERVAL_EVENT
 
 pytestmark = pytest.mark.slow
 

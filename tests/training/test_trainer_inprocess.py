@@ -1,7 +1,7 @@
 """In-process restart: an exception on one rank is recovered inside the same processes; the persisted
 final checkpoint equals the fault-free run's and resumes. An exception at the top of a step resumes from
 the live state (nothing computed again); one raised right after a rank's optimizer step (the test hook
-KIT_FAULT_TEST_IN_UPDATE, training/faults.py) leaves a torn live state, so every rank falls back.
+KIT_FAULT_TEST_IN_UPDATE, training/resilience/faults.py) leaves a torn live state, so every rank falls back.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import pytest
 from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_cli, run_trainer
 
 from training import exitcodes
-from training.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
-from training.checkpoint.layout import checkpoints_dir, step_dir
 from training.events import read_events
+from training.resilience.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
+from training.resilience.checkpoint.layout import checkpoints_dir, step_dir
 
 pytestmark = pytest.mark.slow
 

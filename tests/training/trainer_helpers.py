@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training import exitcodes
-from training.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
 from training.events import read_events
 from training.ports import free_port_run
+from training.resilience.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [

@@ -41,14 +41,14 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import LogsSpecs
 
 from training import exitcodes
-from training.error_file import held_parse_failures, set_aside_if_torn
 from training.events import EventLog
-from training.hang_interrupt import INTERRUPT_SIGNAL
-from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
 from training.launcher.zygote import Zygote
+from training.resilience.error_file import held_parse_failures, set_aside_if_torn
+from training.resilience.hang_interrupt import INTERRUPT_SIGNAL
+from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10

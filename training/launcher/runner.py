@@ -22,13 +22,13 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from training import exitcodes
 from training.events import EventLog
-from training.heartbeat import HEARTBEAT_DIR_ENV
 from training.launch import LaunchArgs
 from training.launcher import spares
 from training.launcher.agent import KitElasticAgent, NodeFailures
 from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
+from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from training.resilience.config import ConfigError, ResilienceConfig, load_config
 
 if TYPE_CHECKING:
-    from training.faults import InjectedFault
+    from training.resilience.faults import InjectedFault
     from training.resilience.job import Job
     from training.resilience.run import run
     from training.resilience.session import Session
@@ -55,7 +55,7 @@ _LAZY = {
     "Session": "training.resilience.session",
     "TrainState": "training.resilience.state",
     "run": "training.resilience.run",
-    "InjectedFault": "training.faults",
+    "InjectedFault": "training.resilience.faults",
 }
 
 __all__ = [

@@ -25,8 +25,8 @@ import yaml
 
 from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
-from training.checkpoint.config import CheckpointConfig
-from training.faults import FaultConfig, FaultConfigError
+from training.resilience.checkpoint.config import CheckpointConfig
+from training.resilience.faults import FaultConfig, FaultConfigError
 
 CONFIG_ENV = "KIT_CONFIG"
 """The Job's config file (the ConfigMap the pods mount): `load_config` reads it when no --config is given."""
@@ -97,7 +97,8 @@ class TrainingConfig:
     gc_every: int = 50
     """Python garbage collection on the loop's schedule: every rank collects at the same steps (young
     objects every N steps, all every 20 x N), with automatic collection off, so no rank pauses alone and
-    makes its peers wait in the next collective (training/gc_schedule.py). 0 leaves Python's automatic
+    makes its peers wait in the next collective (training/resilience/gc_schedule.py). 0 leaves Python's
+    automatic
     collection on."""
     dump_final: str = ""
     """If set, rank 0 writes the full (unsharded) model and optimizer state at the end to this file

@@ -1,11 +1,12 @@
 """In-process restart: recover from a Python exception or a collective timeout without new processes.
 
 Kit backend (`inprocess.backend=kit`), per fault (an exception, a collective that fails, or a hang the
-launcher interrupts: training.hang_interrupt):
+launcher interrupts: training.resilience.hang_interrupt):
   1. abort every process group of this process: its connections close, so a peer blocked in a
      collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
      for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
-     never commits, see training.checkpoint.guard) and wait for it to stop; drop the model, optimizer
+     never commits, see training.resilience.checkpoint.guard) and wait for it to stop; drop the model,
+     optimizer
      and checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
@@ -49,11 +50,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from training import hang_interrupt
-from training.checkpoint.layout import checkpoints_dir, is_committed, list_steps
-from training.checkpoint.resume import one_line
-from training.checkpoint.staging import flatten_state, restore_into
 from training.distributed import abort_groups, new_group, seed_everything
+from training.resilience import hang_interrupt
+from training.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps
+from training.resilience.checkpoint.resume import one_line
+from training.resilience.checkpoint.staging import flatten_state, restore_into
 
 if TYPE_CHECKING:
     from training.distributed import DistContext

@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from training import exitcodes
 from training.events import EventLog
-from training.faults import FaultInjector
-from training.gc_schedule import GcSchedule
-from training.heartbeat import HeartbeatClient
+from training.resilience.faults import FaultInjector
+from training.resilience.gc_schedule import GcSchedule
+from training.resilience.heartbeat import HeartbeatClient
 
 if TYPE_CHECKING:
     from training.distributed import DistContext

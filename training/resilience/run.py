@@ -7,7 +7,7 @@ config), then the process group (and the EFA check on p5), then the script's `bu
   78  bad config or no verifiable checkpoint where some were committed (one line on stderr; never retried);
   143 drained (SIGTERM on some rank: the job saved and committed the agreed step first).
 Anything else is a real failure: the exception propagates, and torchelastic's `@record` writes it for the
-launcher (atomically: training.error_file), which restarts the worker group.
+launcher (atomically: training.resilience.error_file), which restarts the worker group.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import efa, exitcodes
-from training.checkpoint.layout import checkpoints_dir
-from training.checkpoint.resume import CheckpointError, check_world_size
 from training.distributed import DistContext, init_distributed, set_deterministic, shutdown
-from training.error_file import AtomicErrorHandler
+from training.resilience.checkpoint.layout import checkpoints_dir
+from training.resilience.checkpoint.resume import CheckpointError, check_world_size
 from training.resilience.config import ConfigError
+from training.resilience.error_file import AtomicErrorHandler
 from training.resilience.inprocess import Build, Train, run_under_nvrx, run_with_restarts
 from training.resilience.job import Job
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from training.checkpoint.checkpointer import Checkpointer
+from training.resilience.checkpoint.checkpointer import Checkpointer
 
 if TYPE_CHECKING:
     from training.resilience.job import Job

@@ -26,11 +26,11 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.resume import CheckpointError
 from training.events import EventLog
 from training.leave import leave
+from training.resilience.checkpoint.checkpointer import Checkpointer
+from training.resilience.checkpoint.config import CheckpointConfig
+from training.resilience.checkpoint.resume import CheckpointError
 
 WIDTH = 64
 

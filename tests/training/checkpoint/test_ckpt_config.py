@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from training.checkpoint.config import CheckpointConfig
+from training.resilience.checkpoint.config import CheckpointConfig
 
 
 @pytest.mark.parametrize(

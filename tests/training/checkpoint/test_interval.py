@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.interval import (
+from training.config import ConfigError, load_config
+from training.events import EventLog, read_events
+from training.resilience.checkpoint.config import CheckpointConfig
+from training.resilience.checkpoint.interval import (
     AutoInterval,
     RunHistory,
     blended_mtbf_s,
@@ -19,8 +21,6 @@ from training.checkpoint.interval import (
     interval_steps,
     young_s,
 )
-from training.config import ConfigError, load_config
-from training.events import EventLog, read_events
 
 
 def test_young_is_sqrt_2_cost_mtbf_and_daly_refines_it() -> None:

@@ -60,8 +60,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from training.checkpoint.commit import CHECKSUMS, METADATA_FILE, WRITTEN_CHECKSUM, FileEntry, shard_name
-from training.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
+from training.resilience.checkpoint.commit import (
+    CHECKSUMS,
+    METADATA_FILE,
+    WRITTEN_CHECKSUM,
+    FileEntry,
+    shard_name,
+)
+from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
 
 _MAX_WRITE = 1 << 30
 _SMALL = 64 << 10

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-log = logging.getLogger("training.checkpoint")
+log = logging.getLogger("training.resilience.checkpoint")
 
 Phase = Literal["staging", "writing", "committing"]
 PHASES: tuple[str, ...] = ("staging", "writing", "committing")

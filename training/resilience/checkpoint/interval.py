@@ -44,10 +44,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint.config import CheckpointConfig
 from training.events import EventLog, events_dir
+from training.resilience.checkpoint.config import CheckpointConfig
 
-log = logging.getLogger("training.checkpoint")
+log = logging.getLogger("training.resilience.checkpoint")
 
 INTERVAL_EVENT = "interval"
 """Event kind rank 0 emits when the chosen interval changes (fields: `Choice`, plus reason, previous)."""

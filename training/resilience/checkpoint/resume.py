@@ -23,11 +23,11 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.checkpoint.commit import CommitRecord, file_set_problem, read_commit, verify_file
-from training.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
+from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from training.resilience.checkpoint.commit import CommitRecord, file_set_problem, read_commit, verify_file
+from training.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
 
-log = logging.getLogger("training.checkpoint")
+log = logging.getLogger("training.resilience.checkpoint")
 
 
 class CheckpointError(RuntimeError):

@@ -116,7 +116,7 @@ class CheckpointConfig:
 
     @property
     def auto(self) -> bool:
-        """The interval is chosen by the run (training.checkpoint.interval)."""
+        """The interval is chosen by the run (training.resilience.checkpoint.interval)."""
         return self.interval == "auto"
 
     def _check_auto(self) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import crc32c
 
-from training.checkpoint.layout import COMMIT_FILE, fsync_dir
+from training.resilience.checkpoint.layout import COMMIT_FILE, fsync_dir
 
 FORMAT = "kit-dcp-commit/1"
 METADATA_FILE = ".metadata"

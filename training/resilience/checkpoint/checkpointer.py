@@ -16,7 +16,7 @@ the fix: a longer interval or faster storage). Skipping would also need a collec
 ranks may disagree on whether their own write finished (reference: torch-on-cpu.md §2.5).
 
 When: every `interval` steps, or with `interval: auto` the interval rank 0 chooses from its measurements
-(training.checkpoint.interval: Young/Daly), which train_step's loss all-reduce hands to every rank
+(training.resilience.checkpoint.interval: Young/Daly), which train_step's loss all-reduce hands to every rank
 (`interval_proposal` / `agree_interval`), so all ranks save at the same steps.
 
 Events (`ckpt`, see training.events): stall (loop blocked: in maybe_save, and in the optimizer pre-hook
@@ -30,7 +30,8 @@ previous save, a test hold, the drain) runs inside `on_wait()` (the trainer pass
 "checkpoint" phase), so a slow save never looks like a hang.
 
 In-process restart: `abandon()` (once the process groups are aborted) stops the in-flight save at its
-next phase boundary (training.checkpoint.guard): it never writes or commits without its group, and it is
+next phase boundary (training.resilience.checkpoint.guard): it never writes or commits without its group, and
+it is
 reported as failed ("abandoned"). Its DCP plans are cached under this checkpointer only (ScopedSavePlanner)
 and dropped at `close()`, so nothing planned for one group is reused by the next.
 """
@@ -51,21 +52,27 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from training.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.checkpoint.commit import CommitRecord, CommitRefused, FileEntry, merge_rank_files, write_commit
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
-from training.checkpoint.interval import AutoInterval
-from training.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
-from training.checkpoint.planner import ScopedSavePlanner
-from training.checkpoint.resume import CheckpointError, one_line, resume
-from training.checkpoint.retention import prune
-from training.checkpoint.staging import HostStager, flatten_state, restore_into, take
-from training.checkpoint.worker import BackgroundWorker
-from training.checkpoint.writer import KitStorageWriter
 from training.events import EventLog
+from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from training.resilience.checkpoint.commit import (
+    CommitRecord,
+    CommitRefused,
+    FileEntry,
+    merge_rank_files,
+    write_commit,
+)
+from training.resilience.checkpoint.config import CheckpointConfig
+from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
+from training.resilience.checkpoint.interval import AutoInterval
+from training.resilience.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
+from training.resilience.checkpoint.planner import ScopedSavePlanner
+from training.resilience.checkpoint.resume import CheckpointError, one_line, resume
+from training.resilience.checkpoint.retention import prune
+from training.resilience.checkpoint.staging import HostStager, flatten_state, restore_into, take
+from training.resilience.checkpoint.worker import BackgroundWorker
+from training.resilience.checkpoint.writer import KitStorageWriter
 
-log = logging.getLogger("training.checkpoint")
+log = logging.getLogger("training.resilience.checkpoint")
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -145,7 +152,7 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         """Whether `maybe_save(step, ...)` will save, so callers can announce it: every `interval` steps
         (step % interval == 0), or with `auto` once the agreed interval has passed since the last save or
-        restore (the same on every rank: see training.checkpoint.interval)."""
+        restore (the same on every rank: see training.resilience.checkpoint.interval)."""
         if self.cfg.mode == "off":
             return False
         if self._auto is None:

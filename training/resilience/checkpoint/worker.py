@@ -8,9 +8,9 @@ import queue
 import threading
 from collections.abc import Callable
 
-from training.checkpoint.comm import SAVE_ERRORS
+from training.resilience.checkpoint.comm import SAVE_ERRORS
 
-log = logging.getLogger("training.checkpoint")
+log = logging.getLogger("training.resilience.checkpoint")
 _STOP = object()
 
 
