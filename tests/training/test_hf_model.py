@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_memory_plan import P5  # one p5 job for both plans
 
 from training.hf_model import (
     HfModelError,
@@ -16,20 +17,12 @@ from training.hf_model import (
     hf_shape,
     read_hf_config,
 )
-from training.memory_plan import GIB, MemoryPlanError, plan, plan_line
+from training.memory_plan import MemoryPlanError, plan, plan_line
 from training.shapes import MODEL_CONFIGS
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 LLAMA_8B = HF / "llama-3.1-8b"
 TINY = HF / "tiny-llama"
-H100 = 81559 << 20
-P5 = {
-    "ranks_per_node": 8,
-    "micro_batch": 1,
-    "device_capacity": H100,
-    "host_capacity": 1800 * GIB,
-    "on_gpu": True,
-}
 
 
 def model_folder(tmp_path: Path, name: str = "model", **changes) -> Path:
