@@ -92,7 +92,8 @@ def run_plain(workdir: Path, model: Path, shards: Path, scale: Scale, index: int
     port = free_port_run()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id", f"plain{index}",
-           *_script_args(model, shards), "--plain", "--training.steps", str(scale.steps)]  # fmt: skip
+           *_script_args(model, shards), "--plain", "--run.id", "plain",
+           "--training.steps", str(scale.steps)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=_env(workdir), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"error: the plain run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

@@ -9,6 +9,7 @@ Field docstrings are the documentation: `python -m training.train --help` prints
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,8 +137,6 @@ def valid_keys() -> list[str]:
 
 def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None) -> TrainConfig:
     """Build the validated TrainConfig from argv (without the program name): CLI > file > defaults."""
-    import os
-
     env = os.environ if env is None else env
     cfg = build_config(TrainConfig, argv, env=env)
     validate(cfg, env=env)

@@ -19,7 +19,6 @@ depends only on the data position, and the optimizer step sits inside `step.upda
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -42,46 +41,68 @@ SHARD_HEADER = 32
 """The token shard header (magic, item size, vocab size, token count; training/data.py documents it)."""
 
 
+def read_header(path: Path) -> tuple[np.dtype, int, int]:
+    """(token dtype, vocab size, token count) of one shard, from its 32-byte header alone."""
+    with open(path, "rb") as fh:
+        head = fh.read(SHARD_HEADER)
+    if len(head) < SHARD_HEADER or head[:8] != b"KITTOK01":
+        raise ValueError(f"{path} is not a token shard: prepare it with python -m training.prepare_data")
+    itemsize = int.from_bytes(head[8:12], "little")
+    dtype = np.dtype("<u2") if itemsize == 2 else np.dtype("<u4")
+    return dtype, int.from_bytes(head[12:16], "little"), int.from_bytes(head[16:24], "little")
+
+
 class ShardData:
     """Windows of seq_len + 1 tokens from the shards, in a seeded order; Stateful: the global sample cursor.
 
     Rank r of W reads global samples cursor + r*B ... cursor + (r+1)*B - 1, then the cursor moves by W*B:
-    the same on every rank, so the TrainState saves it once. A sample is a pure function of its index."""
+    the same on every rank, so the TrainState saves it once. A sample is a pure function of its index:
+    epoch e visits window (a*j + b) mod n for j = 0..n-1, with a (coprime to n) and b drawn from (seed, e),
+    so nothing of the order is held in memory and the shards stay memory-mapped, never loaded."""
 
     def __init__(self, folder: str, *, seq_len: int, batch: int, seed: int, rank: int, world: int) -> None:
         self.seq_len, self.batch, self.seed, self.rank, self.world = seq_len, batch, seed, rank, world
-        parts = []
+        self.maps = []
         for path in sorted(Path(folder).glob("*.bin")):
-            raw = path.read_bytes()[:SHARD_HEADER]
-            itemsize, vocab, count = int.from_bytes(raw[8:12], "little"), raw[12:16], raw[16:24]
-            dtype = np.dtype("<u2") if itemsize == 2 else np.dtype("<u4")
-            self.vocab_size = int.from_bytes(vocab, "little")
-            parts.append(
-                np.memmap(
-                    path, dtype=dtype, mode="r", offset=SHARD_HEADER, shape=(int.from_bytes(count, "little"),)
-                )
-            )
-        if not parts:
-            raise SystemExit(
-                f"error: --data-dir {folder!r} holds no *.bin shards: run python -m training.prepare_data"
-            )
-        self.tokens = np.concatenate(parts)
-        self.windows = len(self.tokens) // (seq_len + 1)
+            dtype, _, count = read_header(path)
+            self.maps.append(np.memmap(path, dtype=dtype, mode="r", offset=SHARD_HEADER, shape=(count,)))
+        self.starts = np.cumsum([0] + [m.size for m in self.maps])
+        self.windows = int(self.starts[-1]) // (seq_len + 1)
         self.cursor = 0
         self.last_ids: list[int] = []
+        self._epoch: tuple[int, int, int] | None = None
 
     def window(self, index: int) -> int:
-        """Sample `index` -> its window: a new seeded permutation every epoch."""
+        """Sample `index` -> its window under the epoch's seeded affine order."""
         epoch, j = divmod(index, self.windows)
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.windows)
-        return int(order[j])
+        if self._epoch is None or self._epoch[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            a = int(rng.integers(1, max(2, self.windows)))
+            while math.gcd(a, self.windows) != 1:
+                a = a % self.windows + 1
+            self._epoch = (epoch, a, int(rng.integers(0, self.windows)))
+        _, a, b = self._epoch
+        return (a * j + b) % self.windows
+
+    def tokens(self, start: int, length: int) -> np.ndarray:
+        """`length` tokens of the concatenated shards from `start` (a window may span two shards)."""
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        while filled < length:
+            i = int(np.searchsorted(self.starts, start + filled, side="right")) - 1
+            local = start + filled - int(self.starts[i])
+            take = min(length - filled, self.maps[i].size - local)
+            out[filled : filled + take] = self.maps[i][local : local + take]
+            filled += take
+        return out
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         first = self.cursor + self.rank * self.batch
         self.last_ids = [first + i for i in range(self.batch)]
         width = self.seq_len + 1
-        rows = [self.tokens[self.window(i) * width : (self.window(i) + 1) * width] for i in self.last_ids]
-        batch = torch.from_numpy(np.stack(rows).astype(np.int64))
+        batch = torch.from_numpy(
+            np.stack([self.tokens(self.window(i) * width, width) for i in self.last_ids])
+        )
         self.cursor += self.world * self.batch
         return batch[:, :-1], batch[:, 1:]
 
@@ -182,7 +203,7 @@ def check_inputs(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args, kit_args = parse(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = None if args.plain else resilience.load_config(kit_args)
+        cfg = resilience.load_config(kit_args)
     except resilience.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 78
@@ -190,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 78
-    if cfg is None:
-        return plain(args, kit_args)
+    if args.plain:
+        return plain(args, seed=cfg.run.seed, steps=cfg.training.steps)
     steps = cfg.training.steps
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
@@ -231,15 +252,10 @@ def log_samples(path: str, step: int, data: ShardData) -> None:
             fh.write(json.dumps({"step": step, "ids": data.last_ids, "pid": os.getpid()}) + "\n")
 
 
-def plain(args: argparse.Namespace, kit_args: list[str]) -> int:
+def plain(args: argparse.Namespace, *, seed: int, steps: int) -> int:
     """The same model, data, optimizer and schedule in a loop with no kit call; step times to stdout."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    seed = 0
-    steps = 20
-    for flag, value in itertools.pairwise(kit_args):  # only what the baseline needs
-        seed = int(value) if flag == "--run.seed" else seed
-        steps = int(value) if flag == "--training.steps" else steps
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))

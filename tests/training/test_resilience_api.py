@@ -131,20 +131,29 @@ def test_a_step_without_its_update_is_refused_and_a_full_one_is_counted(tmp_path
         with step.update():
             session.optimizer.step()
         assert step.report(torch.tensor(2.5)) == 2.5
+        with pytest.raises(RuntimeError, match=r"step 1: step.report\(\) called twice"):
+            step.report(1.0)
     assert session.step == 1 and step.number == 1 and step.loss == 2.5
     steps = [e for e in read_events(job.cfg.run.run_dir) if e["kind"] == "step"]
     assert [(e["step"], e["loss"]) for e in steps] == [(1, 2.5)]
     job.close()
 
 
-def test_a_failed_step_rewinds_the_data_loader_and_the_extras(tmp_path: Path) -> None:
+def test_a_failed_step_rewinds_the_data_loader_not_the_extras(tmp_path: Path) -> None:
     job, session, data = _session(tmp_path)
     extra = session.state.extras["counter"]
     session.state.begin_step()
     data.n, extra.n = 5, 7
-    assert session.state.live_step() == 0  # failed before its update: rewound
-    assert (data.n, extra.n) == (0, 0)
+    assert session.state.live_step() == 0  # failed before its update: the batch is fetched again
+    assert (data.n, extra.n) == (0, 7)  # extras change in the update: nothing to rewind, nothing copied
     assert set(session.state.state_dict()) >= {"data", "extra.counter.rank0", "rng.rank0", "step", "model"}
+    per_rank = resilience.TrainState(model=session.model, optimizer=session.optimizer, data=data, rank=0,
+                                     data_per_rank=True)  # fmt: skip
+    saved = per_rank.state_dict()
+    assert "data.rank0" in saved and "data" not in saved
+    data.n = 3
+    per_rank.load_state_dict(saved)
+    assert data.n == 0
     job.close()
 
 

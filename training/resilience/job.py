@@ -102,6 +102,8 @@ class Step:
         """The step's one all-reduce (SUM, then / world): `loss` averaged over ranks, plus what every rank
         must agree on at this step: the drain flag (any rank's SIGTERM) and, with `checkpoint.interval=auto`,
         rank 0's interval. Call it after `update()`; a step that does not call it reports no loss."""
+        if self._reported:  # a second all-reduce would hand the interval agreement a doubled value
+            raise RuntimeError(f"step {self.number}: step.report() called twice; one report per step")
         job, checkpointer = self.job, self.session.checkpointer
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
         if isinstance(loss, torch.Tensor):

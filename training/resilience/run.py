@@ -51,7 +51,12 @@ def run(
     `train(job, session)` runs the loop, one `with job.step(session)` per step. `on_finish(job, session)`
     runs on every rank after the final step is committed (e.g. export the model); `start_fields` go into
     the `start` event; `on_job(job)` sees the Job before the first build (e.g. set `job.step_fields`)."""
-    return _recorded(cfg, build, train, on_finish, start_fields or {}, on_job)
+    try:
+        return _recorded(cfg, build, train, on_finish, start_fields or {}, on_job)
+    except SystemExit as exc:  # a drain leaves from deep in the loop: returned, as the docstring says
+        if exc.code == exitcodes.DRAINED:
+            return exitcodes.DRAINED
+        raise
 
 
 @functools.partial(record, error_handler=AtomicErrorHandler())

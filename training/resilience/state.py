@@ -1,11 +1,11 @@
 """Everything a resume needs, as one Stateful object the checkpointer saves with DCP (public API: TrainState).
 
 Keys: "model" and "optim" (sharded DTensors from torch.distributed.checkpoint.state_dict, so each rank
-writes only its shard), "scheduler" (LR schedule), "data" (the data loader's position: the same on every
-rank, as the kit's global sample cursor is), "step", "rng.rank<R>" (this rank's RNG states) and
-"extra.<name>.rank<R>" (each user extra, per rank). DCP treats non-DTensor values as replicated and keeps
-one copy, so per-rank values carry the rank in their key; a checkpoint therefore resumes on the same world
-size. A data loader whose state differs per rank goes in `extras`.
+writes only its shard), "scheduler" (LR schedule), "data" (the data loader's position: one copy when it is
+the same on every rank, as the kit's global sample cursor is; "data.rank<R>" with `data_per_rank`), "step",
+"rng.rank<R>" (this rank's RNG states) and "extra.<name>.rank<R>" (each user extra, per rank). DCP treats
+non-DTensor values as replicated and keeps one copy, so per-rank values carry the rank in their key; a
+checkpoint therefore resumes on the same world size.
 
 In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
 `train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
@@ -100,7 +100,9 @@ class TrainState(Stateful):
     """Model, optimizer, LR scheduler, data position, step, RNG and user extras of one rank.
 
     `data` and each extra are Stateful (`state_dict()` / `load_state_dict()`); `data` may be None (a loader
-    that needs no state) and so may `scheduler`. The loop changes `step` only through `Job.step`."""
+    that needs no state) and so may `scheduler`. A step that fails before its update rewinds `data` and the
+    RNG, so extras must change only inside `step.update()` or after it (an EMA, a loss scaler), never while
+    the batch is computed. The loop changes `step` only through `Job.step`."""
 
     def __init__(
         self,
@@ -110,25 +112,27 @@ class TrainState(Stateful):
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         data: Stateful | None = None,
         rank: int,
+        data_per_rank: bool = False,
         extras: dict[str, Stateful] | None = None,
     ) -> None:
+        """`data_per_rank`: the loader's state differs between ranks (saved under the rank's key)."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.data = data
         self.rank = rank
+        self.data_key = f"data.rank{rank}" if data_per_rank else "data"
         self.extras = dict(extras or {})
         self.step = 0
         self.updating = False
         """True from the optimizer step of a step until that step is finished: the live state is torn."""
-        self._step_start: tuple[tuple[Any, dict[str, Any]], tuple[Any, ...]] | None = None
+        self._step_start: tuple[Any, tuple[Any, ...]] | None = None
         """Data position and RNG before the current step's first batch; None between steps."""
 
     def begin_step(self) -> None:
         """The top of a step, before its first batch."""
         data = copy.deepcopy(self.data.state_dict()) if self.data is not None else None
-        extras = {name: copy.deepcopy(x.state_dict()) for name, x in self.extras.items()}
-        self._step_start = ((data, extras), _raw_rng())
+        self._step_start = (data, _raw_rng())
 
     def begin_update(self) -> None:
         """Just before the optimizer step: from here until `end_step` the live state is not a step's."""
@@ -147,11 +151,9 @@ class TrainState(Stateful):
         if self.updating:
             return None
         if self._step_start is not None:
-            (data, extras), rng = self._step_start
+            data, rng = self._step_start
             if self.data is not None:
                 self.data.load_state_dict(data)
-            for name, value in extras.items():
-                self.extras[name].load_state_dict(value)
             _set_raw_rng(rng)
             self._step_start = None
         return self.step
@@ -167,7 +169,7 @@ class TrainState(Stateful):
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler.state_dict()
         if self.data is not None:
-            out["data"] = self.data.state_dict()
+            out[self.data_key] = self.data.state_dict()
         out["step"] = self.step
         out[self.rng_key] = _rng_state()
         for name, extra in self.extras.items():
@@ -187,7 +189,7 @@ class TrainState(Stateful):
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
         if self.data is not None:
-            self.data.load_state_dict(state_dict["data"])
+            self.data.load_state_dict(state_dict[self.data_key])
         self.step = int(state_dict["step"])
         _set_rng_state(state_dict[self.rng_key])
         for name, extra in self.extras.items():
