@@ -4,10 +4,10 @@
 corpus, `python -m training.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf), then runs
 `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
 - plain: `--plain` under torchrun: the same model, data, AdamW and schedule, no kit call, no checkpoint;
-- kit: under the kit launcher (`python -m training.launch`), async checkpoints, in-process restart on,
-  fault-free, saving only its final step (the reference, and the step times with the API);
-- kit+faults: the same with the demo's faults (a kill, an exception, a hang on rank 1) and its checkpoint
-  interval.
+- kit: the API (async checkpoints, in-process restart on), fault-free, saving only its final step, under
+  torchrun as the plain run (the reference, and the step times with the API);
+- kit+faults: under the kit launcher (`python -m training.launch`) with the demo's faults (a kill, an
+  exception, a hang on rank 1) and its checkpoint interval.
 It prints per run the figures and, last,
 `RESULT faults=<fired> recovered=<n> unfired=<n> equal_on_disk=<1|0> exactly_once=<1|0>
 loss_drop=<first - last loss, kit fault-free> api_overhead=<median step period with the API / without>`.
@@ -88,11 +88,14 @@ def _script_args(model: Path, shards: Path) -> list[str]:
     return [str(EXAMPLE), "--model-dir", str(model), "--data-dir", str(shards), "--seq-len", "64"]
 
 
+def torchrun(name: str) -> list[str]:
+    """torchrun on a free port: the launcher of both timing runs, so only the API differs between them."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--rdzv-backend",
+            "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port_run()}", "--rdzv-id", name]  # fmt: skip
+
+
 def run_plain(workdir: Path, model: Path, shards: Path, scale: Scale, index: int) -> dict[str, list[float]]:
-    port = free_port_run()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-           "--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id", f"plain{index}",
-           *_script_args(model, shards), "--plain", "--run.id", "plain",
+    cmd = [*torchrun(f"plain{index}"), *_script_args(model, shards), "--plain", "--run.id", "plain",
            "--training.steps", str(scale.steps)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=_env(workdir), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -104,16 +107,34 @@ def run_plain(workdir: Path, model: Path, shards: Path, scale: Scale, index: int
 def run_kit(
     workdir: Path, model: Path, shards: Path, scale: Scale, name: str, faults: str, *, interval: int
 ) -> Path:
-    """The example under the kit launcher; returns its run folder."""
+    """The example with the API; returns its run folder. With faults under the kit launcher (its heartbeat
+    sees the hang); fault-free under torchrun, as the plain run, so the step times differ by the API alone."""
     root = workdir / "runs"
     run_dir = root / name
-    cmd = [sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", str(WORLD),
-           "--monitor-interval", "0.1", "--log-dir", str(workdir / "logs" / name), "--run-dir", str(run_dir),
-           *_script_args(model, shards), "--sample-log", str(run_dir / "samples"),
-           "--run.id", name, "--run.root", str(root), "--training.steps", str(scale.steps),
+    kit = [
+        sys.executable,
+        "-m",
+        "training.launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(WORLD),
+        "--monitor-interval",
+        "0.1",
+        "--log-dir",
+        str(workdir / "logs" / name),
+        "--run-dir",
+        str(run_dir),
+    ]
+    cmd = [*(kit if faults else torchrun(name)), *_script_args(model, shards),
+           "--sample-log", str(run_dir / "samples"), "--run.id", name, "--run.root", str(root),
+           "--training.steps", str(scale.steps),
            "--training.log_every", "5", "--checkpoint.interval", str(interval),
            "--inprocess.enabled", "true", "--fault.spec", faults]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(workdir), capture_output=True, text=True, timeout=900)
+    env = _env(workdir)
+    if not faults:  # the beats are written as under the kit launcher (nobody reads them): their cost counts
+        env["KIT_HEARTBEAT_DIR"] = str(workdir / "beats" / name)
+        Path(env["KIT_HEARTBEAT_DIR"]).mkdir(parents=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"error: run {name} failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
     return run_dir

@@ -288,4 +288,4 @@ def plain(args: argparse.Namespace, *, seed: int, steps: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    resilience.leave(main())  # not sys.exit: torch's C++ teardown at interpreter exit can abort (SIGABRT)

@@ -18,7 +18,7 @@ guarantees. Everything else under `training/` is private and may change between 
                 step.report(loss)                          # the one all-reduce: mean loss, drain, interval
             # leaving the block: the step event, the heartbeat, the checkpoint if due, the drain if agreed
 
-    sys.exit(resilience.run(resilience.load_config(rest_of_argv), build=build, train=train))
+    resilience.leave(resilience.run(resilience.load_config(rest_of_argv), build=build, train=train))
 
 The public names:
 - `load_config`, `ResilienceConfig`, `ConfigError`: the typed config (run, training, checkpoint, fault,
@@ -29,6 +29,8 @@ The public names:
 - `Session`: one process group's state and its asynchronous, verified checkpointer (rebuilt per restart).
 - `TrainState`: a Stateful of model, optimizer, LR scheduler, data loader, RNG, step and user extras.
 - `InjectedFault`: what an `exception` fault raises (so a script's own handler can let it through).
+- `leave(code)`: exit with `code` without the interpreter's teardown of torch's C++ state, which now and
+  then aborts a process whose work is done (SIGABRT: a launcher would count a finished rank as failed).
 - `API_VERSION`.
 Heavy names (torch) load on first use, so the config can be read where torch is not installed.
 """
@@ -41,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from training.resilience.config import ConfigError, ResilienceConfig, load_config
 
 if TYPE_CHECKING:
+    from training.leave import leave
     from training.resilience.faults import InjectedFault
     from training.resilience.job import Job
     from training.resilience.run import run
@@ -55,12 +58,13 @@ _LAZY = {
     "Session": "training.resilience.session",
     "TrainState": "training.resilience.state",
     "run": "training.resilience.run",
+    "leave": "training.leave",
     "InjectedFault": "training.resilience.faults",
 }
 
 __all__ = [
     "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TrainState",
-    "load_config", "run",
+    "leave", "load_config", "run",
 ]  # fmt: skip
 
 
