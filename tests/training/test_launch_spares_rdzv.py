@@ -133,3 +133,61 @@ def test_a_waiting_spare_beats_every_interval_and_takes_a_silent_nodes_place() -
     assert a._state_holder._cache_duration == spares.TRAINING_CACHE_S  # back to torch's for training
     for h in (a, spare):
         h.shutdown()
+
+
+def test_stable_ranks_keep_a_members_rank_and_give_newcomers_the_free_ones() -> None:
+    a, b, c, s = "a", "b", "c", "s"
+    assert spares.stable_ranks({}, [a, b, c]) == {a: 0, b: 1, c: 2}  # the first round: torch's order
+    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [a, c, s]) == {a: 0, c: 2, s: 1}  # s takes lost b's
+    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [b, c, s]) == {b: 1, c: 2, s: 0}  # pod 0 lost
+    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [c, s]) == {c: 0, s: 1}  # shrunk: 2 out of range
+    assert spares.stable_ranks({a: 1, b: 1}, [a, b]) == {a: 1, b: 0}  # never two nodes on one rank
+
+
+def _join_all(handlers: dict[str, object], delays: dict[str, float]) -> dict[str, int]:
+    """Each handler re-joins after its delay (a node still stopping its workers); name -> rank."""
+    ranks: dict[str, int] = {}
+
+    def join(name: str) -> None:
+        time.sleep(delays.get(name, 0.0))
+        ranks[name] = handlers[name].next_rendezvous().rank  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=join, args=(n,)) for n in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=40)
+    assert not any(t.is_alive() for t in threads), "the round did not form"
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_rank_fault_restarts_on_the_same_nodes_and_a_lost_node_gives_its_rank_to_the_spare() -> None:
+    """A group restart (a rank fault) re-forms with the same nodes and ranks, however slowly a member comes
+    back, while a spare waits (torch let the spare take the place of whichever member re-joined last, about
+    half the time); a node that is gone leaves its place and its rank to the spare."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    a, b, spare, reader = (_handler(store.port) for _ in range(4))
+    first = _join_all({"a": a, "b": b}, {})
+    spare_round: list = []
+    waiting = threading.Thread(target=lambda: spare_round.append(spare.next_rendezvous()), daemon=True)
+    waiting.start()
+    node = spare._this_node
+    while node not in _state(reader).redundancy_list:
+        time.sleep(0.02)
+    for slow in ("a", "b", "a"):  # the member that re-joins late: its keep-alive runs meanwhile
+        assert _join_all({"a": a, "b": b}, {slow: 1.5 * INTERVAL_S}) == first
+        assert not spare_round and node in _state(reader).redundancy_list
+    b._stop_heartbeats()  # b's node is lost: its keep-alive expires, the spare takes its place and rank
+    assert _join_all({"a": a}, {}) == {"a": first["a"]}
+    waiting.join(timeout=30)
+    assert spare_round and spare_round[0].rank == first["b"]
+    for h in (a, spare):
+        h.shutdown()
+
+
+def _state(handler):  # type: ignore[no-untyped-def]
+    holder = handler._state_holder
+    holder._cache_duration = 0
+    holder.sync()
+    return holder.state

@@ -73,9 +73,65 @@ BEAT_DUE = 0.5
 """A keep-alive is written when the last one is this fraction of an interval old (torch: 1)."""
 
 
+KIT_RANKS = "kit_ranks"
+"""Attribute of torch's rendezvous state (pickled with it, so every node reads the same value in the same
+compare-and-set) that holds the last complete round's node -> rank: its members, and the ranks they keep."""
+
+
+def last_round_ranks(state: object) -> dict[object, int]:
+    """Node -> rank of the last complete round ({} before the first)."""
+    return dict(getattr(state, KIT_RANKS, None) or {})
+
+
+def stable_ranks(previous: dict[object, int], nodes: list[object]) -> dict[object, int]:
+    """Ranks 0..len(nodes)-1 for `nodes` (sorted, as torch orders them): a node of the previous round keeps
+    its rank when it is still free and in range; the others take the free ranks in order.
+
+    Why: a rank's memory-tier copy of its checkpoint shard, and its buddy's, are kept by rank
+    (training.resilience.checkpoint.tier). torch numbers the nodes of every round by their sorted addresses,
+    so a spare that sorts between two survivors shifted one survivor to another rank, whose shard was then
+    on another node. Kept ranks mean a survivor restores from its own memory and only the newcomer fetches
+    the lost node's shards (from the lost node's buddy)."""
+    size = len(nodes)
+    ranks: dict[object, int] = {}
+    for node in nodes:
+        rank = previous.get(node)
+        if rank is not None and rank < size and rank not in ranks.values():
+            ranks[node] = rank
+    free = iter(sorted(set(range(size)) - set(ranks.values())))
+    for node in nodes:
+        if node not in ranks:
+            ranks[node] = next(free)
+    return ranks
+
+
+def members_absent(ctx) -> int:  # type: ignore[no-untyped-def]
+    """Members of the last complete round that are alive (keeping alive) but not yet in this round."""
+    state = ctx.state
+    members = last_round_ranks(state)
+    return sum(1 for node in members if node in state.last_heartbeats and node not in state.participants)
+
+
+def outsider_must_wait(ctx) -> bool:  # type: ignore[no-untyped-def]
+    """A node that was not in the last complete round (a spare, or a new pod) takes a place in the next one
+    only if its members cannot fill it: every member that is alive (still keeping alive: restarting its
+    workers, or already back) counts as coming back. Only a member that is gone (its keep-alive expired:
+    a lost, drained or given-up node) leaves a place to an outsider. So a rank fault restarts the group on
+    the same nodes, and the nodes' memory-tier checkpoints stay where the ranks are."""
+    state = ctx.state
+    if state.closed or ctx.node in last_round_ranks(state) or ctx.node in state.participants:
+        return False
+    if state.complete and ctx.node not in state.redundancy_list:
+        return False  # torch's rules: it waits for the next round (wait list or redundancy list)
+    return len(state.participants) + members_absent(ctx) >= ctx.settings.max_nodes
+
+
 class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
-    """torch's join, except that a waiting node facing a complete, full round leaves the wait list (it then
-    joins the redundancy list on the next pass, as a node that arrives late does)."""
+    """torch's join, except that:
+    - a waiting node facing a complete, full round leaves the wait list (it then joins the redundancy list
+      on the next pass, as a node that arrives late does);
+    - a node that was not in the last complete round waits (keeping alive) while that round's live members
+      can fill the next one (`outsider_must_wait`): a spare only replaces a node that is gone."""
 
     def __call__(self, ctx, deadline):  # type: ignore[no-untyped-def]
         state = ctx.state
@@ -86,7 +142,30 @@ class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
             and len(state.participants) >= ctx.settings.max_nodes
         ):
             return dynamic_rendezvous._Action.REMOVE_FROM_WAIT_LIST
+        if outsider_must_wait(ctx):
+            if dynamic_rendezvous._should_keep_alive(ctx):
+                return dynamic_rendezvous._Action.KEEP_ALIVE
+            return dynamic_rendezvous._Action.SYNC
         return super().__call__(ctx, deadline)
+
+
+class KitOpExecutor(dynamic_rendezvous._DistributedRendezvousOpExecutor):
+    """torch's executor with two changes that make a round's members recognisable to the next round:
+    - a completed round records its node -> rank (`KIT_RANKS`), and ranks are kept across rounds
+      (`stable_ranks`);
+    - a node that leaves the participants to re-join (every restart does, right before joining again)
+      keeps a keep-alive entry, so for the moment between leaving and re-joining it still counts as alive
+      (a node that leaves for good expires on the usual schedule)."""
+
+    def _mark_rendezvous_complete(self) -> None:
+        super()._mark_rendezvous_complete()
+        state = self._state
+        state.participants.update(stable_ranks(last_round_ranks(state), sorted(state.participants)))
+        setattr(state, KIT_RANKS, dict(state.participants))
+
+    def _remove_from_participants(self) -> None:
+        super()._remove_from_participants()
+        self._state.last_heartbeats[self._node] = datetime.now(UTC)
 
 
 _rejoin = threading.local()
@@ -145,6 +224,10 @@ class KitRendezvousHandler(DynamicRendezvousHandler):
     (a restart) skips torch's first-join skew (`_poll_delay`)."""
 
     _formed_a_round = False
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._op_executor = KitOpExecutor(self._this_node, self._state_holder, self._settings)
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
         holder = self._state_holder
