@@ -29,6 +29,7 @@ from typing import Literal, NoReturn
 
 from training import exitcodes
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
+from training.resilience.checkpoint.tier import TIER_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
@@ -391,6 +392,26 @@ def _workdir_parent() -> str | None:
     return SHM
 
 
+TIER_BASE_ENV = "KIT_TIER_BASE"
+"""Where the launcher makes its node's memory-tier folder (default /dev/shm); the local runner gives each pod
+its own, as each pod on EKS has its own /dev/shm."""
+
+
+def _make_tier_dir() -> str | None:
+    """The node's memory-tier folder (training.resilience.checkpoint.tier): in memory, made by the launcher
+    and removed when it exits, so it outlives every worker and no pod's replacement inherits it. None (and
+    the tiers stay off, said once by the trainer) when no memory-backed folder can be written."""
+    base = os.environ.get(TIER_BASE_ENV) or SHM
+    try:
+        os.makedirs(base, exist_ok=True)
+        return tempfile.mkdtemp(prefix="kit-tier-", dir=base)
+    except OSError as exc:
+        log.warning(
+            "kit-launch: no memory tier on this node (%s: %s); restores read shared storage", base, exc
+        )
+        return None
+
+
 def _prepare_environment(workdir: str) -> None:
     """Env the workers and the rendezvous handler read; set before torch creates anything."""
     from training import pod
@@ -440,17 +461,22 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return exitcodes.FATAL_CONFIG
+    tier_dir = _make_tier_dir()
     try:
         problem = check_socket_folder(workdir) if args.zygote else None
         if problem is not None:
             print(f"kit-launch: error: {problem}", file=sys.stderr)
             return exitcodes.FATAL_CONFIG
         _prepare_environment(workdir)
+        if tier_dir is not None:
+            os.environ[TIER_DIR_ENV] = tier_dir
         from training.launcher.runner import run  # imports torch: after the env is set
 
         return run(args, workdir=workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if tier_dir is not None:
+            shutil.rmtree(tier_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,10 @@ def main() -> int:
     p.add_argument(
         "--fsize-limit", type=int, default=0, help="RLIMIT_FSIZE in bytes: writes beyond fail (EFBIG)"
     )
+    p.add_argument("--tiers", default="off", help="checkpoint.tiers (needs --tier-root)")
+    p.add_argument(
+        "--tier-root", default="", help="each rank is a node: its memory tier is <root>/node<rank>"
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if a.fsize_limit:
@@ -115,7 +119,10 @@ def main() -> int:
         mesh = init_device_mesh("cpu", (world,))
     run_dir = Path(a.run_dir)
     events = EventLog(run_dir, role="trainer", rank=rank)
-    cfg = CheckpointConfig(mode=a.mode, backend=a.backend, interval=a.interval, keep=a.keep)
+    if a.tier_root:
+        os.environ["KIT_TIER_DIR"] = str(Path(a.tier_root) / f"node{rank}")
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+    cfg = CheckpointConfig(mode=a.mode, backend=a.backend, interval=a.interval, keep=a.keep, tiers=a.tiers)
     ckpt = Checkpointer(cfg, run_dir=run_dir, rank=rank, world_size=world, events=events)
     app = App(seed=0, mesh=mesh)
     try:

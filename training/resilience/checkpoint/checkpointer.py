@@ -64,10 +64,19 @@ from training.resilience.checkpoint.commit import (
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, SaveHolds
 from training.resilience.checkpoint.interval import AutoInterval
-from training.resilience.checkpoint.layout import checkpoints_dir, fsync_dir, remove_step, step_dir
+from training.resilience.checkpoint.layout import (
+    checkpoints_dir,
+    fsync_dir,
+    is_committed,
+    list_steps,
+    remove_step,
+    step_dir,
+)
+from training.resilience.checkpoint.memory_tiers import MemoryTiers, TierRestore
 from training.resilience.checkpoint.planner import ScopedSavePlanner
 from training.resilience.checkpoint.resume import CheckpointError, one_line, resume
 from training.resilience.checkpoint.retention import prune
+from training.resilience.checkpoint.shared_reads import SHARED_READS
 from training.resilience.checkpoint.staging import HostStager, flatten_state, restore_into, take
 from training.resilience.checkpoint.worker import BackgroundWorker
 from training.resilience.checkpoint.writer import KitStorageWriter
@@ -145,6 +154,14 @@ class Checkpointer:
             else None
         )
         self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step) if self._async else None
+        self._tiers = (
+            MemoryTiers.from_config(cfg, rank=rank, world_size=world_size, events=self.events)
+            if cfg.mode != "off"
+            else None
+        )
+        self.last_source: str | None = None
+        """Where the last `load` found its state: memory, peer, shared, or none."""
+        SHARED_READS.cap(cfg.shared_read_mib_s)
         if cfg.mode != "off" and rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -230,12 +247,17 @@ class Checkpointer:
             )
 
     def _run_sync(self, save: _Save, state: dict[str, Any]) -> None:
-        ok, error, files = False, None, {}
+        ok, error, files, tiered = False, None, {}, False
         if self._prepare_folder(save.step):
             ok, error, files = self._write(save, state)
+            tiered = (
+                ok
+                and self._tiers is not None
+                and self._tiers.write(save.step, flatten_state(state), save.guard)
+            )
         else:
             error = "rank 0 could not create or clear the step folder (see its log)"
-        self._finish(save, ok, error, files)
+        self._finish(save, ok, error, files, tiered=tiered)
 
     def _background(self, save: _Save, job: Callable[[], None]) -> None:
         """Run a save's background part; whatever stops it (abandoned, a collective that failed because
@@ -261,11 +283,14 @@ class Checkpointer:
         finally:
             save.staged.set()
         ok, error, files = False, copy_error, {}
+        tiered = (
+            tree is not None and self._tiers is not None and self._tiers.write(save.step, tree, save.guard)
+        )
         if self._comm.all_true(tree is not None) and self._prepare_folder(save.step):
             ok, error, files = self._write(save, tree)
         elif error is None:
             error = "another rank could not stage or clear the step folder"
-        self._finish(save, ok, error, files)
+        self._finish(save, ok, error, files, tiered=tiered)
 
     def _start_dcp_async(self, save: _Save, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -373,40 +398,62 @@ class Checkpointer:
         files: dict[str, FileEntry],
         *,
         written: bool = False,
+        tiered: bool = False,
     ) -> None:
-        """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes."""
+        """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes; with memory
+        tiers, every rank then learns whether the step committed and commits its tier copy."""
         try:
-            gathered = self._comm.gather_to_zero((ok, error, files))
+            gathered = self._comm.gather_to_zero((ok, error, files, tiered))
+            reached = True
         except SAVE_ERRORS as exc:  # a peer died mid-save: the step stays uncommitted
-            gathered = None
+            gathered, reached = None, False
             ok, error = False, error or one_line(exc)
         if not ok:
             self._report_failed(save.step, error or "unknown error")
+        committed = False
         if self.rank == 0 and gathered is not None:
-            self._commit(save, gathered)
+            committed = self._commit(save, gathered)
+        if self._tiers is not None and reached:  # rank 0's verdict is the one broadcast
+            self._finish_tiers(save, committed and gathered is not None and all(t for *_, t in gathered))
         save.ok = ok
         save.end()
 
-    def _commit(self, save: _Save, gathered: list[Any]) -> None:
-        errors = [f"rank {r}: {e}" for r, (ok, e, _) in enumerate(gathered) if not ok]
+    def _finish_tiers(self, save: _Save, ready: bool) -> None:
+        """Every rank: the tier copies of this step count once it committed and every rank wrote its copy
+        (rank 0 knows both: `ready`); a save that stops here was already committed on shared storage."""
+        try:
+            if self._comm.broadcast_from_zero(ready):
+                self._tiers.committed(self._comm, save.step, save.guard)
+            else:
+                self._tiers.forget(save.step)
+        except SaveAbandoned as exc:
+            log.warning("checkpoint memory tier of step %d abandoned: %s", save.step, exc)
+            self._tiers.forget(save.step)
+        except SAVE_ERRORS as exc:  # a peer died: this step's copies may be incomplete, the commit stands
+            log.warning("checkpoint memory tier of step %d: %s", save.step, one_line(exc))
+            self._tiers.forget(save.step)
+
+    def _commit(self, save: _Save, gathered: list[Any]) -> bool:
+        """Rank 0: write the commit record (True), or report why not (False)."""
+        errors = [f"rank {r}: {e}" for r, (ok, e, *_) in enumerate(gathered) if not ok]
         if errors:
             if gathered[0][0]:  # rank 0 itself wrote fine: report the others' errors once
                 self._report_failed(save.step, "; ".join(errors))
-            return
+            return False
         folder = step_dir(self.root, save.step)
         try:
             save.guard.point("committing")
-            files = merge_rank_files([per_rank for _, _, per_rank in gathered], self.world_size)
+            files = merge_rank_files([per_rank for _, _, per_rank, _ in gathered], self.world_size)
         except (SaveAbandoned, CommitRefused) as exc:
             self._report_failed(save.step, f"not committed: {one_line(exc)}")
-            return
+            return False
         record = CommitRecord(step=save.step, world_size=self.world_size, files=files)
         try:
             fsync_dir(folder)
             write_commit(folder, record)
         except OSError as exc:
             self._report_failed(save.step, f"commit record: {one_line(exc)}")
-            return
+            return False
         self.events.emit(
             "ckpt",
             step=save.step,
@@ -418,6 +465,7 @@ class Checkpointer:
             prune(self.root, keep=self.cfg.keep, in_flight=save.step)
         except OSError as exc:
             log.warning("checkpoint retention could not delete old steps: %s", one_line(exc))
+        return True
 
     def _report_failed(self, step: int, error: str) -> None:
         if self._abandoned.is_set():  # whatever surfaced (often the aborted group's error), this is why
@@ -524,13 +572,18 @@ class Checkpointer:
             return None
         self.wait()
         t0 = time.time()
+        if self._tiers is not None and (restored := self._load_from_tiers(state)) is not None:
+            return restored
+        read_before = SHARED_READS.bytes
         result = resume(self._comm, self.root, state, checksum=self.cfg.verify == "checksum")
+        self.last_source = "shared" if result.step is not None else "none"
         self.events.emit(
             "resume",
             step=result.step,
-            source="disk" if result.step is not None else "none",
+            source=self.last_source,
             duration_s=time.time() - t0,
             fallback_from=result.fallback_from,
+            shared_bytes=SHARED_READS.bytes - read_before,
             ts=t0,
         )
         if result.fallback_from is not None and self.rank == 0:
@@ -542,6 +595,32 @@ class Checkpointer:
             )
         self._last_step = result.step
         return result.step
+
+    def _load_from_tiers(self, state: dict[str, Any]) -> int | None:
+        """The newest committed step from the memory tiers (every rank, or none: see MemoryTiers.restore);
+        None when shared storage must serve it (rank 0 says why, once)."""
+        newest = None
+        if self.rank == 0:
+            newest = max((s for s in list_steps(self.root) if is_committed(self.root, s)), default=None)
+        newest = self._comm.broadcast_from_zero(newest)
+        if newest is None:
+            return None
+        t0 = time.time()
+        got = self._tiers.restore(self._comm, state, newest)
+        if isinstance(got, TierRestore):
+            self.last_source = got.source
+            self._last_step = got.step
+            self.events.emit(
+                "resume", step=got.step, source=got.source, duration_s=time.time() - t0, bytes=got.bytes,
+                shared_bytes=0, fallback_from=None, ts=t0,
+            )  # fmt: skip
+            return got.step
+        if self.rank == 0:
+            log.warning(
+                "checkpoint memory tiers cannot restore step %d (%s): reading shared storage", newest, got
+            )
+            self.events.emit("tier", step=newest, phase="fallback", reason=got[:500])
+        return None
 
     def memory_step(self) -> int | None:
         """Step held in host memory by the last async (kit) save, for in-process restart; None if none.

@@ -25,6 +25,7 @@ from pathlib import Path
 import crc32c
 
 from training.resilience.checkpoint.layout import COMMIT_FILE, fsync_dir
+from training.resilience.checkpoint.shared_reads import SharedReads
 
 FORMAT = "kit-dcp-commit/1"
 METADATA_FILE = ".metadata"
@@ -174,20 +175,28 @@ def read_commit(folder: Path) -> CommitRecord:
     return CommitRecord.from_json((folder / COMMIT_FILE).read_text(encoding="utf-8"))
 
 
-def file_checksum(path: Path, algo: str) -> int:
-    """The `algo` checksum (a key of CHECKSUMS) of the whole file, read once in large chunks."""
+def file_checksum(path: Path, algo: str, *, meter: SharedReads | None = None) -> int:
+    """The `algo` checksum (a key of CHECKSUMS) of the whole file, read once in large chunks; with a
+    `meter`, every read is reported to it (a file on shared storage)."""
     update = CHECKSUMS[algo]
     value = 0
     buf = bytearray(_READ_CHUNK)
     view = memoryview(buf)
+    name = os.fspath(path)
     with open(path, "rb", buffering=0) as fh:
         while n := fh.readinto(buf):
             value = update(view[:n], value)
+            if meter is not None:
+                meter.account(name, n)
+    if meter is not None:
+        meter.read_whole(name)
     return value
 
 
-def verify_file(folder: Path, name: str, entry: FileEntry, *, checksum: bool) -> str | None:
-    """None if the file matches its record, else a short reason."""
+def verify_file(
+    folder: Path, name: str, entry: FileEntry, *, checksum: bool, meter: SharedReads | None = None
+) -> str | None:
+    """None if the file matches its record, else a short reason; `meter` counts a shared tier's reads."""
     path = folder / name
     try:
         size = path.stat().st_size
@@ -197,7 +206,7 @@ def verify_file(folder: Path, name: str, entry: FileEntry, *, checksum: bool) ->
         return f"{name}: size {size} != recorded {entry.size}"
     if checksum:
         try:
-            value = file_checksum(path, entry.algo)
+            value = file_checksum(path, entry.algo, meter=meter)
         except OSError as exc:
             return f"{name}: unreadable ({exc.strerror})"
         if value != entry.checksum:

@@ -9,9 +9,13 @@ from typing import Literal
 Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
 WriterPriority = Literal["idle", "normal"]
+Tiers = Literal["auto", "peer", "local", "off"]
 _MODES = ("off", "sync", "async")
 _BACKENDS = ("kit", "dcp", "nvrx")
 _WRITER_PRIORITIES = ("idle", "normal")
+_TIERS = ("auto", "peer", "local", "off")
+TIER_KEEP_MAX = 8
+"""Most memory-tier steps kept per node: each one is the node's whole share of the state, twice with peers."""
 _WEEK_S = 7 * 24 * 3600.0
 """Ceiling of every duration (`*_s`), as training.config.MAX_SECONDS (which imports this module)."""
 INTERVAL_CAP = 2**24
@@ -74,6 +78,20 @@ class CheckpointConfig:
     processes (data loader workers that fill every core, a laptop's other work) the writer starves and the
     loop waits for it at the next save (a 6-step test: 75-112 s against 24-27 s); see docs/checkpointing.md.
     A thread cannot leave the idle class again without CAP_SYS_NICE. Elsewhere than Linux: normal."""
+    tiers: Tiers = "auto"
+    """Memory tiers, read before shared storage when a worker or a node is replaced (docs/checkpointing.md,
+    "Memory tiers"). local: each rank's last committed state also stays in its node's memory (/dev/shm,
+    owned by the kit launcher), so a restarted worker restores from memory; peer: local, plus a copy on
+    the buddy node (the next node in a ring), so a lost node's replacement gets its state from the buddy;
+    off: every restore reads shared storage. auto (default): peer where it can be (the kit launcher, the
+    kit writer, two nodes or more), else local, else off, said once at start."""
+    tier_keep: int = 1
+    """Committed steps each node keeps in its memory tier (1 to 8): restores only ever read the newest
+    committed step; more copies only cost host memory (the memory plan counts them)."""
+    shared_read_mib_s: float = 0.0
+    """For benchmarks: cap this process's reads from shared storage at this many MiB/s (0: no cap), to emulate
+    a file system shared by many nodes (e.g. FSx for Lustre's throughput divided over the nodes restoring
+    at once) on a machine where every read comes from the page cache. Reads are counted either way."""
     pg_timeout_s: float = 600.0
     """Timeout in seconds of the checkpoint's own gloo process group (a save whose peer died fails after
     this long instead of hanging the writer forever)."""
@@ -111,8 +129,36 @@ class CheckpointConfig:
                 raise ValueError(
                     f"checkpoint.backend nvrx cannot run here ({reason}): use --checkpoint.backend kit or dcp"
                 )
+        self._check_tiers()
         if not self.pg_timeout_s > 0:
             raise ValueError(f"checkpoint.pg_timeout_s must be > 0 seconds, got {self.pg_timeout_s!r}")
+
+    def _check_tiers(self) -> None:
+        if self.tiers not in _TIERS:
+            raise ValueError(f"checkpoint.tiers must be one of {', '.join(_TIERS)}, got {self.tiers!r}")
+        if self.tiers in ("peer", "local") and self.mode == "async" and self.backend != "kit":
+            raise ValueError(
+                f"checkpoint.tiers={self.tiers} needs the kit writer, not backend {self.backend} (DCP's own "
+                "staging keeps no copy the tier can take): use checkpoint.backend=kit, or tiers=off"
+            )
+        if self.tiers in ("peer", "local") and self.mode == "off":
+            raise ValueError(
+                f"checkpoint.tiers={self.tiers} with checkpoint.mode=off: nothing is saved; use tiers=off"
+            )
+        keep = self.tier_keep
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= TIER_KEEP_MAX:
+            raise ValueError(f"checkpoint.tier_keep must be an integer in [1, {TIER_KEEP_MAX}], got {keep!r}")
+        rate = self.shared_read_mib_s
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, (int, float))
+            or not math.isfinite(rate)
+            or rate < 0
+        ):
+            raise ValueError(
+                f"checkpoint.shared_read_mib_s must be a finite number of MiB/s >= 0 (0: no cap), "
+                f"got {rate!r}"
+            )
 
     @property
     def auto(self) -> bool:

@@ -15,17 +15,30 @@ step resumed from but without a commit record (its save never finished).
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+from collections.abc import Generator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
 
 from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.commit import CommitRecord, file_set_problem, read_commit, verify_file
+from training.resilience.checkpoint.commit import (
+    METADATA_FILE,
+    CommitRecord,
+    file_set_problem,
+    read_commit,
+    shard_name,
+    verify_file,
+)
 from training.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
+from training.resilience.checkpoint.shared_reads import SHARED_READS, MeteredRaw
 
 log = logging.getLogger("training.resilience.checkpoint")
 
@@ -90,11 +103,43 @@ def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) 
         raise CheckpointError(refused)
     if error:
         return error
-    mine = sorted(record.files)[comm.rank :: comm.world_size]
-    local = [p for name in mine if (p := verify_file(folder, name, record.files[name], checksum=checksum))]
+    mine = verification_share(sorted(record.files), comm.rank, comm.world_size)
+    local = [
+        p
+        for name in mine
+        if (p := verify_file(folder, name, record.files[name], checksum=checksum, meter=SHARED_READS))
+    ]
     gathered = comm.gather_to_zero(local)
     verdict = "; ".join(p for ps in gathered for p in ps) if gathered is not None else None
     return comm.broadcast_from_zero(verdict) or None
+
+
+def verification_share(names: list[str], rank: int, world_size: int) -> list[str]:
+    """The files `rank` verifies: its own shard (the file its load then reads, from the page cache on
+    shared storage, instead of a second read), `.metadata` on rank 0, any other file by turns."""
+    own = {shard_name(r): r for r in range(world_size)} | {METADATA_FILE: 0}
+    others = [n for n in names if n not in own]
+    return [n for n in names if own.get(n) == rank] + others[rank::world_size]
+
+
+class _MeteredFileSystem(FileSystem):
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        if mode != "rb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with io.BufferedReader(MeteredRaw(Path(path)), buffer_size=1 << 20) as stream:
+            yield stream
+
+
+class SharedReader(FileSystemReader):
+    """DCP's file system reader, with every byte it reads counted (and, for benchmarks, paced) by
+    SHARED_READS (training.resilience.checkpoint.shared_reads)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.fs = _MeteredFileSystem()
 
 
 _reported: set[Path] = set()
@@ -121,6 +166,7 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
         steps = list_steps(root)
         committed = [s for s in reversed(steps) if is_committed(root, s)]
     committed = comm.broadcast_from_zero(committed)
+    SHARED_READS.forget_cached()
     result = Resumed(step=None)
     for step in committed:
         folder = step_dir(root, step)
@@ -130,7 +176,13 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
             result.rejected[step] = problem
             continue
         try:
-            dcp.load(state, checkpoint_id=folder, process_group=comm.group, no_dist=not comm.distributed)
+            dcp.load(
+                state,
+                checkpoint_id=folder,
+                storage_reader=SharedReader(folder),
+                process_group=comm.group,
+                no_dist=not comm.distributed,
+            )
         except SAVE_ERRORS as exc:
             raise CheckpointError(
                 f"checkpoint {folder} verifies but does not fit this model/optimizer ({one_line(exc)}): "

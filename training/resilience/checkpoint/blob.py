@@ -1,0 +1,205 @@
+"""One rank's state as one file in memory: what the node-local and peer tiers keep (see `tier`).
+
+A blob is the tree a save staged (every tensor of the rank's state dict, DTensors as their local shard, the
+small Python leaves as they are), laid out so that a restore is a memory copy: a header (the tree with a
+placeholder per tensor: dtype, shape, offset), then each tensor's raw bytes, 64-byte aligned. It is written
+through the checkpoint writer's `ChecksumFile`, so its CRC-32C is computed over the same memory as it goes
+out; the tier's record keeps (size, crc32c) and a restore verifies them exactly as resume verifies a shard.
+
+Why not a copy of the DCP shard: DCP keeps one copy of each replicated value (the step, the schedule, a
+shared data position) in whichever rank's file its planner picks, so a rank's own shard file cannot restore
+that rank alone. A blob holds everything one rank needs and nothing else; it restores the rank that wrote
+it, on the same world size and model (`fits` checks every tensor's local shape and dtype before anything
+is copied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import pickle
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from training.resilience.checkpoint.commit import FileEntry
+from training.resilience.checkpoint.guard import SaveGuard
+from training.resilience.checkpoint.writer import ChecksumFile
+
+FORMAT = "kit-tier-blob/1"
+MAGIC = b"KITBLOB1"
+_PREFIX = struct.Struct("<8sQ")
+"""Magic, then the header's length in bytes."""
+_ALIGN = 64
+
+
+class BlobError(ValueError):
+    """A blob that cannot be read as one (truncated, another format, a bad header); one line."""
+
+
+@dataclass(frozen=True)
+class _TensorRef:
+    """A tensor's place in the blob."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes a rank holds: a DTensor's local shard, on the host, contiguous."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local = local.detach()
+    if local.device.type != "cpu":
+        local = local.cpu()
+    return local.contiguous()
+
+
+def _layout(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
+    """The tree with each tensor replaced by its `_TensorRef` (offsets relative to the data section)."""
+    if isinstance(obj, torch.Tensor):
+        local = _local(obj)
+        start = -(-offset[0] // _ALIGN) * _ALIGN
+        offset[0] = start + local.nbytes
+        tensors.append(local)
+        return _TensorRef(_dtype_name(local.dtype), tuple(local.shape), start, local.nbytes)
+    if isinstance(obj, dict):
+        return {k: _layout(v, tensors, offset) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_layout(v, tensors, offset) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_layout(v, tensors, offset) for v in obj)
+    return obj
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous host tensor's bytes in place (no copy)."""
+    return memoryview((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def write_blob(path: Path, tree: dict[str, Any], *, guard: SaveGuard | None = None) -> FileEntry:
+    """Write `tree` (a staged or live state dict) to `path`; its size and CRC-32C. Raises OSError, and
+    SaveAbandoned (from `guard`) between tensors once the save is abandoned."""
+    tensors: list[torch.Tensor] = []
+    skeleton = _layout(tree, tensors, [0])
+    header = pickle.dumps({"format": FORMAT, "tree": skeleton}, protocol=pickle.HIGHEST_PROTOCOL)
+    out = ChecksumFile(path, direct=False)
+    try:
+        out.write(_PREFIX.pack(MAGIC, len(header)))
+        out.write(header)
+        for tensor in tensors:
+            if guard is not None:
+                guard.check()
+            out.pad_to(_ALIGN)
+            if tensor.nbytes:
+                out.write(_bytes_of(tensor))
+        return out.close(fsync=False)  # memory-backed: nothing to make durable
+    except BaseException:
+        out.abort()
+        raise
+
+
+@dataclass
+class Blob:
+    """An open blob: `tree` holds tensors that are views into the file's memory (valid until `close`)."""
+
+    tree: dict[str, Any]
+    _map: mmap.mmap
+
+    def close(self) -> None:
+        self.tree = {}
+        with contextlib.suppress(BufferError):  # a view is still referenced: the map goes with it
+            self._map.close()
+
+
+def open_blob(path: Path) -> Blob:
+    """Map the blob at `path` (copy-on-write: restoring never writes to it); BlobError if it is not one."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, 2)
+        if size < _PREFIX.size:
+            raise BlobError(f"{path.name}: {size} bytes, shorter than a blob's prefix")
+        mem = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        magic, header_len = _PREFIX.unpack_from(mem, 0)
+        if magic != MAGIC or _PREFIX.size + header_len > size:
+            raise BlobError(f"{path.name}: not a {FORMAT} file (magic {magic!r}, header {header_len} bytes)")
+        try:
+            header = pickle.loads(mem[_PREFIX.size : _PREFIX.size + header_len])
+        except Exception as exc:  # any unpickling error: the header is damaged
+            raise BlobError(f"{path.name}: unreadable header ({type(exc).__name__})") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise BlobError(f"{path.name}: header is not {FORMAT}")
+        base = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
+        try:
+            tree = _materialise(header["tree"], mem, base, size)
+        except BlobError as exc:
+            raise BlobError(f"{path.name}: {exc}") from None
+    except BaseException:
+        mem.close()
+        raise
+    return Blob(tree=tree, _map=mem)
+
+
+def _materialise(obj: Any, mem: mmap.mmap, base: int, size: int) -> Any:
+    if isinstance(obj, _TensorRef):
+        dtype = getattr(torch, obj.dtype, None)
+        if not isinstance(dtype, torch.dtype) or base + obj.offset + obj.nbytes > size:
+            raise BlobError(f"a tensor entry ({obj.dtype}, {obj.shape}) lies outside the blob's {size} bytes")
+        numel = 1
+        for dim in obj.shape:
+            numel *= dim
+        if numel == 0:
+            return torch.empty(obj.shape, dtype=dtype)
+        return torch.frombuffer(mem, dtype=dtype, count=numel, offset=base + obj.offset).view(obj.shape)
+    if isinstance(obj, dict):
+        return {k: _materialise(v, mem, base, size) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_materialise(v, mem, base, size) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_materialise(v, mem, base, size) for v in obj)
+    return obj
+
+
+def fits(target: Any, blob: Any, path: str = "") -> str | None:
+    """None if every tensor of `blob` has a tensor of the same local shape and dtype at the same place in
+    `target` (the live state dict), and the containers match; else the first difference, in a few words."""
+    if isinstance(blob, torch.Tensor):
+        if not isinstance(target, torch.Tensor):
+            return f"{path or '/'}: a tensor in the copy, {type(target).__name__} in the live state"
+        local = target.to_local() if isinstance(target, DTensor) else target
+        if tuple(local.shape) != tuple(blob.shape) or local.dtype != blob.dtype:
+            return (
+                f"{path}: local shape {tuple(local.shape)} {_dtype_name(local.dtype)} live, "
+                f"{tuple(blob.shape)} {_dtype_name(blob.dtype)} in the copy"
+            )
+        return None
+    if isinstance(blob, dict):
+        if not isinstance(target, dict):
+            return f"{path or '/'}: a dict in the copy, {type(target).__name__} in the live state"
+        if set(blob) != set(target):
+            missing = sorted(map(str, set(target) - set(blob)))
+            extra = sorted(map(str, set(blob) - set(target)))
+            return f"{path or '/'}: keys differ (missing {missing[:3]}, unexpected {extra[:3]})"
+        for key, value in blob.items():
+            problem = fits(target[key], value, f"{path}/{key}")
+            if problem:
+                return problem
+        return None
+    if isinstance(blob, (list, tuple)):
+        if not isinstance(target, (list, tuple)) or len(target) != len(blob):
+            return f"{path or '/'}: a sequence of {len(blob)} in the copy, not in the live state"
+        for i, (t, b) in enumerate(zip(target, blob, strict=True)):
+            problem = fits(t, b, f"{path}/{i}")
+            if problem:
+                return problem
+    return None

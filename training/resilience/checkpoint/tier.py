@@ -1,0 +1,208 @@
+"""The node's memory tier: each rank's last committed state as a blob, in memory that outlives the worker.
+
+Where: the folder the kit launcher makes for its node in memory (`$KIT_TIER_DIR`, under /dev/shm, which
+the kit's pods mount memory-backed), owned by the launcher and removed when it exits; a worker that dies
+(SIGKILL, OOM, a failed in-process restart, a hang restart) leaves it intact, so the next worker on the
+same node restores from it without reading shared storage. A lost node takes its folder with it: its
+buddy's copy (training.resilience.checkpoint.peer) serves instead.
+
+Layout, as the shared tier's: `step_<N:08d>/rank_<R>.blob` and `rank_<R>.json`, the record: step, rank,
+world size, size and CRC-32C of the blob, and where the copy came from (`own`, or `peer` when the rank's
+buddy sent it). A blob is written while the save runs; its record only once the shared tier committed the
+step, so a copy without a record does not exist for restore, exactly as a step folder without its
+commit record. A restore verifies size and checksum (`checkpoint.verify`) against the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, file_checksum
+from training.resilience.checkpoint.layout import list_steps, step_dir
+
+TIER_DIR_ENV = "KIT_TIER_DIR"
+"""The node's memory-tier folder, set by the kit launcher for its workers."""
+FORMAT = "kit-tier-record/1"
+Origin = Literal["own", "peer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierRecord:
+    """One rank's copy of one committed step on this node."""
+
+    step: int
+    rank: int
+    world_size: int
+    size: int
+    crc32c: int
+    origin: Origin
+    """own: written by this node's rank; peer: sent by the rank's buddy (another node)."""
+    created: float = 0.0
+    format: str = FORMAT
+
+    @property
+    def entry(self) -> FileEntry:
+        return FileEntry(size=self.size, **{WRITTEN_CHECKSUM: self.crc32c})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TierRecord:
+        body = json.loads(text)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} record")
+        if body.get("origin") not in ("own", "peer"):
+            raise ValueError(f"unknown origin {body.get('origin')!r}")
+        return cls(
+            step=int(body["step"]),
+            rank=int(body["rank"]),
+            world_size=int(body["world_size"]),
+            size=int(body["size"]),
+            crc32c=int(body["crc32c"]),
+            origin=body["origin"],
+            created=float(body.get("created", 0.0)),
+        )
+
+
+class NodeTier:
+    """This node's memory-tier folder. Every local rank uses it at once: each writes only its own files
+    (its own blob and the one its buddy sends it), and pruning tolerates a peer pruning beside it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def blob(self, step: int, rank: int) -> Path:
+        return step_dir(self.root, step) / f"rank_{rank}.blob"
+
+    def record_path(self, step: int, rank: int) -> Path:
+        return step_dir(self.root, step) / f"rank_{rank}.json"
+
+    def pending(self, step: int, rank: int) -> Path:
+        """Where a copy of `rank`'s blob is written before it is complete (renamed to `blob` after)."""
+        folder = step_dir(self.root, step)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"rank_{rank}.blob.tmp"
+
+    def publish(self, step: int, rank: int) -> None:
+        """The pending copy is complete: give it its name (its record still makes it count)."""
+        os.replace(self.pending(step, rank), self.blob(step, rank))
+
+    def commit(self, record: TierRecord) -> None:
+        """Write the record last (temp + rename): from now on the copy exists for restore."""
+        path = self.record_path(record.step, record.rank)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(record.to_json(), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def drop(self, step: int, rank: int) -> None:
+        """Forget one copy (record first, so a half-removed copy never counts)."""
+        self.record_path(step, rank).unlink(missing_ok=True)
+        self.blob(step, rank).unlink(missing_ok=True)
+
+    def record(self, step: int, rank: int) -> TierRecord | None:
+        """The copy's record if it is readable and describes this step and rank; else None."""
+        try:
+            record = TierRecord.from_json(self.record_path(step, rank).read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if record.step != step or record.rank != rank:
+            return None
+        return record
+
+    def held(self, step: int) -> dict[int, TierRecord]:
+        """Rank -> record of every copy of `step` this node holds with a readable record."""
+        folder = step_dir(self.root, step)
+        held: dict[int, TierRecord] = {}
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                name = entry.name
+                if name.startswith("rank_") and name.endswith(".json"):
+                    rank = name[len("rank_") : -len(".json")]
+                    if rank.isdigit() and (record := self.record(step, int(rank))) is not None:
+                        held[int(rank)] = record
+        return held
+
+    def newest_steps(self) -> list[int]:
+        """Steps with at least one committed copy on this node, newest first."""
+        return [s for s in reversed(list_steps(self.root)) if self.held(s)]
+
+    def verify(self, record: TierRecord, *, checksum: bool) -> str | None:
+        """None if the copy matches its record (size; CRC-32C when `checksum`), else why not."""
+        path = self.blob(record.step, record.rank)
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            return f"{path.name} of step {record.step}: missing ({exc.strerror})"
+        if size != record.size:
+            return f"{path.name} of step {record.step}: size {size} != recorded {record.size}"
+        if checksum:
+            value = file_checksum(path, WRITTEN_CHECKSUM)
+            if value != record.crc32c:
+                return (
+                    f"{path.name} of step {record.step}: crc32c {value:08x} != recorded {record.crc32c:08x}"
+                )
+        return None
+
+    def prune(self, *, keep: int, newest: int) -> None:
+        """Keep the copies of the `keep` newest committed steps up to `newest`; remove older steps and any
+        leftover of a step older than `newest` (a save that never committed). Newer steps are a save in
+        flight and stay. Another local rank may prune at the same time: whatever it removed first is
+        simply gone."""
+        committed = [s for s in list_steps(self.root) if s <= newest and self.held(s)]
+        kept = set(committed[-keep:]) | {newest}
+        for step in list_steps(self.root):
+            if step < newest and step not in kept:
+                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+
+    def host_bytes(self) -> int:
+        """Bytes the tier holds now (the blobs and what is being written)."""
+        total = 0
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(folder, name)).st_size
+        return total
+
+
+def incoming(path: Path, size: int) -> mmap.mmap:
+    """A file of `size` bytes at `path`, mapped shared and writable: a peer's blob is received into it."""
+    with open(path, "w+b") as fh:
+        fh.truncate(size)
+        if size == 0:
+            return mmap.mmap(-1, 1)
+        return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_WRITE)
+
+
+def outgoing(path: Path) -> mmap.mmap:
+    """A blob mapped copy-on-write (sent as it is; the file never changes)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return mmap.mmap(-1, 1)
+        return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+
+
+def new_record(entry: FileEntry, *, step: int, rank: int, world_size: int, origin: Origin) -> TierRecord:
+    return TierRecord(
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        size=entry.size,
+        crc32c=entry.checksum,
+        origin=origin,
+        created=time.time(),
+    )
+
+
+def as_json(records: dict[int, TierRecord]) -> dict[int, dict[str, Any]]:
+    """Records in a form every rank can pickle and compare."""
+    return {rank: asdict(r) for rank, r in records.items()}
