@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ import psutil
 
 from k8s.render import Manifest
 from k8s.spec import INDEX_ANNOTATION
+from training.launch import SHM, TIER_BASE_ENV
 from training.ports import free_port_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -190,6 +192,10 @@ class LocalRunner:
         self.on_line = on_line
         self.port = free_port()
         self.paths = self._prepare_volumes()
+        shm = SHM if os.path.isdir(SHM) else None
+        self.memory_root = Path(tempfile.mkdtemp(prefix="kit-local-", dir=shm))
+        """Each pod's own memory (its /dev/shm on EKS): the launcher's memory-tier folder goes under it,
+        and it goes with the pod."""
         self.pods: list[PodRecord] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._store: subprocess.Popen[bytes] | None = None
@@ -333,7 +339,7 @@ class LocalRunner:
         record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
         host, pod = self._host_env(), self.pod_env(index, name)
-        env = {**host, **pod}
+        env = {**host, **pod, TIER_BASE_ENV: str(self._pod_memory(name))}
         if "PYTHONPATH" in pod:  # ENV.PYTHONPATH replaces the image's /app (the kit); here the repo is it
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [pod["PYTHONPATH"], host["PYTHONPATH"]]))
         proc = self._popen(self.pod_argv(env), env, record)
@@ -341,6 +347,16 @@ class LocalRunner:
             self._procs[index] = proc
             self.pods.append(record)
         return record
+
+    def _pod_memory(self, name: str) -> Path:
+        folder = self.memory_root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _free_pod_memory(self, record: PodRecord) -> None:
+        """A pod that ended takes its memory with it (a node lost, drained or done): nothing of it is left
+        for its replacement."""
+        shutil.rmtree(self.memory_root / record.name, ignore_errors=True)
 
     def _pump(self, proc: subprocess.Popen[bytes], record: PodRecord) -> None:
         with open(record.log, "wb") as log:
@@ -412,6 +428,7 @@ class LocalRunner:
                         continue
                     progressed = True
                     records[index].exit_code = code
+                    self._free_pod_memory(records[index])
                     if code == 0:
                         done.add(index)
                     elif code in self.job.fail_job_codes:
@@ -447,6 +464,7 @@ class LocalRunner:
 
     def _finish(self, ok: bool, reason: str, run_dir: Path) -> LocalResult:
         self._stop_all()
+        shutil.rmtree(self.memory_root, ignore_errors=True)
         for index, proc in self._procs.items():
             rec = next(r for r in reversed(self.pods) if r.index == index)
             if rec.exit_code is None:

@@ -9,8 +9,11 @@ Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "
 Kinds and their own fields:
   trainer:
     start         world_size, model, ckpt_mode
-    resume        step (int | null), source ("disk" | "memory" | "live" | "none"), duration_s,
-                  fallback_from (int | null)
+    resume        step (int | null), source ("shared" | "peer" | "memory" | "live" | "none": shared storage,
+                  another node's memory tier, this node's memory, the failed session's own state, nothing),
+                  duration_s, fallback_from (int | null), bytes (restored from a memory tier), shared_bytes
+                  (read from the shared checkpoint folder by this rank during this restore). Runs from
+                  before the memory tiers wrote "disk" for "shared"
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
                   ts = the start of the phase,
@@ -24,8 +27,14 @@ Kinds and their own fields:
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
                   faults_seen, exposure_s, optimum_s (training.resilience.checkpoint.interval)
     inprocess_restart  reason, restored_step, source ("live": the failed session's own state, nothing
-                  computed again; "memory": the last save's host copy; "disk"; "none"), why (why not live;
+                  computed again; "memory": the last save's host copy or the node's tier; "peer";
+                  "shared"; "none"), why (why not live;
                   null when live), duration_s, iteration (NVRx Wrapper mode only)
+    tier          the memory tiers (training.resilience.checkpoint.memory_tiers): step, phase ("write": this
+                  rank's copy written, bytes; "peer": its copy sent to its buddy and the neighbour's
+                  received, bytes both ways, held_for (that neighbour's rank); "failed": stage, error (the
+                  step is left to shared storage); "fallback": rank 0, a restore that memory could not
+                  serve, reason), duration_s
     end           step (the final step)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that

@@ -35,6 +35,19 @@ Event = Mapping[str, Any]
 DETECTION_KINDS = ("worker_failed", "hang_detected")
 """Launcher events that mean "the launcher noticed a fault"."""
 RESUME_KINDS = ("resume", "inprocess_restart")
+RESTORE_SOURCES = ("none", "live", "memory", "peer", "shared")
+"""Where a resume found its state, from the cheapest to the dearest: none (from the seed), live (the failed
+session's own tensors), memory (the node's memory: a host copy or the node tier), peer (another node's
+memory), shared (the shared checkpoint folder)."""
+
+
+def restore_source(sources: Iterable[Any]) -> str | None:
+    """The job's source for one restore: the dearest any rank used (the job waits for its slowest rank).
+    Runs from before the memory tiers wrote "disk" for shared storage."""
+    seen = ["shared" if s == "disk" else s for s in sources if s in (*RESTORE_SOURCES, "disk")]
+    return max(seen, key=RESTORE_SOURCES.index) if seen else None
+
+
 """Trainer events that mean "training state was restored after a (re)start"."""
 
 
@@ -70,7 +83,14 @@ class FaultMetrics:
     resume_step: int | None = None
     """Checkpoint step the run resumed from (None: from scratch or never resumed)."""
     resume_source: str | None = None
-    """Where the state came from: disk, memory or none."""
+    """Where the state came from (`restore_source` of every rank's resume): live, memory, peer, shared or
+    none."""
+    restore_s: float | None = None
+    """Seconds the slowest rank spent restoring (its resume event's duration); None if never resumed."""
+    restore_bytes: int | None = None
+    """Bytes every rank restored from a memory tier or read from shared storage, summed."""
+    shared_bytes: int | None = None
+    """Bytes every rank read from the shared checkpoint folder during the restore, summed (0: none)."""
     lost_steps: int | None = None
     """Steps computed before the fault that were computed again (highest step before it - resume step)."""
     node: int | None = None
@@ -146,6 +166,9 @@ class RunMetrics:
     """In-process restarts (counted once per restart, not per rank)."""
     faults_recovered: int = 0
     """Faults followed by a resume and a completed step."""
+    restores: dict[str, int] = field(default_factory=dict)
+    """Faults by where their restore found the state (`FaultMetrics.resume_source`): live, memory, peer,
+    shared, none."""
     faults_unfired: list[str] = field(default_factory=list)
     """Planned faults that never fired (`fault_unfired` events at the end of the run, in the fault grammar):
     the run does not prove their recovery, and the report says so."""
@@ -332,9 +355,18 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
         blamed_rank=blamed,
         downtime_s=None if restart_begin is None else max(0.0, restart_begin - t0),
         resume_step=resume_step,
-        resume_source=None if first_resume is None else first_resume.get("source"),
+        resume_source=restore_source(e.get("source") for e in per_rank.values()),
+        restore_s=max((float(e.get("duration_s") or 0.0) for e in per_rank.values()), default=None),
+        restore_bytes=_total(per_rank.values(), "bytes"),
+        shared_bytes=_total(per_rank.values(), "shared_bytes"),
         lost_steps=lost,
     )
+
+
+def _total(events: Iterable[Event], key: str) -> int | None:
+    """Sum of an integer field over events that carry it; None if none does."""
+    values = [int(e[key]) for e in events if isinstance(e.get(key), int) and not isinstance(e.get(key), bool)]
+    return sum(values) if values else None
 
 
 def _launcher_key(e: Event) -> tuple[Any, Any]:
@@ -484,6 +516,11 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         restarts=restarts,
         inprocess_restarts=max(inprocess.values(), default=0),
         faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
+        restores={
+            source: n
+            for source in RESTORE_SOURCES
+            if (n := sum(1 for f in faults if f.resume_source == source))
+        },
         faults_unfired=list(dict.fromkeys(str(e.get("fault")) for e in trainer if e["kind"] == UNFIRED)),
         checkpoint_write_s=ckpt_sum("write"),
         events_skipped=len(given) - len(evs),

@@ -19,8 +19,17 @@ from rich.table import Table
 
 from cliargs import OneLineParser
 from training import exitcodes
-from training.metrics import DETECTION_KINDS, MetricsError, RunMetrics, load_events, load_run_metrics
+from training.metrics import (
+    DETECTION_KINDS,
+    MetricsError,
+    RunMetrics,
+    load_events,
+    load_run_metrics,
+    restore_source,
+)
 
+RESTORE_STYLE = {"memory": "gD", "peer": "bs", "shared": "mv"}
+"""Timeline marker of a restore by its source (green diamonds, blue squares, purple triangles)."""
 DEFAULT_PNG = "timeline.png"
 """Written inside the run folder unless --png says otherwise."""
 
@@ -52,12 +61,18 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("efficiency", "1 - stalls / wall (study)", lambda m: _pct(m.efficiency)),
     ("faults", "recovered / injected", lambda m: f"{m.faults_recovered} / {len(m.faults)}" + _unfired(m)),
     ("restarts", "worker group / in-process", lambda m: f"{m.restarts} / {m.inprocess_restarts}"),
+    ("restored from", "faults by where the state came from", lambda m: _restores(m)),
     ("recovery total", "sum over faults", lambda m: _s(m.recovery_s_total)),
     ("goodput", "steps x median step / wall (strict)", lambda m: _pct(m.goodput)),
     ("training goodput", "study's definition", lambda m: _pct(m.training_goodput)),
     ("infra goodput", "study's definition", lambda m: _pct(m.infra_goodput)),
 )
 """Table rows: label, meaning, formatter. Shared by the single-run and the side-by-side tables."""
+
+
+def _restores(m: RunMetrics) -> str:
+    """'memory 2 · peer 1' (the node's memory, another node's, shared storage, ...); '-' without faults."""
+    return " · ".join(f"{source} {n}" for source, n in m.restores.items()) or "-"
 
 
 def _unfired(m: RunMetrics) -> str:
@@ -88,10 +103,15 @@ def faults_table(m: RunMetrics) -> Table:
         "recovery",
         "downtime",
         "resumed",
+        "restore",
         "lost",
         "took over",
     ):
-        table.add_column(col, justify="right" if col not in ("kind", "detected by") else "left")
+        table.add_column(
+            col,
+            justify="right" if col not in ("kind", "detected by") else "left",
+            no_wrap=col == "resumed",  # "12 (memory)": the step and where it came from stay on one line
+        )
     for i, f in enumerate(m.faults, 1):
         resumed = "-" if f.resume_source is None else f"{f.resume_step} ({f.resume_source})"
         table.add_row(
@@ -105,6 +125,7 @@ def faults_table(m: RunMetrics) -> Table:
             _s(f.recovery_s),
             _s(f.downtime_s),
             resumed,
+            _s(f.restore_s),
             "-" if f.lost_steps is None else str(f.lost_steps),
             f.takeover or "-",
         )
@@ -195,6 +216,14 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     if detections:
         ax.plot(detections, [0] * len(detections), "kx", ms=7, label="launcher detection", clip_on=False)
 
+    for source, style in RESTORE_STYLE.items():  # where each restore found the state (the reference rank's)
+        xs = [
+            float(e["ts"]) - t0
+            for e in trainer
+            if e["kind"] == "resume" and int(e["rank"]) == ref and restore_source([e.get("source")]) == source
+        ]
+        if xs:
+            ax.plot(xs, [0] * len(xs), style, ms=7, label=f"restore: {source}", clip_on=False)
     starts = sorted({round(float(e["ts"]) - t0, 3) for e in trainer if e["kind"] == "start"})
     ax.plot(starts, [0] * len(starts), "g^", ms=6, label="workers start", clip_on=False)
     ax.set_xlim(left=0)
@@ -254,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(_as_json(m, png))
         return exitcodes.OK
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 132)
     console.print(metrics_table(m, title=f"Run metrics: {run_dir}"))
     if m.faults:
         console.print(faults_table(m))

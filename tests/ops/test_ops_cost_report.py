@@ -194,7 +194,7 @@ def write_run(
     t += 3.0
     for log in logs:
         log.emit("start", ts=t, world_size=2, model="tiny", ckpt_mode="async")
-        log.emit("resume", ts=t + 0.5, step=4, source="disk", duration_s=0.5, fallback_from=None)
+        log.emit("resume", ts=t + 0.5, step=4, source="shared", duration_s=0.5, fallback_from=None)
     t += 0.5
     for step in range(5, 11):
         for log in logs:

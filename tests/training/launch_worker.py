@@ -54,7 +54,7 @@ def main() -> None:
         saved = json.loads(state_file.read_text())
         start, value = saved["step"], saved["value"]
     events.emit(
-        "resume", step=start or None, source="disk" if start else "none", duration_s=0.0, fallback_from=None
+        "resume", step=start or None, source="shared" if start else "none", duration_s=0.0, fallback_from=None
     )
     hb.phase("train")
     injector = FaultInjector(

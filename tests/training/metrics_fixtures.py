@@ -54,7 +54,7 @@ class SyntheticRun:
             log = self._log("trainer", rank)
             self.logs[rank] = log
             log.emit("start", ts=ts, world_size=self.world_size, model="tiny", ckpt_mode=ckpt_mode)
-            source = "none" if resume_step is None else "disk"
+            source = "none" if resume_step is None else "shared"
             log.emit(
                 "resume",
                 ts=resume_ts or ts,

@@ -29,7 +29,7 @@ def test_live_only_when_every_rank_is_clean_at_the_same_step() -> None:
     ]
     assert agree(torn, interval=4) == Plan("memory", 4, "rank 1: failed mid-update of step 7")
     apart = [Report(live=6, why=None, memory=4), Report(live=7, why=None, memory=None)]
-    assert agree(apart, interval=4) == Plan("disk", None, "ranks stopped at different steps [6, 7]")
+    assert agree(apart, interval=4) == Plan("checkpoint", None, "ranks stopped at different steps [6, 7]")
 
 
 def test_a_live_resume_saves_again_when_the_last_due_save_never_committed() -> None:

@@ -67,7 +67,7 @@ def test_kill_detected_by_launcher_then_resumed_from_disk(tmp_path: Path) -> Non
     assert f.detect_s == pytest.approx(0.2)
     assert f.recovery_s == pytest.approx(4.1 + 0.9)  # fault -> end of step 11 after the resume
     assert f.downtime_s == pytest.approx(4.1)  # fault -> start of that step
-    assert (f.resume_step, f.resume_source, f.lost_steps) == (10, "disk", 2)
+    assert (f.resume_step, f.resume_source, f.lost_steps) == (10, "shared", 2)
     assert m.faults_recovered == 1
     assert m.recovery_s_total == pytest.approx(5.0)
     assert m.infra_goodput == pytest.approx((wall - 4.1) / wall)
@@ -354,3 +354,15 @@ def test_throughput_is_the_median_of_the_steps_and_absent_without_it() -> None:
     bare = [{k: v for k, v in e.items() if k not in ("tokens_per_s", "mfu")} for e in events]
     m = compute_metrics(bare)
     assert m.tokens_per_s is None and m.mfu is None
+
+
+def test_a_restore_counts_as_the_dearest_source_any_rank_used() -> None:
+    """The job waits for its slowest rank: one rank's shared read makes the restore a shared one."""
+    from training.metrics import restore_source
+
+    assert restore_source(["memory", "memory"]) == "memory"
+    assert restore_source(["memory", "peer"]) == "peer"
+    assert restore_source(["peer", "shared", "memory"]) == "shared"
+    assert restore_source(["disk"]) == "shared"  # runs from before the memory tiers
+    assert restore_source(["live", None, "bogus"]) == "live"
+    assert restore_source([]) is None

@@ -48,7 +48,8 @@ def test_table_fault_rows_and_png(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "steps completed" in out and "Faults" in out
-    assert "worker_failed" in out and "5 (disk)" in out  # the fault row: detector and resume point
+    assert "worker_failed" in out and "5 (shared)" in out  # the fault row: detector and resume point
+    assert "restored from" in out and "shared 1" in out
     assert f"timeline: {png}" in out
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
 

@@ -33,7 +33,7 @@ def test_stop_and_resume_is_bitwise_equal_to_an_uninterrupted_run(
 
     events = read_events(root / "resume")
     resumes = [e for e in events if e["kind"] == "resume" and e["rank"] == 0]
-    assert [(e["step"], e["source"]) for e in resumes] == [(None, "none"), (half, "disk")]
+    assert [(e["step"], e["source"]) for e in resumes] == [(None, "none"), (half, "shared")]
     steps = [e["step"] for e in events if e["kind"] == "step" and e["rank"] == 0]
     assert steps == list(range(1, REF_STEPS + 1)), "no step computed twice, none skipped"
     assert_same_final_checkpoint(root / "resume", reference_run)

@@ -19,7 +19,8 @@ launcher interrupts: training.resilience.hang_interrupt):
                 committed (the restart abandoned it), that step is saved again at once;
      memory     else, if every rank's checkpointer holds the same step in host memory (`memory_step()`),
                 copy it back (no disk read);
-     disk       else the newest committed step from disk; with no checkpoint at all (none), start again
+     checkpoint else the newest committed step, from the memory tiers when every rank's copy is on a
+                node of the job, else from shared storage; with no checkpoint at all (none), start again
                 from the seed (the same weights as the first start);
   5. continue the loop.
 A rank that cannot recover this way (a peer never reaches the barrier: it died or hangs in C code; the
@@ -142,9 +143,9 @@ class Report:
 class Plan:
     """The restore every rank takes: the same on every rank (computed from the same reports)."""
 
-    source: Literal["live", "memory", "disk"]
+    source: Literal["live", "memory", "checkpoint"]
     step: int | None
-    """The live or host-memory step; None for disk."""
+    """The live or host-memory step; None for the checkpoint (memory tiers, then shared storage)."""
     why: str | None
     """Why not live (None when live)."""
     resave: bool = False
@@ -166,7 +167,7 @@ def agree(reports: list[Report], *, interval: int | None) -> Plan:
     memory = {r.memory for r in reports}
     if len(memory) == 1 and None not in memory:
         return Plan("memory", reports[0].memory, why)
-    return Plan("disk", None, why)
+    return Plan("checkpoint", None, why)
 
 
 def capture_live(session: Session) -> tuple[int | None, str | None, dict[str, Any] | None]:
@@ -254,7 +255,7 @@ def restore(
                 "launcher restarts the group (from the seed or the newest commit)"
             )
     step = session.checkpointer.load(session.ckpt_state)
-    return step, ("disk" if step is not None else "none"), plan.why
+    return step, session.checkpointer.last_source or "none", plan.why
 
 
 def _close_quietly(checkpointer: object) -> None:
@@ -327,7 +328,7 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
         plan = plan_restore(job, previous, live)
         # Restored from this process's own live state or host copy: the seeded init would be overwritten.
         # From disk it stays: a checkpoint that turns out unreadable falls back to the seed.
-        seeded = plan.source == "disk"
+        seeded = plan.source == "checkpoint"
         resumes_live = plan.source == "live"  # rolls nothing back: no fault for `checkpoint.interval=auto`
         session = build_session(job, build, init_weights=seeded, live=resumes_live)
         step, source, why = restore(job, session, previous, live, plan, seeded=seeded)

@@ -116,7 +116,7 @@ def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog
     assert (step, app.step) == (2, 2)
     assert "step_00000003 skipped: damaged (__0_0.distcp: crc32c" in caplog.text
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
-    assert (resumes[-1]["step"], resumes[-1]["fallback_from"], resumes[-1]["source"]) == (2, 3, "disk")
+    assert (resumes[-1]["step"], resumes[-1]["fallback_from"], resumes[-1]["source"]) == (2, 3, "shared")
 
 
 def test_uncommitted_newest_is_ignored_and_named_once(tmp_path: Path, caplog) -> None:
