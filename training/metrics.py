@@ -282,15 +282,17 @@ def _first_step_after(events: Sequence[Event], rank: int, after_ts: float) -> Ev
     return None
 
 
-def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
+def _fault_metrics(events: Sequence[Event], fault: Event, until: float = float("inf")) -> FaultMetrics:
+    """`until`: the next fault's time; what happens from then on is that fault's."""
     t0 = _ts(fault)
     resumes = [e for e in events if e["kind"] in RESUME_KINDS and _is_trainer(e) and _ts(e) >= t0]
     first_resume = resumes[0] if resumes else None
-    # Every rank's first resume in the restart that follows the fault (same attempt as the first one).
+    # Every rank's first resume of the same kind after the fault and before the next one (a rank on a
+    # replacement node has a launcher of its own, so its attempt count starts again at 0).
     per_rank: dict[int, Event] = {}
     if first_resume is not None:
         for e in resumes:
-            if e.get("attempt") == first_resume.get("attempt") and e["kind"] == first_resume["kind"]:
+            if e["kind"] == first_resume["kind"] and _ts(e) < until:
                 per_rank.setdefault(int(e["rank"]), e)
 
     recovery_end: float | None = None
@@ -344,7 +346,7 @@ def _fault_metrics(events: Sequence[Event], fault: Event) -> FaultMetrics:
     node = _int(fault.get("target_node"))
     return FaultMetrics(
         node=node,
-        takeover=_takeover(events, t0),
+        takeover=_takeover(events, t0, until),
         kind=str(fault.get("fault", "unknown")),
         step=_int(fault.get("step")),
         rank=None if node is not None else _int(target),
@@ -373,8 +375,9 @@ def _launcher_key(e: Event) -> tuple[Any, Any]:
     return e.get("host"), e.get("pid")
 
 
-def _takeover(events: Sequence[Event], t0: float) -> str | None:
-    """Classify the launchers whose first worker group starts after the fault (see FaultMetrics.takeover)."""
+def _takeover(events: Sequence[Event], t0: float, until: float) -> str | None:
+    """Classify the launchers whose worker groups start after the fault and before the next one at `until`
+    (see FaultMetrics.takeover)."""
     launchers = [e for e in events if e.get("role") == "launcher"]
     born: dict[tuple[Any, Any], float] = {}
     trained_before: set[tuple[Any, Any]] = set()
@@ -382,7 +385,7 @@ def _takeover(events: Sequence[Event], t0: float) -> str | None:
         born.setdefault(_launcher_key(e), _ts(e))
         if e["kind"] == "group_started" and _ts(e) < t0:
             trained_before.add(_launcher_key(e))
-    after = [e for e in launchers if e["kind"] == "group_started" and _ts(e) >= t0]
+    after = [e for e in launchers if e["kind"] == "group_started" and t0 <= _ts(e) < until]
     if not after:
         return None
     newcomers = {_launcher_key(e) for e in after} - trained_before
@@ -479,7 +482,9 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     committed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "commit"}
     failed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "failed"}
 
-    faults = [_fault_metrics(evs, f) for f in _unique_faults(evs)]
+    fault_events = _unique_faults(evs)
+    nexts = [_ts(f) for f in fault_events[1:]] + [float("inf")] * bool(fault_events)
+    faults = [_fault_metrics(evs, f, until) for f, until in zip(fault_events, nexts, strict=True)]
     recovery_total = sum(f.recovery_s or 0.0 for f in faults)
     downtime_total = sum(f.downtime_s or 0.0 for f in faults)
     step_time_total = sum(float(e.get("duration_s") or 0.0) for e in steps)

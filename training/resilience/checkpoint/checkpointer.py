@@ -247,17 +247,12 @@ class Checkpointer:
             )
 
     def _run_sync(self, save: _Save, state: dict[str, Any]) -> None:
-        ok, error, files, tiered = False, None, {}, False
+        ok, error, files = False, None, {}
         if self._prepare_folder(save.step):
             ok, error, files = self._write(save, state)
-            tiered = (
-                ok
-                and self._tiers is not None
-                and self._tiers.write(save.step, flatten_state(state), save.guard)
-            )
         else:
             error = "rank 0 could not create or clear the step folder (see its log)"
-        self._finish(save, ok, error, files, tiered=tiered)
+        self._finish(save, ok, error, files, tree=flatten_state(state) if self._tiers is not None else None)
 
     def _background(self, save: _Save, job: Callable[[], None]) -> None:
         """Run a save's background part; whatever stops it (abandoned, a collective that failed because
@@ -283,14 +278,11 @@ class Checkpointer:
         finally:
             save.staged.set()
         ok, error, files = False, copy_error, {}
-        tiered = (
-            tree is not None and self._tiers is not None and self._tiers.write(save.step, tree, save.guard)
-        )
         if self._comm.all_true(tree is not None) and self._prepare_folder(save.step):
             ok, error, files = self._write(save, tree)
         elif error is None:
             error = "another rank could not stage or clear the step folder"
-        self._finish(save, ok, error, files, tiered=tiered)
+        self._finish(save, ok, error, files, tree=tree)
 
     def _start_dcp_async(self, save: _Save, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -398,12 +390,13 @@ class Checkpointer:
         files: dict[str, FileEntry],
         *,
         written: bool = False,
-        tiered: bool = False,
+        tree: dict[str, Any] | None = None,
     ) -> None:
         """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes; with memory
-        tiers, every rank then learns whether the step committed and commits its tier copy."""
+        tiers, every rank then learns whether the step committed and keeps `tree` (what it saved) in its
+        node's tier."""
         try:
-            gathered = self._comm.gather_to_zero((ok, error, files, tiered))
+            gathered = self._comm.gather_to_zero((ok, error, files))
             reached = True
         except SAVE_ERRORS as exc:  # a peer died mid-save: the step stays uncommitted
             gathered, reached = None, False
@@ -414,15 +407,19 @@ class Checkpointer:
         if self.rank == 0 and gathered is not None:
             committed = self._commit(save, gathered)
         if self._tiers is not None and reached:  # rank 0's verdict is the one broadcast
-            self._finish_tiers(save, committed and gathered is not None and all(t for *_, t in gathered))
+            self._finish_tiers(save, committed, tree)
         save.ok = ok
         save.end()
 
-    def _finish_tiers(self, save: _Save, ready: bool) -> None:
-        """Every rank: the tier copies of this step count once it committed and every rank wrote its copy
-        (rank 0 knows both: `ready`); a save that stops here was already committed on shared storage."""
+    def _finish_tiers(self, save: _Save, committed: bool, tree: dict[str, Any] | None) -> None:
+        """Every rank, after the commit (rank 0's `committed` is broadcast): write this rank's copy; once
+        every rank wrote its own, the copies count and go to the buddies. The shared tier never waits for
+        the memory tiers, and a save that stops here was already committed."""
         try:
-            if self._comm.broadcast_from_zero(ready):
+            if not self._comm.broadcast_from_zero(committed):
+                return
+            wrote = tree is not None and self._tiers.write(save.step, tree, save.guard)
+            if self._comm.all_true(wrote):
                 self._tiers.committed(self._comm, save.step, save.guard)
             else:
                 self._tiers.forget(save.step)
@@ -435,7 +432,7 @@ class Checkpointer:
 
     def _commit(self, save: _Save, gathered: list[Any]) -> bool:
         """Rank 0: write the commit record (True), or report why not (False)."""
-        errors = [f"rank {r}: {e}" for r, (ok, e, *_) in enumerate(gathered) if not ok]
+        errors = [f"rank {r}: {e}" for r, (ok, e, _) in enumerate(gathered) if not ok]
         if errors:
             if gathered[0][0]:  # rank 0 itself wrote fine: report the others' errors once
                 self._report_failed(save.step, "; ".join(errors))
@@ -443,7 +440,7 @@ class Checkpointer:
         folder = step_dir(self.root, save.step)
         try:
             save.guard.point("committing")
-            files = merge_rank_files([per_rank for _, _, per_rank, _ in gathered], self.world_size)
+            files = merge_rank_files([per_rank for _, _, per_rank in gathered], self.world_size)
         except (SaveAbandoned, CommitRefused) as exc:
             self._report_failed(save.step, f"not committed: {one_line(exc)}")
             return False
