@@ -26,10 +26,12 @@ JOB = ["NODES=2", "STEPS=10", "CHECKPOINT_INTERVAL=4", "CHECKPOINT_MODE=sync", "
 FAULT_STEP = 6
 
 
-def run_job(tmp: Path, run_id: str, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run_job(
+    tmp: Path, run_id: str, *overrides: str, job: list[str] = JOB
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`python -m k8s local` as a user runs it; returns the process and the run folder."""
     proc = subprocess.run(
-        [sys.executable, "-m", "k8s", "local", *JOB, *overrides, f"RUN_ID={run_id}",
+        [sys.executable, "-m", "k8s", "local", *job, *overrides, f"RUN_ID={run_id}",
          "--workdir", str(tmp), "--timeout", "240"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=280,
@@ -71,6 +73,9 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
     # success means every index, spares included, ended with exit 0)
     assert _launcher_events(run_dir, "spare_waiting")
     assert _launcher_events(run_dir, "spare_exit")  # 3 pods were left for 2 places: one exited 0 unused
+    # The lost or drained node's state came from its buddy's memory, the survivor's from its own: nothing
+    # was read from the shared checkpoint folder.
+    assert (m.faults[0].resume_source, m.faults[0].shared_bytes) == ("peer", 0)
     logs = tmp_path / run_id / "logs"
     lost = (logs / f"{run_id}-{node}-local.log").read_text()
     if kind == "node":
@@ -95,6 +100,36 @@ def test_node_loss_without_spares_waits_for_the_recreated_pod(
     assert_same_model(run_dir, fault_free)
     survivor = (tmp_path / run_id / "logs" / f"{run_id}-{1 - node}-local.log").read_text()
     assert "the group re-forms: waiting up to 600 s" in survivor
+    [fault] = metrics.load_run_metrics(run_dir).faults  # the buddy ring needs no spare
+    assert (fault.takeover, fault.resume_source, fault.shared_bytes) == ("replacement", "peer", 0)
+
+
+KILLS = 10
+"""Rank kills on pod 1 in the run below, each at the step after a save."""
+
+
+def test_rank_faults_keep_every_node_in_place_and_restore_from_memory(tmp_path: Path) -> None:
+    """3 pods + 2 spares: ten kills of pod 1's rank and an OOM of pod 2's each restart the group on the same
+    nodes and restore every rank from its own node's memory; then pod 0's node is lost, fires as planned,
+    and a spare takes its place with pod 0's state from its buddy. No restore reads the shared checkpoint
+    folder, and the final checkpoint, loaded back from disk, equals a fault-free run's."""
+    steps = 2 * KILLS + 8
+    kills = [f"kill:step={2 * i + 3}:rank=1" for i in range(KILLS)]
+    faults = ",".join([*kills, f"oom:step={steps - 5}:rank=2", f"node:step={steps - 3}:node=0"])
+    job = ["NODES=3", f"STEPS={steps}", "CHECKPOINT_MODE=async", "MONITOR_INTERVAL_S=0.1"]
+    _, reference = run_job(tmp_path / "ref", "ref3", f"CHECKPOINT_INTERVAL={steps}", job=job)
+    proc, run_dir = run_job(
+        tmp_path / "run", "keep", "CHECKPOINT_INTERVAL=2", "SPARES=2", "NODE_FAILURE_LIMIT=0",
+        "MAX_RESTARTS=20", f"FAULT_SPEC={faults}", job=job,
+    )  # fmt: skip
+    assert_same_model(run_dir, reference)
+    m = metrics.load_run_metrics(run_dir)
+    assert not m.faults_unfired
+    seen = [(f.kind, f.takeover, f.resume_source, f.shared_bytes) for f in m.faults]
+    assert seen == [("kill", "same nodes", "memory", 0)] * KILLS + [
+        ("oom", "same nodes", "memory", 0),
+        ("node", "spare", "peer", 0),
+    ], proc.stdout[-3000:]
 
 
 def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(

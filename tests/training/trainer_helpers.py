@@ -111,7 +111,10 @@ def assert_resumes_from_final(tmp: Path, trainer_args: list[str], run_dir: Path,
     before = len(read_events(run_dir))
     run_trainer(tmp, trainer_args).check()
     resumes = [e for e in read_events(run_dir)[before:] if e["kind"] == "resume"]
-    assert {(e["rank"], e["step"], e["source"]) for e in resumes} == {(0, step, "shared"), (1, step, "shared")}
+    assert {(e["rank"], e["step"], e["source"]) for e in resumes} == {
+        (0, step, "shared"),
+        (1, step, "shared"),
+    }
 
 
 def launch_trainer(
