@@ -41,11 +41,45 @@ def staging_gib(v: JobValues) -> float:
     return MODEL_PARAMS[model] * CKPT_BYTES_PER_PARAM / v.nodes / 2**30
 
 
+TIER_COPIES = {"peer": 4, "local": 2, "off": 0}
+"""Node shares of the checkpoint a pod's /dev/shm holds at most with each tier setting (one step kept):
+the kept step and the one being written, for its own ranks, and as many for its buddy's with peer."""
+
+
+def tier_keep(v: JobValues) -> int:
+    """TRAIN.checkpoint.tier_keep, else the trainer's default (1)."""
+    keep = v.train.get("checkpoint", {}).get("tier_keep", 1)
+    return keep if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1 else 1
+
+
+def tier_gib(v: JobValues, tiers: str) -> float:
+    """What the memory tiers hold in one pod's /dev/shm at most, GiB."""
+    return TIER_COPIES[tiers] * (tier_keep(v) + 1) / 2 * staging_gib(v)
+
+
+def tiers(v: JobValues) -> str:
+    """The memory tiers the pods run: CHECKPOINT_TIERS, or for auto the most that fits in half the pod's
+    memory (as SHM_GIB must) under the kit launcher and writer: peer (two nodes or more), local, off."""
+    if v.checkpoint_tiers != "auto":
+        return v.checkpoint_tiers
+    if v.launcher != "kit" or v.checkpoint_mode == "off":  # the kit launcher owns each node's tier folder
+        return "off"
+    if v.checkpoint_mode == "async" and v.checkpoint_backend in ("dcp", "nvrx"):
+        return "off"
+    room = v.shm_gib if v.shm_gib is not None else get_profile(v.profile).memory_gib // 2
+    for choice in ("peer", "local") if v.nodes > 1 else ("local",):
+        if tier_gib(v, choice) <= room:
+            return choice
+    return "off"
+
+
 def shm_gib(v: JobValues) -> int:
-    """/dev/shm size: the explicit value, else twice the staging size, at least the profile's minimum."""
+    """/dev/shm size: the explicit value, else what the memory tiers hold, at least twice the staging size and
+    the profile's minimum."""
     if v.shm_gib is not None:
         return v.shm_gib
-    return max(get_profile(v.profile).shm_min_gib, math.ceil(2 * staging_gib(v)))
+    need = max(2 * staging_gib(v), tier_gib(v, tiers(v)))
+    return max(get_profile(v.profile).shm_min_gib, math.ceil(need))
 
 
 def heartbeat_seconds(v: JobValues) -> float | None:

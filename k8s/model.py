@@ -19,6 +19,7 @@ ModelName = Literal["tiny", "small", "llama3.1-8b"]
 DataKind = Literal["synthetic", "shards"]
 CheckpointMode = Literal["off", "sync", "async"]
 CheckpointBackend = Literal["kit", "dcp", "nvrx"]
+CheckpointTiers = Literal["auto", "peer", "local", "off"]
 InprocessBackend = Literal["kit", "nvrx"]
 PullPolicy = Literal["Always", "IfNotPresent"]
 
@@ -228,6 +229,11 @@ class JobValues:
     """Committed checkpoints kept (at least 2: the newest may still be in flight)."""
     checkpoint_backend: CheckpointBackend | None = None
     """Checkpoint writer: kit, dcp or nvrx."""
+    checkpoint_tiers: CheckpointTiers = "auto"
+    """Memory tiers in each pod's /dev/shm: peer (the node's state in its own memory and a copy on the next
+    node: a restarted worker or a lost node's replacement restores without reading FSx), local (own memory
+    only), off. auto: peer when its copies fit in /dev/shm (at most half the pod's memory), else local, else
+    off; one node: local. The rendered config holds the choice."""
     fault_spec: str = ""
     """Injected faults, e.g. kill:step=20:rank=1,exception:step=45:rank=1 (kinds kill, hang, sigstop,
     exception, oom; step=N or time=SECONDS). Empty: none."""
@@ -252,8 +258,9 @@ class JobValues:
 
     # -- pod --
     shm_gib: int | None = None
-    """Size of the memory-backed /dev/shm, GiB. None: twice the per-node async checkpoint staging size,
-    at least the profile's minimum. Counts against the pod's memory."""
+    """Size of the memory-backed /dev/shm, GiB. None: what the memory tiers hold (CHECKPOINT_TIERS: a node's
+    share of the checkpoint for the kept step and the one being written, twice with peer copies), at
+    least twice the per-node share and the profile's minimum. Counts against the pod's memory."""
     hugepages_2mi_mib: int = 0
     """2 MiB hugepages each pod requests, MiB (e.g. 5120 for EFA); 0: none. The nodes must have them."""
     env: dict[str, str] = field(default_factory=dict)

@@ -51,6 +51,7 @@ TYPED_TRAINER_FIELDS: Mapping[tuple[str, str], str] = types.MappingProxyType(
         ("checkpoint", "interval"): "checkpoint_interval",
         ("checkpoint", "keep"): "checkpoint_keep",
         ("checkpoint", "backend"): "checkpoint_backend",
+        ("checkpoint", "tiers"): "checkpoint_tiers",
         ("fault", "spec"): "fault_spec",
         ("fault", "schedule_seed"): "fault_schedule_seed",
         ("fault", "schedule_count"): "fault_schedule_count",

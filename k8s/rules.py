@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import typing
 from typing import Any
@@ -16,12 +17,16 @@ from typing import Any
 from cliargs import parse_float
 from k8s import names
 from k8s.derived import (
+    TIER_COPIES,
     grace_needed_s,
     heartbeat_seconds,
     max_restarts,
     procs_per_node,
     shm_gib,
     staging_gib,
+    tier_gib,
+    tier_keep,
+    tiers,
     world_size,
 )
 from k8s.entrypoint import IMAGE_TAG, image_problem, parse_entrypoint, shown
@@ -426,8 +431,31 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             "CHECKPOINT_INTERVAL", v.checkpoint_interval, "is set but CHECKPOINT_MODE=off; remove one of them"
         )
     _check_timeouts(v)
-    shm = shm_gib(v)
     memory = profile.memory_gib
+    chosen = tiers(v)
+    if chosen != "off" and v.launcher != "kit":
+        _fail(
+            "CHECKPOINT_TIERS",
+            chosen,
+            f"needs LAUNCHER=kit (it keeps each node's memory tier; {v.launcher} is a baseline): "
+            "use CHECKPOINT_TIERS=off or auto",
+        )
+    if chosen != "off" and v.checkpoint_mode == "off":
+        _fail("CHECKPOINT_TIERS", chosen, "is set but CHECKPOINT_MODE=off saves nothing; use off or auto")
+    if chosen != "off" and v.checkpoint_tiers != "auto" and not v.entrypoint:
+        need, room = tier_gib(v, chosen), v.shm_gib if v.shm_gib is not None else memory // 2
+        if need > room:
+            smaller = "use CHECKPOINT_TIERS=local or off" if chosen == "peer" else "use CHECKPOINT_TIERS=off"
+            _fail(
+                "CHECKPOINT_TIERS",
+                chosen,
+                f"needs {math.ceil(need)} GiB of /dev/shm per pod ({TIER_COPIES[chosen]} x "
+                f"{staging_gib(v):.1f} GiB, the node's share of the checkpoint, with tier_keep="
+                f"{tier_keep(v)}) and the pod has {room} GiB for it ("
+                + ("SHM_GIB" if v.shm_gib is not None else f"half its {memory} GiB memory")
+                + f"): {smaller}, or more NODES",
+            )
+    shm = shm_gib(v)
     if shm > memory // 2:
         _fail("SHM_GIB", shm, f"is more than half the pod's {memory} GiB memory (the shm counts against it)")
     if v.checkpoint_mode == "async" and shm < staging_gib(v) and not v.entrypoint:

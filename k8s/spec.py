@@ -19,6 +19,7 @@ from k8s.derived import (
     procs_per_node,
     shm_gib,
     termination_grace_s,
+    tiers,
     world_size,
 )
 from k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
@@ -146,6 +147,10 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
             "interval": v.checkpoint_interval,
             "keep": v.checkpoint_keep,
             "backend": v.checkpoint_backend,
+            # With ENTRYPOINT the state's size is the script's: auto is left to the pods (training.resilience)
+            "tiers": tiers(v)
+            if v.checkpoint_mode != "off" and not (v.entrypoint and v.checkpoint_tiers == "auto")
+            else None,
         },
         "fault": {
             "spec": v.fault_spec or None,

@@ -15,7 +15,9 @@ What one rank holds at its peak (the start of backward, when every saved activat
   5 % of the GPU; to be replaced by the GPU benchmark's figure); on CPU what torch initialises lazily on first
   use (33-35 MiB per process for both tiny and small, measured by bench.trainer).
 The host side: the async checkpoint's staging buffers hold every tensor of the state (fp32 parameters and both
-moments, 12 B per parameter / world size) for every rank of the node, in the node's memory.
+moments, 12 B per parameter / world size) for every rank of the node, in the node's memory; the memory tiers
+(`checkpoint.tiers`) hold that share again for the kept step and for the one being written, and as much for
+the buddy node's ranks with peer copies (training.resilience.checkpoint.memory_tiers).
 Standard library only, so the job CLI can show the plan without importing torch.
 """
 
@@ -28,6 +30,9 @@ from typing import Literal
 from training.shapes import ModelArgs
 
 ActivationCheckpointing = Literal["none", "selective", "full"]
+Tiers = Literal["off", "local", "peer"]
+TIER_COPIES = {"off": 0, "local": 1, "peer": 2}
+"""Node shares a memory-tier step takes: the node's own ranks' copies, and its buddy's with peer."""
 GIB = 1 << 30
 CPU_RUNTIME_BYTES = 40 << 20
 """Memory a CPU rank gains on first use of the model's ops, independent of the shape (bench.trainer)."""
@@ -67,7 +72,10 @@ class MemoryPlan:
     reserve: int
     device_capacity: int
     host_staging_per_node: int
+    host_tiers_per_node: int = 0
+    """The memory tiers at their fullest: the kept steps and the one being written (own and buddy's)."""
     host_capacity: int
+    tiers: Tiers = "off"
     ac: ActivationCheckpointing
 
     @property
@@ -77,7 +85,12 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.device_total <= self.device_capacity and self.host_staging_per_node <= self.host_capacity
+        return self.device_total <= self.device_capacity and self.host_total <= self.host_capacity
+
+    @property
+    def host_total(self) -> int:
+        """Host memory per node the checkpoint needs: staging plus the memory tiers."""
+        return self.host_staging_per_node + self.host_tiers_per_node
 
     def line(self) -> str:
         gib = lambda n: f"{n / GIB:.1f}"  # noqa: E731
@@ -86,8 +99,9 @@ class MemoryPlan:
             f"(state {gib(self.params + self.optimizer + self.grads)}, gathered {gib(self.unsharded)}, "
             f"activations {gib(self.activations)} with activation_checkpointing={self.ac}, "
             f"backward {gib(self.backward)}, "
-            f"reserve {gib(self.reserve)}); checkpoint staging {gib(self.host_staging_per_node)} of "
-            f"{gib(self.host_capacity)} GiB host memory per node"
+            f"reserve {gib(self.reserve)}); checkpoint staging {gib(self.host_staging_per_node)} + memory "
+            f"tiers ({self.tiers}) {gib(self.host_tiers_per_node)} of {gib(self.host_capacity)} GiB host "
+            "memory per node"
         )
 
 
@@ -103,9 +117,12 @@ def plan(
     host_capacity: int,
     on_gpu: bool,
     staging: bool = True,
+    tiers: Tiers = "off",
+    tier_keep: int = 1,
 ) -> MemoryPlan:
     """The plan for one rank. On GPU activations are bf16 and FSDP2 prefetches a block; on CPU all is fp32.
-    `staging`: the async checkpoint's host buffers exist (checkpoint.mode=async)."""
+    `staging`: the async checkpoint's host buffers exist (checkpoint.mode=async); `tiers`, `tier_keep`: the
+    memory tiers (checkpoint.tiers, tier_keep)."""
     if world_size < 1 or ranks_per_node < 1 or seq_len < 1 or micro_batch < 1:
         raise MemoryPlanError(
             f"world_size={world_size}, ranks_per_node={ranks_per_node}, seq_len={seq_len}, "
@@ -140,7 +157,9 @@ def plan(
         reserve=reserve,
         device_capacity=device_capacity,
         host_staging_per_node=12 * shard * ranks_per_node if staging else 0,
+        host_tiers_per_node=12 * shard * ranks_per_node * TIER_COPIES[tiers] * (tier_keep + 1),
         host_capacity=host_capacity,
+        tiers=tiers,
         ac=ac,
     )
 
@@ -175,12 +194,17 @@ def refusal(shape: ModelArgs, *, nodes: int, **job) -> str | None:
         fixes.append(f"data.seq_len={seq}")
     if job["micro_batch"] > 1 and fits(micro_batch=1):
         fixes.append("data.batch_size=1")
+    fewer = [t for t in ("local", "off") if TIER_COPIES[t] < TIER_COPIES[job.get("tiers", "off")]]
+    tiers = next((t for t in fewer if fits(tiers=t)), None)
+    if tiers:
+        fixes.append(f"checkpoint.tiers={tiers}")
     more = next((n for n in (nodes * 2**k for k in range(1, 7)) if fits(nodes=n)), None)
     if more:
         fixes.append(f"{more} nodes")
     if p.device_total <= p.device_capacity:
         need = (
-            f"checkpoint staging needs {gib(p.host_staging_per_node)} of host memory per node of "
+            f"checkpoint staging ({gib(p.host_staging_per_node)}) and memory tiers ({p.tiers}: "
+            f"{gib(p.host_tiers_per_node)}) need {gib(p.host_total)} of host memory per node of "
             f"{gib(p.host_capacity)}"
         )
     else:
@@ -216,6 +240,16 @@ def host_memory_bytes() -> int:
     return min(limits) if limits else 1 << 40
 
 
+def planned_tiers(ckpt, *, nodes: int) -> Tiers:
+    """The memory tiers a `checkpoint` config section asks for on `nodes` nodes (auto: peer with a buddy
+    node, else local; off where the kit writer keeps no copy), for the plan."""
+    if ckpt.mode == "off" or ckpt.tiers == "off" or (ckpt.mode == "async" and ckpt.backend != "kit"):
+        return "off"
+    if ckpt.tiers == "auto":
+        return "peer" if nodes > 1 else "local"
+    return ckpt.tiers
+
+
 def plan_line(
     cfg,
     shape: ModelArgs,
@@ -237,6 +271,8 @@ def plan_line(
         "host_capacity": host_capacity,
         "on_gpu": on_gpu,
         "staging": cfg.checkpoint.mode == "async",
+        "tiers": planned_tiers(cfg.checkpoint, nodes=max(1, world // max(1, ranks_per_node))),
+        "tier_keep": cfg.checkpoint.tier_keep,
     }
     refused = refusal(shape, nodes=max(1, world // max(1, ranks_per_node)), **job)
     if refused:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -249,12 +250,12 @@ TRAINER = [
     (
         ["CHECKPOINT_MODE=sync", "CHECKPOINT_INTERVAL=500", "CHECKPOINT_KEEP=2", "CHECKPOINT_BACKEND=dcp"],
         "checkpoint",
-        {"mode": "sync", "interval": 500, "keep": 2, "backend": "dcp"},
+        {"mode": "sync", "interval": 500, "keep": 2, "backend": "dcp", "tiers": "peer"},  # sync: kit writer
     ),
     (
         ["CHECKPOINT_INTERVAL=auto", "TRAIN.checkpoint.mtbf_s=3600", "TRAIN.checkpoint.interval_max=400"],
         "checkpoint",
-        {"mode": "async", "interval": "auto", "mtbf_s": 3600, "interval_max": 400},
+        {"mode": "async", "interval": "auto", "mtbf_s": 3600, "interval_max": 400, "tiers": "peer"},
     ),
     (["FAULT_SPEC=kill:step=5:rank=1"], "fault", {"spec": "kill:step=5:rank=1"}),
     (
@@ -729,3 +730,44 @@ def test_k8s_grace_period_is_sized_from_the_checkpoint() -> None:
     grace = _obj(_render(["RUN_ID=t"]), "Job")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     fast = _obj(_render(["RUN_ID=t", "CHECKPOINT_WRITE_MIB_S=2000"]), "Job")
     assert (grace, fast["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]) == (214, 122)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "chosen", "shm"),
+    [
+        ([], "peer", 180),  # p5, 2 nodes of the 8B: 4 x 44.9 GiB (kept + written, own + buddy's) fits 900
+        (["NODES=1"], "local", 180),  # no buddy; 2 x 89.7 GiB
+        (["SHM_GIB=100"], "local", 100),  # peer would need 180: auto takes what fits
+        (["SHM_GIB=64"], "off", 64),
+        (["CHECKPOINT_TIERS=off"], "off", 90),  # still twice the staging
+        (["LAUNCHER=torchrun", "CHECKPOINT_MODE=sync"], "off", 90),  # only the kit launcher keeps tiers
+        (["CHECKPOINT_BACKEND=dcp"], "off", 90),  # DCP's own staging keeps no copy
+        (["TRAIN.checkpoint.tier_keep=2"], "peer", 270),
+    ],
+)
+def test_k8s_memory_tiers_take_what_fits_in_the_pods_memory(
+    overrides: list[str], chosen: str, shm: int
+) -> None:
+    manifests = _render(["RUN_ID=t", *overrides])
+    config = yaml.safe_load(_obj(manifests, "ConfigMap")["data"]["train.yaml"])
+    assert config["checkpoint"].get("tiers") == chosen
+    volumes = _obj(manifests, "Job")["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in volumes if v["name"] == "shm")["emptyDir"]["sizeLimit"] == f"{shm}Gi"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["CHECKPOINT_TIERS=peer", "SHM_GIB=100"],
+            "CHECKPOINT_TIERS=peer: needs 180 GiB of /dev/shm per pod (4 x 44.9 GiB, the node's share of "
+            "the checkpoint, with tier_keep=1) and the pod has 100 GiB for it (SHM_GIB): use "
+            "CHECKPOINT_TIERS=local or off, or more NODES",
+        ),
+        (["CHECKPOINT_TIERS=local", "LAUNCHER=torchrun", "CHECKPOINT_MODE=sync"], "needs LAUNCHER=kit"),
+        (["CHECKPOINT_TIERS=peer", "CHECKPOINT_MODE=off"], "CHECKPOINT_MODE=off saves nothing"),
+    ],
+)
+def test_k8s_memory_tiers_that_cannot_work_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _render(["RUN_ID=t", *overrides])

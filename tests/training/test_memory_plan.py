@@ -75,7 +75,23 @@ def test_a_job_no_change_can_fit_says_so():
 def test_host_staging_beyond_the_node_is_refused_with_more_nodes():
     job = P5 | {"host_capacity": 64 * GIB, "seq_len": 4096, "ac": "full"}
     line = refusal(LLAMA, nodes=1, **job)
-    assert line.startswith("checkpoint staging needs") and "use 2 nodes" in line
+    assert line.startswith("checkpoint staging (89.7 GiB) and memory tiers (off: 0.0 GiB) need 89.7 GiB")
+    assert line.endswith("use 2 nodes")
+
+
+def test_memory_tiers_count_in_the_host_plan_and_a_smaller_tier_is_offered():
+    """2 nodes of the 8B: 44.9 GiB staged per node; peer tiers hold 4 such shares (the kept step and the
+    one being written, own and buddy's), 2 with local, 3 more per extra kept step."""
+    job = P5 | {"seq_len": 4096, "ac": "full"}
+    sizes = {t: plan(LLAMA, world_size=16, tiers=t, **job) for t in ("off", "local", "peer")}
+    share = sizes["off"].host_staging_per_node
+    assert share / GIB == pytest.approx(44.87, abs=0.01)
+    assert [sizes[t].host_tiers_per_node for t in ("off", "local", "peer")] == [0, 2 * share, 4 * share]
+    assert plan(LLAMA, world_size=16, tiers="peer", tier_keep=2, **job).host_tiers_per_node == 6 * share
+    tight = job | {"host_capacity": 160 * GIB, "tiers": "peer"}  # 5 shares do not fit, 3 do
+    line = refusal(LLAMA, nodes=2, **tight)
+    assert line.startswith("checkpoint staging (44.9 GiB) and memory tiers (peer: 179.5 GiB) need 224.4 GiB")
+    assert "use checkpoint.tiers=local, or 4 nodes" in line
 
 
 def test_nonsense_sizes_are_refused():
