@@ -105,7 +105,7 @@ def test_node_loss_without_spares_waits_for_the_recreated_pod(
 
 
 KILLS = 10
-"""Rank kills on pod 1 in the run below, each at the step after a save."""
+"""Rank kills on pod 1 in the run below, one every two steps."""
 
 
 def test_rank_faults_keep_every_node_in_place_and_restore_from_memory(tmp_path: Path) -> None:
@@ -113,8 +113,8 @@ def test_rank_faults_keep_every_node_in_place_and_restore_from_memory(tmp_path: 
     nodes and restore every rank from its own node's memory; then pod 0's node is lost, fires as planned,
     and a spare takes its place with pod 0's state from its buddy. No restore reads the shared checkpoint
     folder, and the final checkpoint, loaded back from disk, equals a fault-free run's."""
-    steps = 2 * KILLS + 8
-    kills = [f"kill:step={2 * i + 3}:rank=1" for i in range(KILLS)]
+    steps = 2 * KILLS + 10
+    kills = [f"kill:step={2 * i + 5}:rank=1" for i in range(KILLS)]  # after step 2's save is committed
     faults = ",".join([*kills, f"oom:step={steps - 5}:rank=2", f"node:step={steps - 3}:node=0"])
     job = ["NODES=3", f"STEPS={steps}", "CHECKPOINT_MODE=async", "MONITOR_INTERVAL_S=0.1"]
     _, reference = run_job(tmp_path / "ref", "ref3", f"CHECKPOINT_INTERVAL={steps}", job=job)

@@ -159,6 +159,9 @@ class Checkpointer:
             if cfg.mode != "off"
             else None
         )
+        if cfg.mode != "off" and not self._comm.all_true(self._tiers is not None) and self._tiers is not None:
+            log.warning("checkpoint memory tiers off: another node has none (see its log)")
+            self._tiers = None  # every rank takes part in the tiers' collectives, or none does
         self.last_source: str | None = None
         """Where the last `load` found its state: memory, peer, shared, or none."""
         SHARED_READS.cap(cfg.shared_read_mib_s)
@@ -252,7 +255,7 @@ class Checkpointer:
             ok, error, files = self._write(save, state)
         else:
             error = "rank 0 could not create or clear the step folder (see its log)"
-        self._finish(save, ok, error, files, tree=flatten_state(state) if self._tiers is not None else None)
+        self._finish(save, ok, error, files, tiered=ok and self._tier_write(save, flatten_state(state)))
 
     def _background(self, save: _Save, job: Callable[[], None]) -> None:
         """Run a save's background part; whatever stops it (abandoned, a collective that failed because
@@ -282,7 +285,7 @@ class Checkpointer:
             ok, error, files = self._write(save, tree)
         elif error is None:
             error = "another rank could not stage or clear the step folder"
-        self._finish(save, ok, error, files, tree=tree)
+        self._finish(save, ok, error, files, tiered=ok and self._tier_write(save, tree))
 
     def _start_dcp_async(self, save: _Save, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -390,45 +393,46 @@ class Checkpointer:
         files: dict[str, FileEntry],
         *,
         written: bool = False,
-        tree: dict[str, Any] | None = None,
+        tiered: bool = False,
     ) -> None:
-        """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes; with memory
-        tiers, every rank then learns whether the step committed and keeps `tree` (what it saved) in its
-        node's tier."""
+        """Collective: gather every rank's outcome; rank 0 commits (or reports), then prunes. With memory
+        tiers the ranks first agree whether every rank wrote its copy (`tiered`), and after the commit send
+        the copies to their buddies."""
         try:
+            everyone = self._tiers is not None and self._comm.all_true(tiered)
             gathered = self._comm.gather_to_zero((ok, error, files))
             reached = True
         except SAVE_ERRORS as exc:  # a peer died mid-save: the step stays uncommitted
-            gathered, reached = None, False
+            gathered, reached, everyone = None, False, False
             ok, error = False, error or one_line(exc)
         if not ok:
             self._report_failed(save.step, error or "unknown error")
-        committed = False
         if self.rank == 0 and gathered is not None:
-            committed = self._commit(save, gathered)
-        if self._tiers is not None and reached:  # rank 0's verdict is the one broadcast
-            self._finish_tiers(save, committed, tree)
+            self._commit(save, gathered)
+        if self._tiers is not None:
+            self._finish_tiers(save, everyone and reached)
         save.ok = ok
         save.end()
 
-    def _finish_tiers(self, save: _Save, committed: bool, tree: dict[str, Any] | None) -> None:
-        """Every rank, after the commit (rank 0's `committed` is broadcast): write this rank's copy; once
-        every rank wrote its own, the copies count and go to the buddies. The shared tier never waits for
-        the memory tiers, and a save that stops here was already committed."""
+    def _tier_write(self, save: _Save, tree: dict[str, Any]) -> bool:
+        """This rank's memory-tier copy of the step, written after its shard. It counts only once the step
+        is committed on shared storage (a restore checks), so it needs no word from rank 0."""
+        return self._tiers is not None and self._tiers.write(save.step, tree, save.guard)
+
+    def _finish_tiers(self, save: _Save, everyone: bool) -> None:
+        """Every rank's copy of the step is written (`everyone`): each goes to its buddy (point to point:
+        no rank waits for rank 0's commit but rank 0's own buddy); else this rank's is dropped (a step that
+        some rank lacks is never restored from memory). The shared tier's save is over either way."""
         try:
-            if not self._comm.broadcast_from_zero(committed):
-                return
-            wrote = tree is not None and self._tiers.write(save.step, tree, save.guard)
-            if self._comm.all_true(wrote):
-                self._tiers.committed(self._comm, save.step, save.guard)
+            if everyone:
+                self._tiers.replicate(self._comm, save.step, save.guard)
             else:
                 self._tiers.forget(save.step)
         except SaveAbandoned as exc:
             log.warning("checkpoint memory tier of step %d abandoned: %s", save.step, exc)
             self._tiers.forget(save.step)
-        except SAVE_ERRORS as exc:  # a peer died: this step's copies may be incomplete, the commit stands
+        except SAVE_ERRORS as exc:  # a peer died: its copy of this step may be missing, the commit stands
             log.warning("checkpoint memory tier of step %d: %s", save.step, one_line(exc))
-            self._tiers.forget(save.step)
 
     def _commit(self, save: _Save, gathered: list[Any]) -> bool:
         """Rank 0: write the commit record (True), or report why not (False)."""

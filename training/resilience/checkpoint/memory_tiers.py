@@ -31,7 +31,6 @@ from typing import Any, Literal
 from training.events import EventLog
 from training.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
 from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.commit import FileEntry
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard
 from training.resilience.checkpoint.staging import flatten_state, restore_into
@@ -95,8 +94,6 @@ class MemoryTiers:
         self.keep = keep
         self.checksum = checksum
         self.events = events
-        self._written: dict[int, FileEntry] = {}
-        """Step -> this rank's blob, written but not yet committed."""
 
     @classmethod
     def from_config(
@@ -122,13 +119,18 @@ class MemoryTiers:
 
     # --------------------------------------------------------------------------------------------- saving
     def write(self, step: int, tree: dict[str, Any], guard: SaveGuard | None) -> bool:
-        """Writer thread: this rank's blob of `step` (not yet a copy that counts); False if it failed (said
-        once, with the reason; the save goes on)."""
+        """Writer thread, after this rank's shard is written: its copy of `step`, record last; False if it
+        failed (said once, with the reason; the save goes on). An older copy of the same step (saved again
+        after a restart) loses its record first, so a write that fails leaves no copy of the step."""
         t0 = time.time()
+        self.tier.drop(step, self.rank)
         path = self.tier.pending(step, self.rank)
         try:
             entry = write_blob(path, tree, guard=guard)
             self.tier.publish(step, self.rank)
+            self.tier.commit(
+                new_record(entry, step=step, rank=self.rank, world_size=self.world_size, origin="own")
+            )
         except SaveAbandoned:
             path.unlink(missing_ok=True)
             raise
@@ -136,18 +138,15 @@ class MemoryTiers:
             path.unlink(missing_ok=True)
             self._failed(step, "write", f"{type(exc).__name__}: {exc}")
             return False
-        self._written[step] = entry
         self.events.emit("tier", step=step, phase="write", duration_s=time.time() - t0, bytes=entry.size)
         return True
 
-    def committed(self, comm: CheckpointComm, step: int, guard: SaveGuard | None) -> None:
-        """Every rank, once the shared tier committed `step` and every rank's blob of it was written: commit
-        this rank's copy, replicate it to the buddy (a collective), keep the newest steps."""
-        entry = self._written.pop(step)
-        self._written.clear()
-        own = new_record(entry, step=step, rank=self.rank, world_size=self.world_size, origin="own")
-        self.tier.commit(own)
-        if self.peer:
+    def replicate(self, comm: CheckpointComm, step: int, guard: SaveGuard | None) -> None:
+        """Every rank, once every rank's copy of `step` is written (agreed by the caller): send this rank's
+        copy to its buddy and receive its neighbour's (point to point, with those two ranks only), then keep
+        the newest steps."""
+        own = self.tier.record(step, self.rank)
+        if self.peer and own is not None:
             t0 = time.time()
             try:
                 got = replicate(comm, self.tier, own, local_world_size=self.local_world_size, guard=guard)
@@ -157,19 +156,14 @@ class MemoryTiers:
                 self._failed(step, "peer", f"{type(exc).__name__}: {exc}")
             else:
                 self.events.emit(
-                    "tier",
-                    step=step,
-                    phase="peer",
-                    duration_s=time.time() - t0,
-                    bytes=own.size + got.size,
+                    "tier", step=step, phase="peer", duration_s=time.time() - t0, bytes=own.size + got.size,
                     held_for=got.rank,
-                )
+                )  # fmt: skip
         self.tier.prune(keep=self.keep, newest=step)
 
     def forget(self, step: int) -> None:
-        """The step did not commit (or some rank has no blob of it): its copy never counts."""
-        if self._written.pop(step, None) is not None:
-            self.tier.blob(step, self.rank).unlink(missing_ok=True)
+        """Some rank has no copy of `step`: this rank's copy of it never counts."""
+        self.tier.drop(step, self.rank)
 
     def _failed(self, step: int, phase: str, error: str) -> None:
         log.warning(
