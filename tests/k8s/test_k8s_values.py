@@ -429,7 +429,10 @@ def test_k8s_shm_is_sized_for_async_staging() -> None:
     one = build_values(overrides=[*P5, "NODES=1"])
     four = build_values(overrides=[*P5, "NODES=4"])
     assert staging_gib(one) == pytest.approx(8.03e9 * 12 / 2**30)
-    assert shm_gib(one) == 180 and shm_gib(four) == 64  # 2 x 89.7 GiB; 2 x 22.4 GiB is below p5's floor
+    # one node: local tiers, 2 x 89.7 GiB; four: peer tiers, 4 x 22.4 GiB (the kept step and the one being
+    # written, the node's own and its buddy's)
+    assert shm_gib(one) == 180 and shm_gib(four) == 90
+    assert shm_gib(build_values(overrides=[*P5, "NODES=4", "CHECKPOINT_TIERS=off"])) == 64  # p5's floor
     assert shm_gib(build_values(overrides=[*P5, "SHM_GIB=100"])) == 100
 
 

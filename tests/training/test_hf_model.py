@@ -52,7 +52,7 @@ def test_the_8b_config_is_refused_where_it_cannot_fit():
     cfg = SimpleNamespace(
         data=SimpleNamespace(seq_len=8192, batch_size=1),
         model=SimpleNamespace(activation_checkpointing="none"),
-        checkpoint=SimpleNamespace(mode="async"),
+        checkpoint=SimpleNamespace(mode="async", backend="kit", tiers="auto", tier_keep=1),
     )
     shape = hf_shape(read_hf_config(LLAMA_8B))
     job = {k: P5[k] for k in ("ranks_per_node", "device_capacity", "host_capacity", "on_gpu")}
