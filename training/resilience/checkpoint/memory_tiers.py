@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from training.events import EventLog
@@ -241,8 +239,3 @@ def _missing_reason(step: int, missing: list[int], world: int) -> str:
         f"no node in the job holds a copy of step {step} for rank(s) {ranks} ({len(missing)} of {world}: "
         "their node and its buddy were both replaced, or their copies are of an older step)"
     )
-
-
-def remove_node_tier(root: str | os.PathLike[str]) -> None:
-    """The launcher's end: its node folder goes with it, as a pod's memory does."""
-    shutil.rmtree(Path(root), ignore_errors=True)

@@ -4,7 +4,7 @@ Where: the folder the kit launcher makes for its node in memory (`$KIT_TIER_DIR`
 the kit's pods mount memory-backed), owned by the launcher and removed when it exits; a worker that dies
 (SIGKILL, OOM, a failed in-process restart, a hang restart) leaves it intact, so the next worker on the
 same node restores from it without reading shared storage. A lost node takes its folder with it: its
-buddy's copy (training.resilience.checkpoint.peer) serves instead.
+buddy's copy (training.resilience.checkpoint.transfer) serves instead.
 
 Layout, as the shared tier's: `step_<N:08d>/rank_<R>.blob` and `rank_<R>.json`, the record: step, rank,
 world size, size and CRC-32C of the blob, and where the copy came from (`own`, or `peer` when the rank's
@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, file_checksum
 from training.resilience.checkpoint.layout import list_steps, step_dir
@@ -201,8 +201,3 @@ def new_record(entry: FileEntry, *, step: int, rank: int, world_size: int, origi
         origin=origin,
         created=time.time(),
     )
-
-
-def as_json(records: dict[int, TierRecord]) -> dict[int, dict[str, Any]]:
-    """Records in a form every rank can pickle and compare."""
-    return {rank: asdict(r) for rank, r in records.items()}
