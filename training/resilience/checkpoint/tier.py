@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, file_checksum
+from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, verify_file
 from training.resilience.checkpoint.layout import list_steps, step_dir
 
 TIER_DIR_ENV = "KIT_TIER_DIR"
@@ -136,21 +136,14 @@ class NodeTier:
         return [s for s in reversed(list_steps(self.root)) if self.held(s)]
 
     def verify(self, record: TierRecord, *, checksum: bool) -> str | None:
-        """None if the copy matches its record (size; CRC-32C when `checksum`), else why not."""
+        """None if the copy matches its record (size; CRC-32C when `checksum`), else why not: the checks a
+        shard on shared storage gets."""
         path = self.blob(record.step, record.rank)
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            return f"{path.name} of step {record.step}: missing ({exc.strerror})"
-        if size != record.size:
-            return f"{path.name} of step {record.step}: size {size} != recorded {record.size}"
-        if checksum:
-            value = file_checksum(path, WRITTEN_CHECKSUM)
-            if value != record.crc32c:
-                return (
-                    f"{path.name} of step {record.step}: crc32c {value:08x} != recorded {record.crc32c:08x}"
-                )
-        return None
+        problem = verify_file(path.parent, path.name, record.entry, checksum=checksum)
+        if problem is None:
+            return None
+        name, _, why = problem.partition(": ")
+        return f"{name} of step {record.step}: {why}"
 
     def prune(self, *, keep: int, newest: int) -> None:
         """Keep the copies of the `keep` newest committed steps up to `newest`; remove older steps and any
