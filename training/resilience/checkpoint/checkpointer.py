@@ -82,6 +82,9 @@ from training.resilience.checkpoint.worker import BackgroundWorker
 from training.resilience.checkpoint.writer import KitStorageWriter
 
 log = logging.getLogger("training.resilience.checkpoint")
+STUCK_GRACE_S = 2.0
+"""How long an in-process restart waits for an abandoned save that is inside a collective on the aborted
+checkpoint group: it never returns (the writer thread is left behind, blocked; the restart goes on)."""
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -359,13 +362,14 @@ class Checkpointer:
         """Every rank writes its shard (a DCP save on the checkpoint group); (ok, error, files written)."""
         writer = self._storage_writer(save)
         try:
-            dcp.save(
-                tree,
-                storage_writer=writer,
-                planner=self._planner,
-                process_group=self._comm.group,
-                no_dist=not self._comm.distributed,
-            )
+            with self._comm.collective() as group:
+                dcp.save(
+                    tree,
+                    storage_writer=writer,
+                    planner=self._planner,
+                    process_group=group,
+                    no_dist=not self._comm.distributed,
+                )
         except SAVE_ERRORS as exc:
             return False, one_line(exc), {}
         self._emit_write(save.step, time.time() - save.t_request, writer.files)
@@ -420,8 +424,8 @@ class Checkpointer:
         return self._tiers is not None and self._tiers.write(save.step, tree, save.guard)
 
     def _finish_tiers(self, save: _Save, everyone: bool) -> None:
-        """Every rank's copy of the step is written (`everyone`): each goes to its buddy (point to point:
-        no rank waits for rank 0's commit but rank 0's own buddy); else this rank's is dropped (a step that
+        """Every rank's copy of the step is written (`everyone`): each goes to its buddy (collectives on the
+        checkpoint group: a peer that dies fails them at once); else this rank's is dropped (a step that
         some rank lacks is never restored from memory). The shared tier's save is over either way."""
         try:
             if everyone:
@@ -517,14 +521,20 @@ class Checkpointer:
         self._abandoned.set()
         self._comm.abandon()
 
+    def _stop_wait(self, timeout_s: float) -> float:
+        """How long to wait for an abandoned save to stop: `timeout_s`, or `STUCK_GRACE_S` for one that is
+        inside a collective on the aborted group (time for a peer's error to arrive, nothing more)."""
+        return min(timeout_s, STUCK_GRACE_S) if self._comm.in_collective else timeout_s
+
     def settle(self, timeout_s: float) -> bool:
         """After `abandon()` and the abort of the groups: wait (at most timeout_s) until the abandoned save
         has stopped, so the caller can free what it held (its staged DTensors keep the aborted group's
-        sockets open until collected). True if it stopped."""
+        sockets open until collected). True if it stopped. A save inside a collective on the aborted group
+        never stops (`CheckpointComm.in_collective`): it gets `STUCK_GRACE_S`, then runs on, leaked."""
         stopped = True
         if self._worker is not None:
             with self._on_wait():
-                stopped = self._worker.drained(timeout_s)
+                stopped = self._worker.drained(self._stop_wait(timeout_s))
         # What still holds the abandoned save's staged state: the DCP stager, and the planner (it keeps the
         # last state dict it planned). DCP's staged DTensors carry copies of the device mesh, and a copied
         # mesh re-registers the training group: kept alive, it would keep the aborted group's sockets open.
@@ -546,7 +556,7 @@ class Checkpointer:
         else:
             self.abandon()
         if self._worker is not None:
-            if not self._worker.close(timeout_s=None if drain else self.cfg.pg_timeout_s):
+            if not self._worker.close(timeout_s=None if drain else self._stop_wait(self.cfg.pg_timeout_s)):
                 log.warning(
                     "the abandoned checkpoint writer did not stop within %.0f s; it can no longer commit",
                     self.cfg.pg_timeout_s,

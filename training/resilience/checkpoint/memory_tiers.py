@@ -140,11 +140,10 @@ class MemoryTiers:
         return True
 
     def replicate(self, comm: CheckpointComm, step: int, guard: SaveGuard | None) -> None:
-        """Every rank, once every rank's copy of `step` is written (agreed by the caller): send this rank's
-        copy to its buddy and receive its neighbour's (point to point, with those two ranks only), then keep
-        the newest steps."""
+        """Every rank (a collective), once every rank's copy of `step` is written (agreed by the caller):
+        send this rank's copy to its buddy and receive its neighbour's, then keep the newest steps."""
         own = self.tier.record(step, self.rank)
-        if self.peer and own is not None:
+        if self.peer:
             t0 = time.time()
             try:
                 got = replicate(comm, self.tier, own, local_world_size=self.local_world_size, guard=guard)
@@ -154,8 +153,9 @@ class MemoryTiers:
                 self._failed(step, "peer", f"{type(exc).__name__}: {exc}")
             else:
                 self.events.emit(
-                    "tier", step=step, phase="peer", duration_s=time.time() - t0, bytes=own.size + got.size,
-                    held_for=got.rank,
+                    "tier", step=step, phase="peer", duration_s=time.time() - t0,
+                    bytes=(own.size if own else 0) + (got.size if got else 0),
+                    held_for=None if got is None else got.rank,
                 )  # fmt: skip
         self.tier.prune(keep=self.keep, newest=step)
 

@@ -1,6 +1,7 @@
 """Moving memory-tier copies between nodes: the buddy copy after each commit, and a lost node's copies to
-the node that replaces it. Point-to-point sends on the checkpoint's own gloo group (host memory, TCP; never
-the training group), from one node's tier folder into another's, in chunks, verified on arrival.
+the node that replaces it. All-to-all exchanges on the checkpoint's own gloo group in which each rank
+sends to one rank only (host memory, TCP; never the training group), from one node's tier folder into
+another's, in chunks, verified on arrival.
 
 Buddies form a ring over the nodes: rank r's copy goes to rank r + L (L ranks per node), the same local
 rank on the next node, and each rank receives the copy of rank r - L. Why a ring and not cliques (NVRx) or
@@ -47,12 +48,6 @@ def has_buddy(world_size: int, local_world_size: int) -> bool:
     return world_size > local_world_size
 
 
-def _chunks(size: int) -> Iterator[tuple[int, int, int]]:
-    """(tag, start, end) of each message of a `size`-byte copy."""
-    for tag, start in enumerate(range(0, size, CHUNK_BYTES)):
-        yield tag, start, min(size, start + CHUNK_BYTES)
-
-
 @contextlib.contextmanager
 def _bytes_of(mem: mmap.mmap, size: int) -> Iterator[torch.Tensor]:
     tensor = (
@@ -72,57 +67,76 @@ def _checksum(mem: mmap.mmap, size: int) -> int:
         view.release()
 
 
-@dataclass
-class _Send:
-    mem: mmap.mmap
-    size: int
-    to: int
+@dataclass(frozen=True)
+class _Move:
+    """One copy going from one rank's node to another's in one round of an exchange."""
 
-
-@dataclass
-class _Receive:
-    mem: mmap.mmap
-    expected: TierRecord
     sender: int
+    receiver: int
+    rank: int
+    """Whose copy: the sender's own (buddy copy) or the receiver's (restore)."""
+    size: int
 
 
-def _post(comm: CheckpointComm, sends: list[_Send], receives: list[_Receive]) -> None:
-    """Post every chunk of every send and receive at once, then wait for all of them."""
+def _exchange(
+    comm: CheckpointComm,
+    moves: list[_Move],
+    send: dict[int, mmap.mmap],
+    receive: mmap.mmap | None,
+    guard: SaveGuard | None,
+) -> None:
+    """Collective over the checkpoint group: one round of copies, the same `moves` on every rank (each rank
+    sends at most one and receives at most one), in chunks, each chunk one all-to-all in which every rank
+    sends only to its receiver. `send` maps this rank's receiver to the copy's memory.
+
+    Why a collective and not point-to-point sends: gloo fails a collective at once when a peer's process
+    dies (its sockets close), but a receive posted for a dead peer waits out the group's whole timeout
+    (`pg_timeout_s`; measured), and an in-process restart's abort does not wake it either: the writer of a
+    rank whose buddy's node was lost mid-exchange would hold that rank's restart for minutes."""
     group = comm.group
-    works = []
-    tensors: list[torch.Tensor] = []
+    world = comm.world_size
+    out_move = next((m for m in moves if m.sender == comm.rank), None)
+    in_move = next((m for m in moves if m.receiver == comm.rank), None)
+    rounds = max((-(-m.size // CHUNK_BYTES) for m in moves), default=0)
+    empty = torch.empty(0, dtype=torch.uint8)
     with contextlib.ExitStack() as stack:
-        for item in receives:
-            whole = stack.enter_context(_bytes_of(item.mem, item.expected.size))
-            for tag, a, b in _chunks(item.expected.size):
-                view = whole[a:b]
-                tensors.append(view)
-                works.append(
-                    dist.irecv(view, src=dist.get_global_rank(group, item.sender), group=group, tag=tag)
-                )
-        for item in sends:
-            whole = stack.enter_context(_bytes_of(item.mem, item.size))
-            for tag, a, b in _chunks(item.size):
-                view = whole[a:b]
-                tensors.append(view)
-                works.append(dist.isend(view, dst=dist.get_global_rank(group, item.to), group=group, tag=tag))
-        try:
-            for work in works:
-                work.wait()
-        finally:
-            tensors.clear()
-            works.clear()
+        out_bytes = in_bytes = empty
+        if out_move is not None:
+            out_bytes = stack.enter_context(_bytes_of(send[out_move.receiver], out_move.size))
+        if in_move is not None:
+            assert receive is not None
+            in_bytes = stack.enter_context(_bytes_of(receive, in_move.size))
+        for chunk in range(rounds):
+            if guard is not None:
+                guard.check()
+            in_splits, out_splits = [0] * world, [0] * world
+            outgoing_chunk = incoming_chunk = empty
+            if out_move is not None:
+                a, b = _span(chunk, out_move.size)
+                in_splits[out_move.receiver] = b - a
+                outgoing_chunk = out_bytes[a:b]
+            if in_move is not None:
+                a, b = _span(chunk, in_move.size)
+                out_splits[in_move.sender] = b - a
+                incoming_chunk = in_bytes[a:b]
+            with comm.collective():
+                dist.all_to_all_single(incoming_chunk, outgoing_chunk, out_splits, in_splits, group=group)
+        del out_bytes, in_bytes
 
 
-def _accept(tier: NodeTier, item: _Receive) -> TierRecord:
+def _span(chunk: int, size: int) -> tuple[int, int]:
+    """Bytes [a, b) of a `size`-byte copy that chunk number `chunk` carries (empty past its end)."""
+    return min(size, chunk * CHUNK_BYTES), min(size, (chunk + 1) * CHUNK_BYTES)
+
+
+def _accept(tier: NodeTier, mem: mmap.mmap, record: TierRecord, sender: int) -> TierRecord:
     """Verify an arrived copy against the sender's record; publish it with its own record."""
-    record = item.expected
-    value = _checksum(item.mem, record.size)
-    item.mem.close()
+    value = _checksum(mem, record.size)
+    mem.close()
     if value != record.crc32c:
         tier.pending(record.step, record.rank).unlink(missing_ok=True)
         raise TransferError(
-            f"rank {record.rank}'s copy of step {record.step} from rank {item.sender} arrived damaged "
+            f"rank {record.rank}'s copy of step {record.step} from rank {sender} arrived damaged "
             f"(crc32c {value:08x} != {record.crc32c:08x})"
         )
     tier.publish(record.step, record.rank)
@@ -133,49 +147,113 @@ def _accept(tier: NodeTier, item: _Receive) -> TierRecord:
     return mine
 
 
+def _source(tier: NodeTier, step: int, rank: int, size: int) -> tuple[mmap.mmap, str | None]:
+    """The memory of `rank`'s copy of `step` to send, or zeros and why not (the exchange is a collective:
+    a rank that cannot send still takes part, and its receiver finds the copy damaged)."""
+    try:
+        mem = outgoing(tier.blob(step, rank))
+    except OSError as exc:
+        problem = f"rank {rank}'s copy of step {step} cannot be sent ({exc.strerror or exc})"
+    else:
+        if len(mem) >= size:
+            return mem, None
+        mem.close()
+        problem = f"rank {rank}'s copy of step {step} is shorter than its record"
+    return mmap.mmap(-1, max(size, 1)), problem
+
+
+def _sink(tier: NodeTier, expected: TierRecord) -> tuple[mmap.mmap, str | None]:
+    """Where the copy this rank receives goes: its node's tier, or a scratch map and why not."""
+    try:
+        return incoming(tier.pending(expected.step, expected.rank), expected.size), None
+    except OSError as exc:
+        tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
+        problem = f"no room for rank {expected.rank}'s copy of step {expected.step} ({exc.strerror or exc})"
+        return mmap.mmap(-1, max(expected.size, 1)), problem
+
+
+def _round(
+    comm: CheckpointComm,
+    tier: NodeTier,
+    moves: list[_Move],
+    step: int,
+    expected: TierRecord | None,
+    guard: SaveGuard | None,
+    problem: str | None = None,
+) -> TierRecord | None:
+    """One round of `_exchange`: this rank sends what `moves` has it send (its node's copies of `step`,
+    by receiver rank) and receives `expected` into its node's tier, verified and recorded; the record of
+    the received copy, or None. Whatever goes wrong locally (`problem`, a copy that cannot be read or
+    stored) is raised as TransferError only after the exchange, so no peer is left waiting."""
+    problems = [problem] if problem else []
+    send: dict[int, mmap.mmap] = {}
+    sink = None
+    mine = next((m for m in moves if m.receiver == comm.rank), None)
+    try:
+        for move in moves:
+            if move.sender == comm.rank:
+                send[move.receiver], why = _source(tier, step, move.rank, move.size)
+                problems += [why] if why else []
+        if mine is not None and expected is not None:
+            sink, why = _sink(tier, expected)
+            problems += [why] if why else []
+        _exchange(comm, moves, send, sink, guard)
+    except BaseException:
+        if sink is not None and expected is not None:
+            sink.close()
+            tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
+        raise
+    finally:
+        for mem in send.values():
+            mem.close()
+    if problems:
+        if sink is not None and expected is not None:
+            sink.close()
+            tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
+        raise TransferError("; ".join(problems))
+    if sink is None or expected is None or mine is None:
+        return None
+    return _accept(tier, sink, expected, mine.sender)
+
+
 def replicate(
     comm: CheckpointComm,
     tier: NodeTier,
-    own: TierRecord,
+    own: TierRecord | None,
     *,
     local_world_size: int,
     guard: SaveGuard | None = None,
-) -> TierRecord:
-    """Collective over the checkpoint group, right after every rank committed its own copy of the step:
-    send `own` to this rank's buddy, receive the copy of the rank whose buddy this rank is; the record of
-    the received copy. TransferError if it arrived damaged or is not of this step."""
+) -> TierRecord | None:
+    """Collective over the checkpoint group, once every rank committed its own copy of the step: send
+    `own` (None: this rank has none to send) to this rank's buddy, receive the copy of the rank whose
+    buddy this rank is; the record of the received copy (None if that rank had none). TransferError if it
+    arrived damaged or is not the one expected."""
     world = comm.world_size
-    dst = buddy_of(comm.rank, world, local_world_size)
     src = (comm.rank - local_world_size) % world
-    group = comm.group
-    mine = torch.tensor([own.step, own.rank, own.world_size, own.size, own.crc32c], dtype=torch.int64)
-    theirs = torch.empty(_HEADER, dtype=torch.int64)
-    works = [
-        dist.irecv(theirs, src=dist.get_global_rank(group, src), group=group),
-        dist.isend(mine, dst=dist.get_global_rank(group, dst), group=group),
+    header = [own.step, own.rank, own.world_size, own.size, own.crc32c] if own is not None else [-1] * _HEADER
+    headers = [torch.empty(_HEADER, dtype=torch.int64) for _ in range(world)]
+    with comm.collective() as group:
+        dist.all_gather(headers, torch.tensor(header, dtype=torch.int64), group=group)
+    offered = [[int(x) for x in h.tolist()] for h in headers]
+    moves = [
+        _Move(sender=r, receiver=buddy_of(r, world, local_world_size), rank=r, size=h[3])
+        for r, h in enumerate(offered)
+        if h[0] >= 0
     ]
-    for work in works:
-        work.wait()
-    step, rank, world_size, size, crc = (int(x) for x in theirs.tolist())
-    if (step, rank, world_size) != (own.step, src, world):
-        raise TransferError(
-            f"rank {src} offered rank {rank}'s copy of step {step} (world {world_size}); expected rank "
-            f"{src}'s of step {own.step} (world {world})"
+    step, rank, world_size, size, crc = offered[src]
+    expected = problem = None
+    if step >= 0:
+        expected = TierRecord(
+            step=step, rank=rank, world_size=world_size, size=size, crc32c=crc, origin="own"
         )
+        if own is not None and (step, rank, world_size) != (own.step, src, world):
+            problem = (
+                f"rank {src} offered rank {rank}'s copy of step {step} (world {world_size}); expected rank "
+                f"{src}'s of step {own.step} (world {world})"
+            )
     if guard is not None:
         guard.point("replicating")
-    expected = TierRecord(step=step, rank=rank, world_size=world_size, size=size, crc32c=crc, origin="own")
-    receive = _Receive(mem=incoming(tier.pending(step, rank), size), expected=expected, sender=src)
-    send = _Send(mem=outgoing(tier.blob(own.step, own.rank)), size=own.size, to=dst)
-    try:
-        _post(comm, [send], [receive])
-    except BaseException:
-        receive.mem.close()
-        tier.pending(step, rank).unlink(missing_ok=True)
-        raise
-    finally:
-        send.mem.close()
-    return _accept(tier, receive)
+    return _round(comm, tier, moves, -1 if own is None else own.step, expected, guard, problem)
 
 
 def plan_sources(held: list[set[int]], world_size: int) -> tuple[dict[int, int | None], list[int]]:
@@ -207,33 +285,18 @@ def fetch(
     records: dict[int, TierRecord],
 ) -> TierRecord | None:
     """Collective: every planned copy goes from its sender's node to its rank's node (a rank receives at
-    most its own; a rank may send several). The record of the copy this rank received, or None."""
-    sends, receives = [], []
-    try:
-        for rank, sender in sorted(plan.items()):
-            if sender is None:
-                continue
-            if sender == comm.rank:
-                held = tier.record(step, rank)
-                if held is None:
-                    raise TransferError(f"rank {comm.rank} was to send rank {rank}'s copy, which is gone")
-                sends.append(_Send(mem=outgoing(tier.blob(step, rank)), size=held.size, to=rank))
-            if rank == comm.rank:
-                expected = records[rank]
-                receives.append(
-                    _Receive(
-                        mem=incoming(tier.pending(step, rank), expected.size),
-                        expected=expected,
-                        sender=sender,
-                    )
-                )
-        _post(comm, sends, receives)
-    except BaseException:
-        for item in receives:
-            item.mem.close()
-            tier.pending(step, item.expected.rank).unlink(missing_ok=True)
-        raise
-    finally:
-        for item in sends:
-            item.mem.close()
-    return _accept(tier, receives[0]) if receives else None
+    most its own; a rank may send several, one per round). The record of the copy this rank received, or
+    None."""
+    by_sender: dict[int, list[int]] = {}
+    for rank, sender in sorted(plan.items()):
+        if sender is not None:
+            by_sender.setdefault(sender, []).append(rank)
+    got = None
+    for round_ in range(max(map(len, by_sender.values()), default=0)):
+        moves = [
+            _Move(sender=sender, receiver=ranks[round_], rank=ranks[round_], size=records[ranks[round_]].size)
+            for sender, ranks in sorted(by_sender.items())
+            if round_ < len(ranks)
+        ]
+        got = _round(comm, tier, moves, step, records.get(comm.rank), None) or got
+    return got
