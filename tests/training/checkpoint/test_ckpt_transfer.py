@@ -1,8 +1,7 @@
 """The buddy exchange with real processes (3 ranks, each its own "node", gloo): every rank ends holding its
-ring neighbour's copy; and when a rank's process dies while its peers wait in the exchange (its node lost mid-save), its
-peers fail at once with the closed connection instead of waiting out the group's timeout (a receive posted
-for a dead peer did: the demo's node loss held the buddy's restart until the launcher killed it), and
-leave no partial copy behind."""
+ring neighbour's copy; and when a rank's process dies while its peers wait in the exchange (its node lost
+mid-save), its peers fail at once with the closed connection, not at the group's timeout, and leave no
+partial copy behind."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """One rank of tests/training/checkpoint/test_ckpt_transfer.py: write this rank's tier copy of step 2, then
 exchange copies with the buddy (`replicate`), or, with --die-before RANK, that rank exits a second after
-its peers entered the exchange, as a node lost mid-save; prints one JSON line: what replicate returned or raised, and how long it took."""
+its peers entered the exchange, as a node lost mid-save; prints one JSON line: what replicate returned or
+raised, and how long it took."""
 
 from __future__ import annotations
 
