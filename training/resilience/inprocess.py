@@ -320,7 +320,11 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
         live = capture_live(session)
         session = None
         previous.abandon()
-        if not previous.settle(cfg.barrier_timeout_s):
+        if not previous.settle(cfg.barrier_timeout_s, give_up=lambda: job.drain.requested):
+            if job.drain.requested:  # the launcher is stopping this worker (its group re-forms): go now
+                raise RestartFailed(
+                    f"rank {ctx.rank}: asked to stop (SIGTERM) while its abandoned save was still running"
+                )
             print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()  # the failed session's cycles (FSDP state, hooks): the frozen imports are not scanned
         store.barrier(ctx.generation + 1)

@@ -82,9 +82,6 @@ from training.resilience.checkpoint.worker import BackgroundWorker
 from training.resilience.checkpoint.writer import KitStorageWriter
 
 log = logging.getLogger("training.resilience.checkpoint")
-STUCK_GRACE_S = 2.0
-"""How long an in-process restart waits for an abandoned save that is inside a collective on the aborted
-checkpoint group: it never returns (the writer thread is left behind, blocked; the restart goes on)."""
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -362,14 +359,13 @@ class Checkpointer:
         """Every rank writes its shard (a DCP save on the checkpoint group); (ok, error, files written)."""
         writer = self._storage_writer(save)
         try:
-            with self._comm.collective() as group:
-                dcp.save(
-                    tree,
-                    storage_writer=writer,
-                    planner=self._planner,
-                    process_group=group,
-                    no_dist=not self._comm.distributed,
-                )
+            dcp.save(
+                tree,
+                storage_writer=writer,
+                planner=self._planner,
+                process_group=self._comm.group,
+                no_dist=not self._comm.distributed,
+            )
         except SAVE_ERRORS as exc:
             return False, one_line(exc), {}
         self._emit_write(save.step, time.time() - save.t_request, writer.files)
@@ -521,20 +517,18 @@ class Checkpointer:
         self._abandoned.set()
         self._comm.abandon()
 
-    def _stop_wait(self, timeout_s: float) -> float:
-        """How long to wait for an abandoned save to stop: `timeout_s`, or `STUCK_GRACE_S` for one that is
-        inside a collective on the aborted group (time for a peer's error to arrive, nothing more)."""
-        return min(timeout_s, STUCK_GRACE_S) if self._comm.in_collective else timeout_s
+    def settle(self, timeout_s: float, *, give_up: Callable[[], bool] | None = None) -> bool:
+        """After `abandon()` and the abort of the groups: wait (at most timeout_s, or until `give_up()`
+        says so) until the abandoned save has stopped, so the caller can free what it held (its staged
+        DTensors keep the aborted group's sockets open until collected). True if it stopped.
 
-    def settle(self, timeout_s: float) -> bool:
-        """After `abandon()` and the abort of the groups: wait (at most timeout_s) until the abandoned save
-        has stopped, so the caller can free what it held (its staged DTensors keep the aborted group's
-        sockets open until collected). True if it stopped. A save inside a collective on the aborted group
-        never stops (`CheckpointComm.in_collective`): it gets `STUCK_GRACE_S`, then runs on, leaked."""
+        Why `give_up`: a save inside a collective on the aborted group whose peer then died never returns
+        (measured: a node lost in the middle of the buddy exchange left the survivor's writer in its
+        all-to-all), so the caller lets the launcher's SIGTERM end the wait."""
         stopped = True
         if self._worker is not None:
             with self._on_wait():
-                stopped = self._worker.drained(self._stop_wait(timeout_s))
+                stopped = self._worker.drained(timeout_s, give_up=give_up)
         # What still holds the abandoned save's staged state: the DCP stager, and the planner (it keeps the
         # last state dict it planned). DCP's staged DTensors carry copies of the device mesh, and a copied
         # mesh re-registers the training group: kept alive, it would keep the aborted group's sockets open.
@@ -556,7 +550,7 @@ class Checkpointer:
         else:
             self.abandon()
         if self._worker is not None:
-            if not self._worker.close(timeout_s=None if drain else self._stop_wait(self.cfg.pg_timeout_s)):
+            if not self._worker.close(timeout_s=None if drain else self.cfg.pg_timeout_s):
                 log.warning(
                     "the abandoned checkpoint writer did not stop within %.0f s; it can no longer commit",
                     self.cfg.pg_timeout_s,

@@ -9,8 +9,6 @@ falling back to whatever default group exists by then.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -34,8 +32,6 @@ class CheckpointComm:
         self.distributed = dist.is_available() and dist.is_initialized() and world_size > 1
         self._group: dist.ProcessGroup | None = None
         self._gone = False
-        self._inside = 0
-        self._inside_lock = threading.Lock()
         if self.distributed:
             # A collective: every rank builds its Checkpointer at the same point.
             self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -47,26 +43,6 @@ class CheckpointComm:
             raise SaveAbandoned("the checkpoint process group is gone (closed or abandoned)")
         return self._group
 
-    @contextlib.contextmanager
-    def collective(self) -> Iterator[dist.ProcessGroup | None]:
-        """The group, while this process takes part in a collective on it (this class's, a save's DCP
-        calls, a tier exchange): `in_collective` says so."""
-        group = self.group
-        with self._inside_lock:
-            self._inside += 1
-        try:
-            yield group
-        finally:
-            with self._inside_lock:
-                self._inside -= 1
-
-    @property
-    def in_collective(self) -> bool:
-        """Some thread is inside a collective on this group. Once the group is aborted (in-process
-        restart), such a thread never returns: gloo's abort does not wake it, nor does a peer's death
-        after the abort (measured: a writer stayed in an exchange until the launcher killed the worker)."""
-        return self._inside > 0
-
     def abandon(self) -> None:
         """From now on every collective raises. The caller aborts the group; it is forgotten here at once,
         because an aborted gloo group keeps its sockets open (a peer blocked in it would hang) until its
@@ -75,36 +51,33 @@ class CheckpointComm:
         self._group = None
 
     def gather_to_zero(self, obj: Any) -> list[Any] | None:
+        group = self.group
         if not self.distributed:
-            self.group  # noqa: B018  (raises once the group is gone)
             return [obj]
         out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        with self.collective() as group:
-            dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0), group=group)
+        dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0), group=group)
         return out
 
     def broadcast_from_zero(self, obj: Any) -> Any:
+        group = self.group
         if not self.distributed:
-            self.group  # noqa: B018
             return obj
         box = [obj]
-        with self.collective() as group:
-            dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         return box[0]
 
     def all_true(self, flag: bool) -> bool:
+        group = self.group
         if not self.distributed:
-            self.group  # noqa: B018
             return flag
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        with self.collective() as group:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
         return bool(t.item())
 
     def barrier(self) -> None:
-        with self.collective() as group:
-            if self.distributed:
-                dist.barrier(group=group)
+        group = self.group
+        if self.distributed:
+            dist.barrier(group=group)
 
     def close(self) -> None:
         self._gone = True

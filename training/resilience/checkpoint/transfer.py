@@ -89,10 +89,9 @@ def _exchange(
     sends at most one and receives at most one), in chunks, each chunk one all-to-all in which every rank
     sends only to its receiver. `send` maps this rank's receiver to the copy's memory.
 
-    Why a collective and not point-to-point sends: gloo fails a collective at once when a peer's process
-    dies (its sockets close), but a receive posted for a dead peer waits out the group's whole timeout
-    (`pg_timeout_s`; measured), and an in-process restart's abort does not wake it either: the writer of a
-    rank whose buddy's node was lost mid-exchange would hold that rank's restart for minutes."""
+    Every rank takes part in every round (an all-gather first tells each what all send), so a rank whose
+    copy is missing or damaged cannot leave its buddy waiting in a receive: it sends zeros and says why
+    after, and the receiver finds the copy damaged."""
     group = comm.group
     world = comm.world_size
     out_move = next((m for m in moves if m.sender == comm.rank), None)
@@ -119,8 +118,7 @@ def _exchange(
                 a, b = _span(chunk, in_move.size)
                 out_splits[in_move.sender] = b - a
                 incoming_chunk = in_bytes[a:b]
-            with comm.collective():
-                dist.all_to_all_single(incoming_chunk, outgoing_chunk, out_splits, in_splits, group=group)
+            dist.all_to_all_single(incoming_chunk, outgoing_chunk, out_splits, in_splits, group=group)
         del out_bytes, in_bytes
 
 
@@ -232,8 +230,7 @@ def replicate(
     src = (comm.rank - local_world_size) % world
     header = [own.step, own.rank, own.world_size, own.size, own.crc32c] if own is not None else [-1] * _HEADER
     headers = [torch.empty(_HEADER, dtype=torch.int64) for _ in range(world)]
-    with comm.collective() as group:
-        dist.all_gather(headers, torch.tensor(header, dtype=torch.int64), group=group)
+    dist.all_gather(headers, torch.tensor(header, dtype=torch.int64), group=comm.group)
     offered = [[int(x) for x in h.tolist()] for h in headers]
     moves = [
         _Move(sender=r, receiver=buddy_of(r, world, local_world_size), rank=r, size=h[3])

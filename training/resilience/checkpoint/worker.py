@@ -6,6 +6,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from training.resilience.checkpoint.comm import SAVE_ERRORS
@@ -51,11 +52,16 @@ class BackgroundWorker:
                 log.exception("checkpoint background job crashed")
             del job  # its closure holds the save's state: never keep it while waiting for the next
 
-    def drained(self, timeout_s: float) -> bool:
-        """True once every job submitted so far has ended (and released its closure), within timeout_s."""
+    def drained(self, timeout_s: float, *, give_up: Callable[[], bool] | None = None) -> bool:
+        """True once every job submitted so far has ended (and released its closure), within timeout_s;
+        False at once when `give_up()` turns true (checked every 0.1 s)."""
         marker = threading.Event()
         self._jobs.put(marker.set)
-        return marker.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not marker.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline or (give_up is not None and give_up()):
+                return False
+        return True
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Stop after the jobs already submitted; True once the thread has ended within `timeout_s`."""
