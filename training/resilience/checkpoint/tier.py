@@ -8,9 +8,10 @@ buddy's copy (training.resilience.checkpoint.transfer) serves instead.
 
 Layout, as the shared tier's: `step_<N:08d>/rank_<R>.blob` and `rank_<R>.json`, the record: step, rank,
 world size, size and CRC-32C of the blob, and where the copy came from (`own`, or `peer` when the rank's
-buddy sent it). A blob is written while the save runs; its record only once the shared tier committed the
-step, so a copy without a record does not exist for restore, exactly as a step folder without its
-commit record. A restore verifies size and checksum (`checkpoint.verify`) against the record.
+buddy sent it). A blob is written while the save runs, its record last, so a copy without a record does
+not exist for restore, exactly as a step folder without its commit record; and a restore reads only copies
+of the newest step committed on shared storage. It verifies size and checksum (`checkpoint.verify`)
+against the record.
 """
 
 from __future__ import annotations
