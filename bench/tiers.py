@@ -245,11 +245,10 @@ def summarise(outcomes: list[Outcome]) -> dict[str, float | None]:
     for name, attr in (("tier_stall_ratio", "stall_s"), ("tier_period_ratio", "period_s")):
         tiered, plain = out[f"steady_peer_{attr}"], out[f"steady_off_{attr}"]
         out[name] = tiered / plain if tiered is not None and plain else None
-    sources = {o.case.label: o.source for o in outcomes if o.case.fault != "steady"}
-    out["sources_as_expected"] = float(
-        sources.get("kill-peer") == "memory" and sources.get("node-peer") == "peer"
-        and sources.get("kill-off") == "shared" and sources.get("node-off") == "shared"
-    )  # fmt: skip
+    expected = {"kill-peer": "memory", "node-peer": "peer", "kill-off": "shared", "node-off": "shared"}
+    faulted = [o for o in outcomes if o.case.fault != "steady"]  # every repetition, not the last one only
+    as_expected = bool(faulted) and all(o.source == expected[o.case.label] for o in faulted)
+    out["sources_as_expected"] = float(as_expected)
     blob = _median([_blob_bytes(o) for o in outcomes if o.case == Case("kill", "peer")])
     out["memory_mb_s"] = (
         blob / out["kill_peer_restore_s"] / 1e6 if blob and out["kill_peer_restore_s"] else None
