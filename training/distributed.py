@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 
+from training import torch_internals as internals
 from training.launcher import blame
 from training.ports import free_port_run
 
@@ -152,19 +152,11 @@ def new_group(ctx: DistContext, generation: int) -> None:
 def abort_groups(ctx: DistContext) -> None:
     """Abort every process group of this process (closes its connections, so peers blocked in a
     collective with us fail at once instead of waiting for the timeout), then forget them."""
-    # A DeviceMesh keeps its groups in `_pg_registry`, and DTensor's sharding-propagation cache keeps old
-    # meshes alive: without clearing both, the aborted group's sockets stay open (torch 2.13 internals).
-    if ctx.mesh is not None:
-        getattr(ctx.mesh, "_pg_registry", {}).clear()
+    internals.forget_mesh_groups(ctx.mesh)
     ctx.mesh = None
-    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
-    for name in ("propagate_op_sharding",):
-        cache_clear = getattr(getattr(propagator, name, None), "cache_clear", None)
-        if cache_clear is not None:
-            cache_clear()
     if dist.is_initialized():
         try:
-            dist.distributed_c10d._abort_process_group()
+            internals.abort_all_groups()
         except (RuntimeError, ValueError):
             dist.destroy_process_group()
 

@@ -39,8 +39,10 @@ from typing import Any, Literal
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
+from typing_extensions import override
 
 from training import exitcodes
+from training import torch_internals as internals
 from training.events import EventLog
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
@@ -158,6 +160,7 @@ class KitElasticAgent(LocalElasticAgent):
 
     # --- hooks -------------------------------------------------------------------------------
 
+    @override
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         states = self._worker_states()
         self._kill_peers_of_a_failed_worker(states)
@@ -326,6 +329,7 @@ class KitElasticAgent(LocalElasticAgent):
         rank = culprit(probes, default=detected.rank)
         return next((s for s in silent if s.rank == rank), detected), probes
 
+    @override
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.attempt += 1
         if self.attempt > 0:
@@ -338,11 +342,11 @@ class KitElasticAgent(LocalElasticAgent):
                 self.attempt,
                 since,
                 reason,
-                self._remaining_restarts,
+                internals.remaining_restarts(self),
                 worker_group.spec.max_restarts,
             )
             self.events.emit(
-                "restart", attempt=self.attempt, reason=reason, remaining=self._remaining_restarts
+                "restart", attempt=self.attempt, reason=reason, remaining=internals.remaining_restarts(self)
             )
         self._pending_reason = None
         self._broken = False
@@ -358,6 +362,7 @@ class KitElasticAgent(LocalElasticAgent):
         self.exits.watch(list(pids.values()))
         return pids
 
+    @override
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         if self._broken:
             death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
@@ -400,7 +405,7 @@ class KitElasticAgent(LocalElasticAgent):
 
     def _worker_states(self) -> dict[int, tuple[int, ExitState]]:
         """Local rank -> (pid, `_peek_exit`) of every process the agent started (shims under the zygote)."""
-        pcontext = getattr(self, "_pcontext", None)
+        pcontext = internals.worker_processes(self)
         pids = {} if pcontext is None else pcontext.pids()
         return {local_rank: (pid, _peek_exit(pid)) for local_rank, pid in pids.items()}
 
@@ -438,8 +443,8 @@ class KitElasticAgent(LocalElasticAgent):
     def _set_aside_torn_error_files(self, states: dict[int, tuple[int, ExitState]] | None = None) -> bool:
         """Move aside the torn error files of workers that are no longer running (per `states`, read now
         when not given); True if one was."""
-        pcontext = getattr(self, "_pcontext", None)
-        error_files: dict[int, str] = getattr(pcontext, "error_files", None) or {}
+        pcontext = internals.worker_processes(self)
+        error_files: dict[int, str] = {} if pcontext is None else pcontext.error_files
         states = self._worker_states() if states is None else states
         moved = False
         for local_rank, path in sorted(error_files.items()):
@@ -489,7 +494,7 @@ class KitElasticAgent(LocalElasticAgent):
         self.last_failure = f"rank {first_rank} {describe_exit(first.exitcode)}"
         if any(f.exitcode == exitcodes.FATAL_CONFIG for f in result.failures.values()):
             self.fatal = True
-            self._remaining_restarts = 0  # the inherited loop stops instead of retrying
+            internals.spend_restarts(self)  # the inherited loop stops instead of retrying
             log.error(
                 "kit-launch: a worker exited %d (fatal config): not retrying; fix the config and resubmit",
                 exitcodes.FATAL_CONFIG,
@@ -508,7 +513,7 @@ class KitElasticAgent(LocalElasticAgent):
             f"node {self.node_name} failed {count} times in {self.node_failures.window_s:g} s "
             f"(last: {reason})"
         )
-        self._remaining_restarts = 0
+        internals.spend_restarts(self)
         log.error(
             "kit-launch: giving up node %s: %s; a spare or the Job's replacement pod takes its place "
             "(on EKS, node auto-repair replaces the instance)",
@@ -529,7 +534,7 @@ class KitElasticAgent(LocalElasticAgent):
         self._detected_at = time.time()
         if reason.startswith("hang"):
             self.last_failure = reason
-        if self.rejoin_timeout_s is not None and self._remaining_restarts > 0:
+        if self.rejoin_timeout_s is not None and internals.remaining_restarts(self) > 0:
             log.warning(
                 "kit-launch: the group re-forms: waiting up to %g s for every node (a spare, the lost "
                 "node's replacement pod or the same nodes) before giving up (rendezvous join_timeout)",

@@ -18,9 +18,10 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
-from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
+from torch.distributed.launcher.api import LaunchConfig
 
 from training import exitcodes
+from training import torch_internals as internals
 from training.events import EventLog
 from training.launch import LaunchArgs
 from training.launcher import spares
@@ -35,6 +36,10 @@ log = logging.getLogger("kit.launch")
 
 def run(args: LaunchArgs, *, workdir: str) -> int:
     """Start the zygote (if any), run the agent, and return the launcher's exit code."""
+    problem = internals.check(overrides=(KitElasticAgent, spares.KitOpExecutor))
+    if problem is not None:  # before any store, zygote or worker: the same on every pod, never retried
+        log.error("kit-launch: error: %s", problem)
+        return exitcodes.FATAL_CONFIG
     events = EventLog(args.run_dir, role="launcher", rank=None)
     events.emit("launcher_start", node_rank=args.node_rank, nodes=args.max_nodes, spares=args.spares)
     entrypoint, worker_args = args.entrypoint, list(args.argv)
@@ -46,6 +51,9 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         entrypoint, worker_args = worker_command(worker_args)
     try:
         code, reason = _run_agent(args, entrypoint, worker_args, events, zygote)
+    except internals.TorchInternalsChanged as exc:  # an attribute torch sets on an object it built
+        log.error("kit-launch: error: %s", exc)
+        code, reason = exitcodes.FATAL_CONFIG, str(exc)
     finally:
         if zygote is not None:
             zygote.close()
@@ -99,7 +107,7 @@ def _run_agent(
         local_addr=config.local_addr,
         **configs,
     )
-    master_addr, master_port = _get_addr_and_port(params)
+    master_addr, master_port = internals.addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     try:  # hosts or joins the store now
         if config.rdzv_backend == "c10d":

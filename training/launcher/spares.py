@@ -44,7 +44,7 @@ through torch's `get_free_port`, which checks only that port; the kit checks the
 (`training.ports`: the NVRx backend's stores live there).
 
 `first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
-rendezvous internals (torch is pinned; style.md §5).
+rendezvous internals, only through training/torch_internals.py, which checks them at start-up.
 """
 
 from __future__ import annotations
@@ -54,14 +54,16 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters, dynamic_rendezvous
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import api as rendezvous_api
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
 )
+from typing_extensions import override
 
+from training import torch_internals as internals
 from training.ports import free_port_run
 
 POLL_S = 0.2
@@ -126,7 +128,7 @@ def outsider_must_wait(ctx) -> bool:  # type: ignore[no-untyped-def]
     return len(state.participants) + members_absent(ctx) >= ctx.settings.max_nodes
 
 
-class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
+class SpareJoinOp(internals.RendezvousJoinOp):
     """torch's join, except that:
     - a waiting node facing a complete, full round leaves the wait list (it then joins the redundancy list
       on the next pass, as a node that arrives late does);
@@ -141,15 +143,15 @@ class SpareJoinOp(dynamic_rendezvous._RendezvousJoinOp):
             and ctx.node in state.wait_list
             and len(state.participants) >= ctx.settings.max_nodes
         ):
-            return dynamic_rendezvous._Action.REMOVE_FROM_WAIT_LIST
+            return internals.RendezvousAction.REMOVE_FROM_WAIT_LIST
         if outsider_must_wait(ctx):
-            if dynamic_rendezvous._should_keep_alive(ctx):
-                return dynamic_rendezvous._Action.KEEP_ALIVE
-            return dynamic_rendezvous._Action.SYNC
+            if _should_keep_alive(ctx):
+                return internals.RendezvousAction.KEEP_ALIVE
+            return internals.RendezvousAction.SYNC
         return super().__call__(ctx, deadline)
 
 
-class KitOpExecutor(dynamic_rendezvous._DistributedRendezvousOpExecutor):
+class KitOpExecutor(internals.RendezvousOpExecutor):
     """torch's executor with two changes that make a round's members recognisable to the next round:
     - a completed round records its node -> rank (`KIT_RANKS`), and ranks are kept across rounds
       (`stable_ranks`);
@@ -157,15 +159,17 @@ class KitOpExecutor(dynamic_rendezvous._DistributedRendezvousOpExecutor):
       keeps a keep-alive entry, so for the moment between leaving and re-joining it still counts as alive
       (a node that leaves for good expires on the usual schedule)."""
 
+    @override
     def _mark_rendezvous_complete(self) -> None:
         super()._mark_rendezvous_complete()
-        state = self._state
+        state = internals.executor_state(self)
         state.participants.update(stable_ranks(last_round_ranks(state), sorted(state.participants)))
         setattr(state, KIT_RANKS, dict(state.participants))
 
+    @override
     def _remove_from_participants(self) -> None:
         super()._remove_from_participants()
-        self._state.last_heartbeats[self._node] = datetime.now(UTC)
+        internals.executor_state(self).last_heartbeats[internals.executor_node(self)] = datetime.now(UTC)
 
 
 _rejoin = threading.local()
@@ -184,10 +188,10 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
     _torch_delay(RDZV_POLL_S if seconds == 1 else seconds)
 
 
-_torch_delay = dynamic_rendezvous._delay
+_torch_delay = internals.rendezvous_delay
 
 
-def _should_keep_alive(ctx: dynamic_rendezvous._RendezvousContext) -> bool:
+def _should_keep_alive(ctx: internals.RendezvousContext) -> bool:
     """torch's test, with a beat due once the last one is BEAT_DUE of an interval old (torch: a whole one)."""
     last = ctx.state.last_heartbeats.get(ctx.node)
     due = ctx.settings.keep_alive_interval * BEAT_DUE
@@ -204,17 +208,18 @@ def _method_name(depth: int = 2) -> str:
         return "no_method_name"
 
 
-_torch_method_name = dynamic_rendezvous.get_method_name
+_torch_method_name = internals.rendezvous_method_name
 
 
 def install_join_fix() -> None:
     """Make torch's rendezvous use SpareJoinOp, the shorter poll, the keep-alive test above, the cheap
     method name (it names all four from its module) and a MASTER_PORT with its store ports free."""
-    rendezvous_api.get_free_port = free_port_run  # type: ignore[attr-defined]
-    dynamic_rendezvous._RendezvousJoinOp = SpareJoinOp  # type: ignore[misc]
-    dynamic_rendezvous._delay = _poll_delay  # type: ignore[assignment]
-    dynamic_rendezvous._should_keep_alive = _should_keep_alive
-    dynamic_rendezvous.get_method_name = _method_name
+    internals.replace(rendezvous_api, "get_free_port", free_port_run)
+    rendezvous = internals.dynamic_rendezvous
+    internals.replace(rendezvous, "_RendezvousJoinOp", SpareJoinOp)
+    internals.replace(rendezvous, "_delay", _poll_delay)
+    internals.replace(rendezvous, "_should_keep_alive", _should_keep_alive)
+    internals.replace(rendezvous, "get_method_name", _method_name)
 
 
 class KitRendezvousHandler(DynamicRendezvousHandler):
@@ -227,17 +232,17 @@ class KitRendezvousHandler(DynamicRendezvousHandler):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self._op_executor = KitOpExecutor(self._this_node, self._state_holder, self._settings)
+        internals.use_op_executor(self, KitOpExecutor)
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
-        holder = self._state_holder
-        holder._cache_duration = RDZV_POLL_S  # type: ignore[attr-defined]
+        holder = internals.state_holder(self)
+        internals.set_state_cache(holder, RDZV_POLL_S)
         _rejoin.active = self._formed_a_round
         try:
             info = super().next_rendezvous()
         finally:
             _rejoin.active = False
-            holder._cache_duration = TRAINING_CACHE_S  # type: ignore[attr-defined]
+            internals.set_state_cache(holder, TRAINING_CACHE_S)
         self._formed_a_round = True
         return info
 
@@ -272,7 +277,7 @@ def is_spare(node_rank: int, nodes: int) -> bool:
 
 def first_round_complete(handler: RendezvousHandler) -> bool:
     """Whether the rendezvous has completed a round (or was closed) yet."""
-    holder = handler._state_holder  # type: ignore[attr-defined]
+    holder = internals.state_holder(handler)
     holder.sync()
     state = holder.state
     return bool(state.complete or state.round > 0 or state.closed)

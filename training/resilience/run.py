@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import efa, exitcodes
+from training import torch_internals as internals
 from training.distributed import DistContext, init_distributed, set_deterministic, shutdown
 from training.resilience.checkpoint.layout import checkpoints_dir
 from training.resilience.checkpoint.resume import CheckpointError, check_world_size
@@ -68,6 +69,10 @@ def _recorded(
     start_fields: dict[str, Any],
     on_job: Callable[[Job], None] | None,
 ) -> int:
+    problem = internals.check()
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
     try:
         if cfg.checkpoint.mode != "off":  # a checkpoint of another world size: refused before any group
             check_world_size(checkpoints_dir(cfg.run.run_dir), int(os.environ.get("WORLD_SIZE", "1")))
@@ -100,7 +105,8 @@ def _recorded(
         finish(session)
         session.checkpointer.close()
         return exitcodes.OK
-    except (CheckpointError, ConfigError) as exc:  # e.g. checkpoints exist but none verifies: never step 0
+    except (CheckpointError, ConfigError, internals.TorchInternalsChanged) as exc:  # e.g. checkpoints exist
+        # but none verifies: never step 0; or torch built an object without an attribute the kit needs
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     finally:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlanner
-from torch.distributed.tensor import DTensor
+
+from training import torch_internals as internals
 
 _CACHES = (
     "_cached_save_plan",
@@ -40,11 +40,8 @@ class ScopedSavePlanner(DefaultSavePlanner):
         """A DTensor item's bytes are its local tensor (one shard per rank): taken as is, not through
         `to_local()`, an autograd call per item that cost ~15 % of a small model's save in the writer
         thread (the GIL the training thread waits for)."""
-        obj = self.state_dict.get(index.fqn)
-        if type(obj) is DTensor and type(obj._local_tensor) is torch.Tensor:
-            obj._raise_if_contains_partial_placements()
-            return obj._local_tensor
-        return super().lookup_object(index)
+        local = internals.local_shard(self.state_dict.get(index.fqn))
+        return local if local is not None else super().lookup_object(index)
 
     def forget(self) -> None:
         """Drop every plan cached under this planner's key."""

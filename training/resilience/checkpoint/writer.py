@@ -48,18 +48,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.filesystem import (
-    CURRENT_DCP_VERSION,
-    DEFAULT_SUFFIX,
-    FileSystemWriter,
-    _StorageInfo,
-    _StoragePrefix,
-)
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, DEFAULT_SUFFIX, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from training import torch_internals as internals
 from training.resilience.checkpoint.commit import (
     CHECKSUMS,
     METADATA_FILE,
@@ -267,18 +262,6 @@ def _archive_key(tensor: torch.Tensor, alignment: int) -> tuple[Any, ...] | None
     )
 
 
-def _serialize(out: Any, tensor: torch.Tensor, alignment: int) -> None:
-    """`torch.save(tensor, out)` without the zip's own CRC pass (our file checksum covers the bytes)."""
-    writer = torch._C.PyTorchFileWriter(out, False, alignment)
-    try:
-        torch.serialization._save(tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-    finally:
-        # Always finalize here: an unfinished writer finalizes in its C++ destructor, and if that write
-        # fails (disk full) the process aborts. After a failure `out` swallows the remaining bytes.
-        with contextlib.suppress(RuntimeError):
-            writer.write_end_of_file()
-
-
 def _archive(tensor: torch.Tensor, alignment: int) -> _Archive | None:
     """The tensor's archive around its storage bytes: made once per metadata by the real serializer."""
     key = _archive_key(tensor, alignment)
@@ -289,7 +272,7 @@ def _archive(tensor: torch.Tensor, alignment: int) -> _Archive | None:
             _ARCHIVES.move_to_end(key)
             return _ARCHIVES[key]
     capture = _Capture(tensor.untyped_storage())
-    _serialize(capture, tensor, alignment)
+    internals.serialize_tensor(capture, tensor, alignment)
     archive = capture.archive()
     with _ARCHIVES_LOCK:  # writer threads of two checkpointers (an abandoned save's, a new one's)
         _ARCHIVES[key] = archive
@@ -319,7 +302,7 @@ def _write_tensor(out: ChecksumFile, tensor: torch.Tensor, alignment: int) -> in
     archive = _archive(tensor, alignment)
     try:
         if archive is None:
-            _serialize(out, tensor, alignment)
+            internals.serialize_tensor(out, tensor, alignment)
         else:
             storage = tensor.untyped_storage()
             out.write(archive.head)
@@ -383,14 +366,14 @@ class KitStorageWriter(FileSystemWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         if self._guard is not None:
             self._guard.point("writing")
-        prefix: _StoragePrefix = plan.storage_data
+        prefix: internals.StoragePrefix = plan.storage_data
         name = f"{prefix.prefix}0{DEFAULT_SUFFIX}"
         rank, _ = self._expected
         if rank is not None and name != shard_name(rank):
             raise SaveAbandoned(f"DCP planned {name} for rank {rank} (a plan cached from another group?)")
         out = ChecksumFile(Path(self.path) / name, direct=self.direct_io)
         results: list[WriteResult] = []
-        alignment = torch.serialization._get_storage_alignment()
+        alignment = internals.storage_alignment()
         try:
             for item in plan.items:
                 if self._delay_s:
@@ -415,7 +398,7 @@ class KitStorageWriter(FileSystemWriter):
                     WriteResult(
                         index=item.index,
                         size_in_bytes=length,
-                        storage_data=_StorageInfo(name, offset, length),
+                        storage_data=internals.StorageInfo(name, offset, length),
                     )
                 )
             self.files[name] = out.close(fsync=self.sync_files)
