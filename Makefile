@@ -15,7 +15,8 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
-        train-job-delete image teardown cost-report bench bench-quick bench-setup report docs-config clean
+        train-job-delete image teardown cost-report bench bench-quick bench-setup report docs-config clean \
+        test-torch
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,6 +40,23 @@ test: $(STAMP) ## run every test (lint, infra, training, k8s, ops, demo): the sl
 
 test-fast: $(STAMP) ## the tests without the slow multi-process ones, on every core
 	$(PY) -m pytest -m "not slow" -n auto
+
+# Another torch in its own venv (.venv-torch-X.Y.Z): the launcher, checkpoint, in-process and torch-internals
+# tests, the parts that lean on torch's private names (training/torch_internals.py). Not in `make test`: a
+# torch without a CPU-only build on the registry (2.11) brings its CUDA libraries, several GB.
+TORCH ?= 2.11.0
+TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_TESTS := tests/training/test_torch_internals.py tests/training/checkpoint tests/training/test_launch_*.py \
+        tests/training/test_trainer_inprocess.py tests/training/test_inprocess_restore.py \
+        tests/training/test_blame_inprocess.py tests/training/test_hang_interrupt.py tests/training/test_zygote.py
+test-torch: ## run the launcher, checkpoint and in-process tests on another torch in its own venv (TORCH=2.11.0)
+	@[[ "$(TORCH)" =~ ^[0-9]+\.[0-9]+\.[0-9]+$$ ]] || { echo "error: TORCH='$(TORCH)': expected a release like 2.11.0" >&2; exit 2; }
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	sed '/^torch==/d' requirements.txt > $(TORCH_VENV)/requirements.txt
+	cp requirements-dev.txt $(TORCH_VENV)/requirements-dev.txt
+	$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH) -r $(TORCH_VENV)/requirements-dev.txt
+	$(TORCH_VENV)/bin/python -c "import torch; print('make test-torch: torch', torch.__version__)"
+	$(TORCH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 
 lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
 	$(PY) -m ruff check .

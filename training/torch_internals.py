@@ -224,12 +224,21 @@ def override_problems(klass: type) -> list[str]:
             found.append(f"{klass.__qualname__}.{name} overrides nothing in {klass.__mro__[1].__module__}")
             continue
         ours, theirs = _params(method), _params(base)
-        if ours is not None and theirs is not None and ours != theirs:
+        if ours is not None and theirs is not None and not _compatible(method, ours, theirs):
             found.append(
                 f"{base.__module__}.{base.__qualname__} takes ({', '.join(theirs)}), the kit's override "
                 f"({', '.join(ours)})"
             )
     return found
+
+
+def _compatible(method: Callable[..., Any], ours: list[str], theirs: list[str]) -> bool:
+    """Torch's parameters come first, in order, and any the kit adds have defaults (an override written for
+    the newest torch that an older one calls with fewer arguments)."""
+    if ours[: len(theirs)] != theirs:
+        return False
+    extra = list(inspect.signature(method).parameters.values())[len(theirs) :]
+    return all(p.default is not inspect.Parameter.empty for p in extra)
 
 
 def _zip_round_trip_problem() -> str | None:
@@ -361,10 +370,43 @@ def spend_restarts(agent: Any) -> None:
     agent._remaining_restarts = 0
 
 
+def agent_options(agent_class: type, *, shutdown_timeout: int) -> dict[str, Any]:
+    """LocalElasticAgent's keyword arguments this torch takes: `shutdown_timeout` is 2.13's (2.11 waits
+    torch's fixed 30 s for workers to exit after SIGTERM)."""
+    params = inspect.signature(agent_class.__init__).parameters
+    return {"shutdown_timeout": shutdown_timeout} if "shutdown_timeout" in params else {}
+
+
+def shutdown(base_shutdown: Callable[..., None], death_sig: Any, timeout: int) -> None:
+    """Call torch's `_shutdown` with the wait for the workers' exit where it takes one (2.13; 2.11: 30 s)."""
+    if "timeout" in inspect.signature(base_shutdown).parameters:
+        base_shutdown(death_sig, timeout)
+    else:
+        base_shutdown(death_sig)
+
+
 def worker_processes(agent: Any) -> Any:
     """A LocalElasticAgent's process context (None before the first start): `pids()`, `error_files`."""
     require(agent, "_pcontext")
     return agent._pcontext
+
+
+@functools.cache
+def dcp_stager_reusable() -> bool:
+    """Whether one DCP `DefaultStager` can stage more than once (public API; tried, not read from the
+    version): torch 2.11's closes its state-dict stager after each stage, clearing its deepcopy table, so a
+    second save fails with `KeyError: <class 'type'>`; 2.13 keeps it (and its cached pinned buffers)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    try:
+        for _ in range(2):
+            stager.stage({"tensor": torch.zeros(1), "number": 1})
+    except KeyError:
+        return False
+    finally:
+        stager.close()
+    return True
 
 
 def storage_alignment() -> int:

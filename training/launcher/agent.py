@@ -137,7 +137,10 @@ class KitElasticAgent(LocalElasticAgent):
         zygote: Zygote | None = None,
     ) -> None:
         super().__init__(
-            spec=spec, logs_specs=logs_specs, start_method="spawn", shutdown_timeout=shutdown_timeout
+            spec=spec,
+            logs_specs=logs_specs,
+            start_method="spawn",
+            **internals.agent_options(LocalElasticAgent, shutdown_timeout=shutdown_timeout),
         )
         self.monitor = monitor
         self.events = events
@@ -376,7 +379,7 @@ class KitElasticAgent(LocalElasticAgent):
                 ", ".join(map(str, outside)),
             )
             death_sig, timeout = signal.SIGKILL, BROKEN_GROUP_KILL_TIMEOUT_S
-        super()._shutdown(death_sig, timeout)
+        internals.shutdown(super()._shutdown, death_sig, timeout)
         self._await_zygote_workers()
 
     def _await_zygote_workers(self) -> None:

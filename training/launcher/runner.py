@@ -95,8 +95,7 @@ def _run_agent(
         rdzv_configs=dict(args.rdzv_configs),
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
-        shutdown_timeout=args.shutdown_timeout,
-    )
+    )  # no shutdown_timeout: torch 2.11's LaunchConfig has none (the agent takes it, where torch does)
     configs = {k: v for k, v in config.rdzv_configs.items() if not k.startswith("keep_alive")}
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -149,7 +148,7 @@ def _run_agent(
         monitor=monitor,
         events=events,
         stacks_dir=os.environ[STACKS_DIR_ENV],
-        shutdown_timeout=config.shutdown_timeout or 30,
+        shutdown_timeout=args.shutdown_timeout or 30,
         node_failures=NodeFailures(limit=args.node_failure_limit, window_s=args.node_failure_window_s),
         node_name=os.environ.get("POD_NAME", ""),
         rejoin_timeout_s=join_timeout if args.max_nodes > 1 else None,

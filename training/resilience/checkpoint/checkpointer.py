@@ -52,6 +52,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from training import torch_internals as internals
 from training.events import EventLog
 from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.resilience.checkpoint.commit import (
@@ -294,6 +295,9 @@ class Checkpointer:
             save.staged.set()
             self._finish(save, False, "rank 0 could not create or clear the step folder (see its log)", {})
             return
+        if self._dcp_stager is not None and not internals.dcp_stager_reusable():
+            self._dcp_stager.close()  # torch 2.11: one stager per save
+            self._dcp_stager = None
         if self._dcp_stager is None:
             cuda = torch.cuda.is_available()
             self._dcp_stager = DefaultStager(StagingOptions(cuda, False, True, cuda))

@@ -1,0 +1,438 @@
+"""The control plane as the job grows: the kit's rendezvous driven by many light nodes against its store.
+
+`python -m bench.scale [--quick] [--nodes 4,16,64]` runs, for each N, the kit's real rendezvous code (the
+c10d handler of training/launcher/spares.py, with the launcher's keep-alive defaults) for N member nodes and
+one hot spare against the kit's real store process (`python -m training.launcher.store`). A node here is a
+handler and a thread that does what the kit's agent does with it (`next_rendezvous`, then a membership check
+every monitor interval, re-joining when a node waits), without workers: many nodes share a client process so
+that 2 cores hold hundreds of them. The victim node has a process of its own, so that it can be lost the way
+a host is lost: SIGSTOP (silent: its socket stays open, nothing answers), then SIGKILL at the end.
+
+Per N, phases in one run:
+  formation  from the last member's join call to the last member's complete round
+  steady     STEADY_S of fault-free membership: the store process' CPU and bytes (its /proc stat and io:
+             every byte it read or wrote on its sockets), the compare-and-set writes of the rendezvous state
+             and how many failed (another node wrote first), the client processes' CPU, and false expiries
+             (a live member dropped from the round)
+  node loss  the victim stopped: detection (the first member that sees the spare waiting to replace it,
+             which torch allows once the victim's keep-alive expired) and re-forming (the last member back in
+             a complete round with the spare)
+The growth of each figure is a least-squares fit of log(figure) on log(N) (`growth`); the projection to
+1,024 nodes extends that fit. The clients' CPU is the machine's, not the design's: on 2 cores it slows the
+beats of many nodes at once, so it is printed apart (CPU seconds per node per second), never folded into the
+store's figures.
+RESULT nodes_light_max=<largest N> formation_growth=<exponent> store_bytes_growth=<exponent>
+store_cpu_growth=<exponent> recovery_growth=<exponent of detection + re-forming> false_expiries=<count>
+projected_store_cpu_1024=<cores the store needs at 1,024 + 64 nodes> projected_control_1024_s=<detection +
+re-forming at 1,024 nodes, each along its own fit>. Real launchers with trivial workers at 4-32 nodes are
+not in this benchmark yet (issue 32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 0.25, 5
+"""The launcher's defaults (training.launch.RDZV_DEFAULTS)."""
+MONITOR_S = 0.1
+"""The launcher's --monitor-interval: how often the agent asks whether a node waits."""
+NODES_PER_PROCESS = 32
+STEADY_S = 6.0
+FORM_TIMEOUT_S = 240.0
+RECOVERY_TIMEOUT_S = 120.0
+PROJECT_TO = 1024 + 64
+
+
+# --- a client process: many light nodes ---------------------------------------------------------------------
+
+
+def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str) -> int:
+    """Run `count` light nodes of a job of `nodes` members; print one JSON line per event on stdout."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from training import torch_internals as internals
+    from training.launcher import spares
+
+    out_lock = threading.Lock()
+    cas = {"sets": 0, "failed": 0}
+    original_set = C10dRendezvousBackend.set_state
+
+    def counting_set(self, state, token=None):  # type: ignore[no-untyped-def]
+        result = original_set(self, state, token)
+        with out_lock:
+            cas["sets"] += 1
+            cas["failed"] += 0 if result is not None and result[2] else 1
+        return result
+
+    C10dRendezvousBackend.set_state = counting_set  # type: ignore[method-assign]
+
+    def emit(**fields: object) -> None:
+        with out_lock:
+            print(json.dumps({"ts": time.time(), **fields}), flush=True)
+
+    def node(index: int) -> None:
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=endpoint,
+            run_id=run_id,
+            min_nodes=nodes,
+            max_nodes=nodes,
+            is_host=False,
+            join_timeout=600,
+        )
+        handler = spares.c10d_handler(params, keep_alive_s=KEEP_ALIVE_S, attempts=KEEP_ALIVE_ATTEMPTS)
+        name = f"{role}{index}@{os.getpid()}"
+        if role == "spare":
+            spares.wait_for_first_round(handler, FORM_TIMEOUT_S)
+        called = time.time()
+        info = handler.next_rendezvous()
+        emit(event="joined", node=name, called=called, round=_round(handler, internals), rank=info.rank)
+        while True:
+            time.sleep(MONITOR_S)
+            state = internals.state_holder(handler).state
+            if len(state.participants) < nodes and state.complete:
+                emit(event="member_dropped", node=name, members=len(state.participants))
+            if handler.num_nodes_waiting() > 0:
+                emit(event="waiting_seen", node=name)
+                called = time.time()
+                info = handler.next_rendezvous()
+                emit(
+                    event="joined", node=name, called=called, round=_round(handler, internals), rank=info.rank
+                )
+
+    for index in range(count):
+        threading.Thread(target=node, args=(index,), daemon=True).start()
+    while True:  # the CAS counters once a second; the coordinator ends the process
+        time.sleep(1.0)
+        with out_lock:
+            sets, failed = cas["sets"], cas["failed"]
+        emit(event="cas", sets=sets, failed=failed, cpu_s=sum(os.times()[:2]))
+
+
+def _round(handler: object, internals: object) -> int:
+    return int(internals.state_holder(handler).state.round)  # type: ignore[attr-defined]
+
+
+# --- the coordinator ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[str]
+    role: str
+    lines: queue.Queue[dict] = field(default_factory=queue.Queue)
+    cas: list[dict] = field(default_factory=list)
+
+    def start_reader(self) -> None:
+        def read() -> None:
+            assert self.popen.stdout is not None
+            for line in self.popen.stdout:
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if item.get("event") == "cas":
+                    self.cas.append(item)
+                else:
+                    self.lines.put(item)
+
+        threading.Thread(target=read, daemon=True).start()
+
+
+def _proc_stat(pid: int) -> tuple[float, int, int]:
+    """CPU seconds, bytes read + written, read + write syscalls of a process (its /proc stat and io)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return cpu, int(io["rchar"]) + int(io["wchar"]), int(io["syscr"]) + int(io["syscw"])
+
+
+def _free_port() -> int:
+    from training.ports import free_port_run
+
+    return free_port_run()
+
+
+def _start(args: list[str], role: str) -> Process:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "bench.scale", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    process = Process(popen=popen, role=role)
+    process.start_reader()
+    return process
+
+
+def _drain(processes: list[Process], until: float, want: callable) -> list[dict]:  # type: ignore[valid-type]
+    """Events from every client until `want(events)` is true or the deadline; all events read."""
+    events: list[dict] = []
+    while time.time() < until:
+        for process in processes:
+            while True:
+                try:
+                    events.append(process.lines.get_nowait())
+                except queue.Empty:
+                    break
+        if want(events):
+            return events
+        time.sleep(0.05)
+    return events
+
+
+def _cas_at(processes: list[Process], ts: float) -> tuple[int, int, float]:
+    """Sum over client processes of their CAS counters and CPU seconds at the report nearest `ts`."""
+    sets = failed = 0
+    cpu = 0.0
+    for process in processes:
+        if not process.cas:
+            continue
+        item = min(process.cas, key=lambda c: abs(c["ts"] - ts))
+        sets, failed, cpu = sets + item["sets"], failed + item["failed"], cpu + item["cpu_s"]
+    return sets, failed, cpu
+
+
+def measure(nodes: int) -> dict[str, float]:
+    """One N: formation, steady, node loss (see the module docstring)."""
+    port = _free_port()
+    run_id = f"scale{nodes}"
+    store = subprocess.Popen(
+        [sys.executable, "-m", "training.launcher.store", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    processes: list[Process] = []
+    try:
+        assert store.stdout is not None
+        store.stdout.readline()  # "serving"
+        endpoint = f"127.0.0.1:{port}"
+        common = ["--client", "--endpoint", endpoint, "--run-id", run_id, "--job-nodes", str(nodes)]
+        victim = _start([*common, "--count", "1", "--role", "victim"], "victim")
+        processes.append(victim)
+        left = nodes - 1
+        while left > 0:
+            count = min(NODES_PER_PROCESS, left)
+            processes.append(_start([*common, "--count", str(count), "--role", "member"], "member"))
+            left -= count
+        processes.append(_start([*common, "--count", "1", "--role", "spare"], "spare"))
+
+        def members_joined(events: list[dict]) -> bool:
+            return (
+                sum(1 for e in events if e["event"] == "joined" and not e["node"].startswith("spare"))
+                >= nodes
+            )
+
+        events = _drain(processes, time.time() + FORM_TIMEOUT_S, members_joined)
+        joined = [e for e in events if e["event"] == "joined"]
+        if len(joined) < nodes:
+            raise RuntimeError(f"N={nodes}: only {len(joined)} of {nodes} nodes formed a round")
+        first_round = max(e["round"] for e in joined)
+        formation_s = max(e["ts"] for e in joined) - max(e["called"] for e in joined)
+        time.sleep(2.0)  # the spare parks on the redundancy list
+        t0 = time.time()
+        cpu0, bytes0, calls0 = _proc_stat(store.pid)
+        events += _drain(processes, t0 + STEADY_S, lambda _: False)
+        t1 = time.time()
+        cpu1, bytes1, calls1 = _proc_stat(store.pid)
+        time.sleep(1.2)  # the clients' counters of t1 arrive
+        sets0, failed0, ccpu0 = _cas_at(processes, t0)
+        sets1, failed1, ccpu1 = _cas_at(processes, t1)
+        dropped = {e["node"] for e in events if e["event"] in ("member_dropped", "waiting_seen")}
+        span = t1 - t0
+        os.killpg(victim.popen.pid, signal.SIGSTOP)  # a silent host: its socket open, no beat, no answer
+        lost = time.time()
+
+        def reformed(events: list[dict]) -> bool:
+            back = {e["node"] for e in events if e["event"] == "joined" and e["round"] > first_round}
+            return len(back) >= nodes  # the survivors and the spare
+
+        after = _drain(processes, lost + RECOVERY_TIMEOUT_S, reformed)
+        seen = [e["ts"] for e in after if e["event"] == "waiting_seen"]
+        back = [e["ts"] for e in after if e["event"] == "joined" and e["round"] > first_round]
+        if not seen or len(back) < nodes:
+            raise RuntimeError(
+                f"N={nodes}: the round did not re-form with the spare within {RECOVERY_TIMEOUT_S} s"
+            )
+        detect_s = min(seen) - lost
+        return {
+            "nodes": nodes,
+            "formation_s": formation_s,
+            "store_cpu": (cpu1 - cpu0) / span,
+            "store_bytes_s": (bytes1 - bytes0) / span,
+            "store_calls_s": (calls1 - calls0) / span,
+            "cas_s": (sets1 - sets0) / span,
+            "cas_failed": (failed1 - failed0) / max(sets1 - sets0, 1),
+            "client_cpu_per_node": (ccpu1 - ccpu0) / span / (nodes + 1),
+            "false_expiries": len(dropped),
+            "detect_s": detect_s,
+            "reform_s": max(back) - min(seen),
+            "control_s": max(back) - lost,
+        }
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.popen.pid, signal.SIGKILL)
+            process.popen.wait()
+        store.send_signal(signal.SIGTERM)
+        try:
+            store.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            store.kill()
+
+
+def growth(rows: list[dict[str, float]], key: str) -> float:
+    """The exponent b of figure ~ a * N^b, least squares on log-log (figures <= 0 left out)."""
+    points = [(math.log(r["nodes"]), math.log(r[key])) for r in rows if r[key] > 0]
+    if len(points) < 2:
+        return float("nan")
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
+
+
+def project(rows: list[dict[str, float]], key: str, nodes: int) -> float:
+    """The fitted figure at `nodes`, from the largest measured N along the fitted exponent."""
+    last = max(rows, key=lambda r: r["nodes"])
+    return last[key] * (nodes / last["nodes"]) ** growth(rows, key)
+
+
+def table(rows: list[dict[str, float]]) -> str:
+    head = (
+        "| N | formation s | store CPU (cores) | store MB/s | store syscalls/s | CAS writes/s | CAS failed "
+        "| client CPU s/node/s | false expiries | detection s | re-forming s |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        cells = [
+            f"{r['nodes']}",
+            f"{r['formation_s']:.2f}",
+            f"{r['store_cpu']:.3f}",
+            f"{r['store_bytes_s'] / 1e6:.2f}",
+            f"{r['store_calls_s']:.0f}",
+            f"{r['cas_s']:.0f}",
+            f"{100 * r['cas_failed']:.0f} %",
+            f"{r['client_cpu_per_node']:.4f}",
+            f"{r['false_expiries']}",
+            f"{r['detect_s']:.2f}",
+            f"{r['reform_s']:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def result_line(rows: list[dict[str, float]]) -> str:
+    rows = sorted(rows, key=lambda r: r["nodes"])
+    for r in rows:
+        r["control_plane_s"] = r["detect_s"] + r["reform_s"]
+    figures = {
+        "nodes_light_max": max(r["nodes"] for r in rows),
+        "formation_growth": round(growth(rows, "formation_s"), 2),
+        "store_bytes_growth": round(growth(rows, "store_bytes_s"), 2),
+        "store_cpu_growth": round(growth(rows, "store_cpu"), 2),
+        "recovery_growth": round(growth(rows, "control_plane_s"), 2),
+        "false_expiries": sum(int(r["false_expiries"]) for r in rows),
+        "projected_store_cpu_1024": round(project(rows, "store_cpu", PROJECT_TO), 2),
+        # each phase along its own fit: a power law fitted to their sum bends towards the flat one
+        "projected_control_1024_s": round(
+            project(rows, "detect_s", 1024) + project(rows, "reform_s", 1024), 2
+        ),
+    }
+    return "RESULT " + " ".join(f"{k}={v}" for k, v in figures.items())
+
+
+DOC = REPO / "docs" / "benchmarks" / "scale.md"
+
+
+def section(rows: list[dict[str, float]], result: str, command: str) -> str:
+    """docs/benchmarks/scale.md: the table, the fits, the projection and what they say about the design."""
+    rows = sorted(rows, key=lambda r: r["nodes"])
+    last = rows[-1]
+    bytes_1024 = project(rows, "store_bytes_s", PROJECT_TO)
+    cpu_1024 = project(rows, "store_cpu", PROJECT_TO)
+    return f"""## The control plane as the job grows (`bench.scale`)
+
+`{command}`: the kit's c10d rendezvous (training/launcher/spares.py, keep-alive {KEEP_ALIVE_S} s
+x {KEEP_ALIVE_ATTEMPTS}) for N light nodes + 1 hot spare against the kit's store process; a node is a handler
+and the agent's membership check every {MONITOR_S} s, no workers; the victim is SIGSTOPped (a silent host).
+Steady figures over {STEADY_S:g} s of fault-free membership; store CPU and bytes from its /proc stat and io.
+
+{table(rows)}
+
+Fits (exponent of N, least squares on log-log) and projection to {PROJECT_TO} nodes (1,024 + 64 spares):
+
+`{result}`
+
+- The store's traffic grows as N^{growth(rows, "store_bytes_s"):.2f}: every beat of every node is a
+  compare-and-set of the whole state (a pickle of every node), and about half of them fail and are retried
+  ({100 * last["cas_failed"]:.0f} % at N = {last["nodes"]}). Projected at {PROJECT_TO} nodes:
+  {bytes_1024 / 1e9:.2f} GB/s through one TCPStore and {cpu_1024:.2f} of a core for its one event loop. **The
+  design does not hold at 1,024 nodes**; per-node liveness must cost O(1) bytes per beat (issue 32, item 2).
+- Detection is the keep-alive expiry ({KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS:g} s) plus a poll and does not
+  grow; re-forming does (every member re-joins through the same contended state).
+- The clients' CPU (the machine, not the design) is printed per node; on 2 cores many light nodes slow each
+  other's beats, so the largest N are the machine's limit, not the store's.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 4, 16, 64")
+    parser.add_argument("--nodes", help="comma-separated N (default 4,8,16,32,64,128,256)")
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", help=argparse.SUPPRESS)
+    parser.add_argument("--job-nodes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--role", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.client:
+        return _client(args.endpoint, args.run_id, args.job_nodes, args.count, args.role)
+    if args.nodes:
+        try:
+            sizes = [int(n) for n in args.nodes.split(",")]
+        except ValueError:
+            parser.error(f"--nodes {args.nodes!r}: expected whole numbers separated by commas, e.g. 4,16,64")
+        if any(n < 2 or n > 2048 for n in sizes):
+            parser.error(f"--nodes {args.nodes!r}: each N must be in [2, 2048]")
+    else:
+        sizes = [4, 16, 64] if args.quick else [4, 8, 16, 32, 64, 128, 256]
+    rows = []
+    for nodes in sizes:
+        row = measure(nodes)
+        rows.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    print(table(rows))
+    result = result_line(rows)
+    if not args.quick and not args.nodes:
+        command = "python -m bench.scale"
+        DOC.write_text(section(rows, result, command), encoding="utf-8")
+        print(f"wrote {DOC.relative_to(REPO)}")
+    print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""bench.scale's arithmetic on hand-made rows: the fitted growth exponent, the projection along it, the table
+and the RESULT line. The runs themselves are the benchmark's (real store, real rendezvous handlers); the
+handler's semantics (join, spare promotion, expiry, re-form, stable ranks) are tested with real stores in
+tests/training/test_launch_spares_rdzv.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import scale
+
+
+def _row(nodes: int, **figures: float) -> dict[str, float]:
+    base = {
+        "nodes": nodes,
+        "formation_s": 0.4,
+        "store_cpu": 0.001 * nodes,
+        "store_bytes_s": 1000.0 * nodes**2,
+        "store_calls_s": 10.0 * nodes,
+        "cas_s": 8.0 * nodes,
+        "cas_failed": 0.5,
+        "client_cpu_per_node": 0.003,
+        "false_expiries": 0,
+        "detect_s": 1.3,
+        "reform_s": 0.1 * nodes**0.5,
+    }
+    return {**base, **figures}
+
+
+def test_growth_is_the_log_log_slope() -> None:
+    rows = [_row(n) for n in (4, 16, 64)]
+    assert scale.growth(rows, "store_bytes_s") == pytest.approx(2.0)
+    assert scale.growth(rows, "store_cpu") == pytest.approx(1.0)
+    assert scale.growth(rows, "formation_s") == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(scale.growth(rows[:1], "store_cpu"))  # one point: no fit
+    assert math.isnan(scale.growth([_row(4, detect_s=0.0)], "detect_s"))  # zeros are left out
+
+
+def test_projection_extends_the_fit_from_the_largest_n() -> None:
+    rows = [_row(n) for n in (4, 16, 64)]
+    assert scale.project(rows, "store_bytes_s", 1088) == pytest.approx(1000.0 * 1088**2)
+    noisy = [_row(4, store_cpu=0.004), _row(16, store_cpu=0.02), _row(64, store_cpu=0.05)]
+    slope = scale.growth(noisy, "store_cpu")
+    assert scale.project(noisy, "store_cpu", 128) == pytest.approx(0.05 * 2**slope)
+
+
+def test_result_line_and_table() -> None:
+    rows = [_row(64, false_expiries=1), _row(4), _row(16)]
+    line = scale.result_line(rows)
+    figures = dict(item.split("=") for item in line.removeprefix("RESULT ").split())
+    assert figures["nodes_light_max"] == "64" and figures["false_expiries"] == "1"
+    assert float(figures["store_bytes_growth"]) == pytest.approx(2.0)
+    # detection (flat 1.3 s) + re-forming (0.1 N^0.5): the control plane's exponent is between 0 and 0.5
+    assert 0 < float(figures["recovery_growth"]) < 0.5
+    expected = 1.3 + 0.1 * 1024**0.5
+    assert float(figures["projected_control_1024_s"]) == pytest.approx(expected, rel=0.15)
+    text = scale.table(sorted(rows, key=lambda r: r["nodes"]))
+    assert text.splitlines()[2].startswith("| 4 | 0.40 | 0.004 | 0.02 |")
+    assert len(text.splitlines()) == 5
