@@ -19,9 +19,9 @@ Kinds and their own fields:
                   ts = the start of the phase,
                   bytes (optional), error (optional), waited (optional: "staging" when an optimizer step
                   waited for the host copy), reason (on "skipped")
-    fault         fault (kind), step, target_rank (rank kinds) or target_node (node, drain: the pod index):
-                  written by the injector just before it acts (for a time-based fault, step is the last
-                  step reached, null if none yet)
+    fault         fault (kind), step, target_rank (rank kinds) or target_node (node, freeze, drain: the pod
+                  index): written by the injector just before it acts (for a time-based fault, step is the
+                  last step reached, null if none yet)
     drained       step (committed before leaving), duration_s, signalled (this rank got the SIGTERM)
     interval      rank 0, checkpoint.interval=auto, when the chosen interval changes: interval, previous,
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,

@@ -2,6 +2,8 @@
 
 - `kill_pod`: every process of the pod SIGKILLed at once, as when its node is lost (Xid 79, kernel panic):
   all are frozen first (SIGSTOP), so none sees another die and reacts, then killed, this one last.
+- `freeze_pod`: a node lost silently: every process of the pod SIGSTOPped (sockets open, nothing answers),
+  then SIGKILLed after a while (a detached helper plays the node lifecycle controller).
 - `drain_pod`: what the kubelet does on eviction: SIGTERM to the pod's main process, SIGKILL to what is left
   after the grace period (a small detached helper plays the kubelet's timer).
 
@@ -27,6 +29,9 @@ POD_ROOT_ENV = "KIT_POD_ROOT_PID"
 """Set by the kit launcher when no POD_NAME is there: it is the pod's main process."""
 GRACE_ENV = "KIT_TERMINATION_GRACE_S"
 """The Job's terminationGracePeriodSeconds, rendered into the container env (k8s/spec.py)."""
+FREEZE_KILL_ENV = "KIT_FREEZE_KILL_S"
+"""Seconds a frozen pod (the `freeze` fault) stays frozen before it is SIGKILLed."""
+DEFAULT_FREEZE_KILL_S = 30.0
 DEFAULT_GRACE_S = 30.0
 """Kubernetes' default terminationGracePeriodSeconds."""
 PID1_EXIT_SIGNAL = signal.SIGUSR1
@@ -47,13 +52,22 @@ def pod_index() -> int:
     return 0
 
 
+def _seconds_env(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if 0 <= value < float("inf") else default
+
+
 def grace_period_s() -> float:
     """Seconds between SIGTERM and SIGKILL for this pod."""
-    try:
-        value = float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S))
-    except ValueError:
-        return DEFAULT_GRACE_S
-    return value if value >= 0 else DEFAULT_GRACE_S
+    return _seconds_env(GRACE_ENV, DEFAULT_GRACE_S)
+
+
+def freeze_kill_s() -> float:
+    """Seconds a frozen pod stays frozen before it is SIGKILLed."""
+    return _seconds_env(FREEZE_KILL_ENV, DEFAULT_FREEZE_KILL_S)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -144,9 +158,52 @@ def kill_pod() -> None:
     os.kill(me, signal.SIGKILL)
 
 
+def freeze_pod(kill_after_s: float) -> None:
+    """SIGSTOP the whole pod (this process last) and SIGKILL it `kill_after_s` later; returns only if this
+    process is woken (SIGCONT) before then.
+
+    A pod's PID 1 is left running (a container's PID 1 ignores SIGSTOP sent from inside it): on EKS the
+    freeze stops every process but the launcher."""
+    me = os.getpid()
+    try:
+        members = pod_processes(pod_root())
+    except PodError as exc:
+        print(f"[fault] {exc}; freezing this process only", file=sys.stderr, flush=True)
+        members = {}
+    if me not in members and (stat := _stat(me)) is not None:
+        members[me] = stat[1]
+    _spawn_killer(kill_after_s, members, wait_for_exit=False)
+    for pid, started in members.items():
+        if pid != me:
+            _signal(pid, started, signal.SIGSTOP)
+    os.kill(me, signal.SIGSTOP)
+
+
+def _spawn_killer(after_s: float, members: dict[int, int], *, wait_for_exit: bool) -> None:
+    """A detached helper that SIGKILLs `members` (pid -> start time) after `after_s`, or as soon as all are
+    gone when `wait_for_exit` (a drain's grace period)."""
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            _KUBELET,
+            f"{after_s:g}",
+            "1" if wait_for_exit else "0",
+            *(f"{p}:{t}" for p, t in members.items()),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outlives the pod's processes it may have to kill
+        close_fds=True,
+    )
+
+
 _KUBELET = """
 import os, signal, sys, time
-grace, members = float(sys.argv[1]), [tuple(map(int, m.split(':'))) for m in sys.argv[2:]]
+grace, early = float(sys.argv[1]), sys.argv[2] == '1'
+members = [tuple(map(int, m.split(':'))) for m in sys.argv[3:]]
 def alive(pid, started):
     try:
         text = open(f'/proc/{pid}/stat').read()
@@ -155,7 +212,7 @@ def alive(pid, started):
     fields = text.rpartition(')')[2].split()
     return int(fields[19]) == started and fields[0] != 'Z'
 deadline = time.monotonic() + grace
-while time.monotonic() < deadline and any(alive(*m) for m in members):
+while time.monotonic() < deadline and (not early or any(alive(*m) for m in members)):
     time.sleep(0.1)
 for pid, started in members:
     if alive(pid, started):
@@ -172,15 +229,7 @@ def drain_pod(grace_s: float) -> None:
     Outside a container the pod is a process group (the local runner's, as its own stop does), so the
     SIGTERM goes to the main process's group: launchers run inside sh wrappers get it too."""
     root = pod_root()
-    members = pod_processes(root)
-    subprocess.Popen(
-        [sys.executable, "-S", "-c", _KUBELET, f"{grace_s:g}", *(f"{p}:{t}" for p, t in members.items())],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # outlives the pod's processes it may have to kill
-        close_fds=True,
-    )
+    _spawn_killer(grace_s, pod_processes(root), wait_for_exit=True)
     if root == 1:
         os.kill(1, signal.SIGTERM)
         return

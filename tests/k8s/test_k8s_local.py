@@ -171,8 +171,14 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     assert (run_dir / "timeline.png").is_file()
     # Rank 0 was restarting in process (its peer was gone) when pod 0's launcher saw the new round: nothing to
     # drain, so SIGKILL at once (a SIGTERM used to hold the round for torchelastic's 30 s shutdown timeout).
+    # On a loaded machine the launcher can look before rank 0 has noticed the lost peer (still in its train
+    # phase): the SIGTERM then reaches a rank about to restart in process, which leaves at once when asked to
+    # stop (in its settle or its restart barrier). Either way, no 30 s hold.
     pod0 = (tmp_path / "kill-e2e" / "logs" / "kill-e2e-0-local.log").read_text()
-    assert "outside the train loop (starting, loading or restarting in process), nothing to drain" in pod0
+    assert (
+        "outside the train loop (starting, loading or restarting in process), nothing to drain" in pod0
+        or "asked to stop (SIGTERM) while" in pod0
+    ), pod0[-3000:]
     assert "forcefully exiting via 9" not in pod0
 
 

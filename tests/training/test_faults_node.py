@@ -32,7 +32,12 @@ else:
     while len(os.listdir(folder)) < 3:
         time.sleep(0.02)
     from training import pod
-    pod.kill_pod() if action == "kill_pod" else pod.drain_pod(0.5)
+    if action == "kill_pod":
+        pod.kill_pod()
+    elif action == "freeze_pod":
+        pod.freeze_pod(1.5)
+    else:
+        pod.drain_pod(0.5)
 time.sleep(60)
 """
 
@@ -51,12 +56,16 @@ def _pids(tmp: Path, name: str) -> list[int]:
     return [int(p.name.split("-")[1]) for p in (tmp / name).glob("pid-*")]
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process' state letter (R, S, T: stopped, Z), "" once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
-        return False
-    return state != "Z"
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z")
 
 
 def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
@@ -70,7 +79,7 @@ def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("action", ["kill_pod", "drain_pod"])
+@pytest.mark.parametrize("action", ["kill_pod", "freeze_pod", "drain_pod"])
 def test_node_fault_ends_every_process_of_its_pod_and_nothing_else(tmp_path: Path, action: str) -> None:
     pod = _start(tmp_path, "pod-a", action)
     neighbour = _start(tmp_path, "pod-b", "kill_pod")
@@ -81,9 +90,15 @@ def test_node_fault_ends_every_process_of_its_pod_and_nothing_else(tmp_path: Pat
             time.sleep(0.05)
         members = _pids(tmp_path, "pod-a")
         assert len(members) == 3
+        if action == "freeze_pod":  # a silent host: every process stopped, none gone, until the kill
+            deadline = time.monotonic() + 10
+            while not all(_state(p) == "T" for p in members) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert [_state(p) for p in members] == ["T"] * 3
         pod.wait(timeout=20)
-        # node: SIGKILL at once; drain: SIGTERM to the main process, SIGKILL to the rest after 0.5 s
-        assert pod.returncode == (-signal.SIGKILL if action == "kill_pod" else -signal.SIGTERM)
+        # node: SIGKILL at once; freeze: SIGKILL after 1.5 s; drain: SIGTERM to the main process, SIGKILL to
+        # the rest after 0.5 s
+        assert pod.returncode == (-signal.SIGTERM if action == "drain_pod" else -signal.SIGKILL)
         assert _wait_gone(members, 10) == []
         neighbour_pids = _pids(tmp_path, "pod-b")
         assert neighbour_pids  # pod-b ran beside it, and its own fault is what ends it
@@ -99,10 +114,11 @@ def test_node_fault_ends_every_process_of_its_pod_and_nothing_else(tmp_path: Pat
 
 
 def test_node_kinds_name_a_node_and_rank_kinds_a_rank() -> None:
-    assert parse_spec("node:step=3:node=0,drain:time=2.5:node=1,kill:step=4:rank=1") == [
+    assert parse_spec("node:step=3:node=0,drain:time=2.5:node=1,kill:step=4:rank=1,freeze:step=5:node=1") == [
         Fault(kind="node", node=0, step=3),
         Fault(kind="drain", node=1, time_s=2.5),
         Fault(kind="kill", rank=1, step=4),
+        Fault(kind="freeze", node=1, step=5),
     ]
     assert str(Fault(kind="node", node=0, step=3)) == "node:step=3:node=0"
     assert Fault(kind="drain", node=1, time_s=2.5).key == "drain-t2.5-node1"

@@ -3,7 +3,7 @@
 Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:rank=R` or
 `KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom. Node-level kinds name a
 node (a pod: its Job completion index, else the launcher's group rank) instead of a rank:
-`node:step=N:node=K` or `drain:time=SECONDS:node=K`. Example:
+`node:step=N:node=K`, `freeze:step=N:node=K` or `drain:time=SECONDS:node=K`. Example:
 `kill:step=20:rank=1,exception:step=45:rank=1,node:step=30:node=0`.
 
 - kill: SIGKILL itself (a crashed process, exit -9).
@@ -14,7 +14,11 @@ node (a pod: its Job completion index, else the launcher's group rank) instead o
   MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
   than the cap, so the machine is never exhausted.
 - node: the whole pod dies at once, as when its node is lost: the launcher, the zygote and every worker
-  are SIGKILLed together, with no chance to clean up (training/pod.py).
+  are SIGKILLed together, with no chance to clean up (training/pod.py). Its sockets close at once, so its
+  peers learn of it at once.
+- freeze: the pod's node is lost silently (power, a kernel hang, a fallen GPU host): every process of the
+  pod is SIGSTOPped, its sockets stay open and nothing answers; its peers only see silence. The processes
+  are SIGKILLed KIT_FREEZE_KILL_S later (default 30 s: the node declared lost and its pod deleted).
 - drain: the pod is asked to leave, as Kubernetes does on eviction: SIGTERM to the pod's main process,
   SIGKILL to all of it after its grace period (KIT_TERMINATION_GRACE_S, the Job's
   terminationGracePeriodSeconds). The trainer then saves the agreed step before it exits (train.py).
@@ -56,9 +60,9 @@ from typing import Literal
 from training import pod
 from training.events import EventLog
 
-FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "node", "drain"]
+FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "node", "freeze", "drain"]
 RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
-NODE_KINDS: tuple[str, ...] = ("node", "drain")
+NODE_KINDS: tuple[str, ...] = ("node", "freeze", "drain")
 KINDS: tuple[str, ...] = RANK_KINDS + NODE_KINDS
 FAULTS_DIR = "faults"
 TEST_IN_UPDATE_ENV = "KIT_FAULT_TEST_IN_UPDATE"
@@ -407,6 +411,8 @@ class FaultInjector:
             _die_of_oom()
         elif fault.kind == "node":
             pod.kill_pod()
+        elif fault.kind == "freeze":
+            pod.freeze_pod(pod.freeze_kill_s())
         elif fault.kind == "drain":
             pod.drain_pod(pod.grace_period_s())
 

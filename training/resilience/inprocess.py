@@ -79,6 +79,10 @@ class RestartFailed(RuntimeError):
     """This rank cannot recover in process; the launcher must restart the group."""
 
 
+BARRIER_POLL = timedelta(seconds=0.1)
+"""How often a rank waiting in the restart barrier looks at whether it was asked to stop."""
+
+
 class RestartStore:
     """The barrier's own TCPStore: rank 0 hosts it on a free port published through the job store."""
 
@@ -108,15 +112,30 @@ class RestartStore:
             if ctx.store.add(f"{key}/joined", 1) == ctx.world_size - 1:
                 ctx.store.set(f"{key}/all", "1")
 
-    def barrier(self, generation: int) -> None:
-        """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout."""
+    def barrier(self, generation: int, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout, or at once when
+        `give_up()` turns true (the launcher stops this worker: its group re-forms without the barrier)."""
         prefix = f"{self.ctx.store_scope}/gen{generation}"
         arrived = self.store.add(f"{prefix}/arrived", 1)
         if arrived == self.ctx.world_size:
             self.store.set(f"{prefix}/go", "1")
+        deadline = time.monotonic() + self.timeout.total_seconds()
         try:
-            self.store.wait([f"{prefix}/go"], self.timeout)
+            while True:
+                try:
+                    self.store.wait([f"{prefix}/go"], BARRIER_POLL)
+                    return
+                except dist.DistStoreError as exc:  # this slice's timeout; anything else is raised
+                    if "timeout" not in str(exc) or time.monotonic() >= deadline:
+                        raise
+                if give_up():
+                    raise RestartFailed(
+                        f"rank {self.ctx.rank}: asked to stop (SIGTERM) while waiting in in-process restart "
+                        f"barrier {generation}"
+                    )
         except (RuntimeError, dist.DistError) as exc:
+            if isinstance(exc, RestartFailed):
+                raise
             arrived = self.store.add(f"{prefix}/arrived", 0)
             raise RestartFailed(
                 f"rank {self.ctx.rank}: only {arrived}/{self.ctx.world_size} ranks reached in-process "
@@ -327,7 +346,7 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
                 )
             print(f"[inprocess] rank {ctx.rank}: the abandoned save runs on", file=sys.stderr, flush=True)
         gc.collect()  # the failed session's cycles (FSDP state, hooks): the frozen imports are not scanned
-        store.barrier(ctx.generation + 1)
+        store.barrier(ctx.generation + 1, give_up=lambda: job.drain.requested)
         new_group(ctx, ctx.generation + 1)
         plan = plan_restore(job, previous, live)
         # Restored from this process's own live state or host copy: the seeded init would be overwritten.
