@@ -53,7 +53,7 @@ _TAINT = re.compile(
 )
 _FAULT = re.compile(
     r"^(?P<kind>kill|hang|sigstop|exception|oom):(?P<when>step|time)=(?P<at>[0-9.]+):rank=(?P<rank>\d+)$"
-    r"|^(?P<nkind>node|drain):(?P<nwhen>step|time)=(?P<nat>[0-9.]+):node=(?P<node>\d+)$"
+    r"|^(?P<nkind>node|freeze|drain):(?P<nwhen>step|time)=(?P<nat>[0-9.]+):node=(?P<node>\d+)$"
 )
 _KINDS = re.compile(
     r"^(kill|hang|sigstop|exception|oom):[0-9.]+(,(kill|hang|sigstop|exception|oom):[0-9.]+)*$"
@@ -299,7 +299,7 @@ def parse_faults(spec: str) -> list[dict[str, Any]]:
                 "FAULT_SPEC",
                 spec,
                 f"{part!r} is not KIND:step=N:rank=R or KIND:time=SECONDS:rank=R "
-                "(KIND kill, hang, sigstop, exception or oom), nor node|drain:step=N:node=K",
+                "(KIND kill, hang, sigstop, exception or oom), nor node|freeze|drain:step=N:node=K",
             )
         if m["nkind"]:
             faults.append({"kind": m["nkind"], m["nwhen"]: float(m["nat"]), "node": int(m["node"])})
