@@ -142,15 +142,20 @@ def _signal(pid: int, started: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+def _this_pod(doing: str) -> dict[int, int]:
+    """pid -> start time of this pod's processes; {} (said on stderr) when the pod cannot be found, so that
+    the fault acts on this process only."""
+    try:
+        return pod_processes(pod_root())
+    except PodError as exc:
+        print(f"[fault] {exc}; {doing} this process only", file=sys.stderr, flush=True)
+        return {}
+
+
 def kill_pod() -> None:
     """SIGKILL the whole pod at once; does not return."""
     me = os.getpid()
-    try:
-        members = pod_processes(pod_root())
-    except PodError as exc:
-        print(f"[fault] {exc}; killing this process only", file=sys.stderr, flush=True)
-        members = {}
-    others = {pid: t for pid, t in members.items() if pid != me}
+    others = {pid: t for pid, t in _this_pod("killing").items() if pid != me}
     for pid, started in others.items():
         _signal(pid, started, signal.SIGSTOP)
     for pid, started in others.items():
@@ -165,11 +170,7 @@ def freeze_pod(kill_after_s: float) -> None:
     A pod's PID 1 is left running (a container's PID 1 ignores SIGSTOP sent from inside it): on EKS the
     freeze stops every process but the launcher."""
     me = os.getpid()
-    try:
-        members = pod_processes(pod_root())
-    except PodError as exc:
-        print(f"[fault] {exc}; freezing this process only", file=sys.stderr, flush=True)
-        members = {}
+    members = _this_pod("freezing")
     if me not in members and (stat := _stat(me)) is not None:
         members[me] = stat[1]
     _spawn_killer(kill_after_s, members, wait_for_exit=False)

@@ -103,8 +103,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         module="torch.distributed.elastic.agent.server.local_elastic_agent",
         name="LocalElasticAgent",
-        fields=("_pcontext",),
-        why="the workers' pids and error files",
+        fields=("_pcontext", "_remaining_restarts"),
+        why="the workers' pids and error files; the restart budget",
     ),
     # --- checkpoints (training/resilience/checkpoint/) ------------------------------------------------------
     Internal(
@@ -249,29 +249,25 @@ def _zip_round_trip_problem() -> str | None:
     try:
         back = torch.load(out, weights_only=True)
     except Exception as exc:  # any failure to read it back is the finding
-        return f"torch.serialization._save: an archive written without torch.save does not load ({exc})"
+        why = " ".join(str(exc).split())
+        return f"torch.serialization._save: an archive written without torch.save does not load ({why})"
     if not torch.equal(back, tensor):
         return "torch.serialization._save: an archive written without torch.save loads other values"
     return None
 
 
-def problems(version: str | None = None, overrides: tuple[type, ...] = ()) -> list[str]:
-    """Every problem with this torch: its version, then each private name, each override, the zip shortcut."""
-    version = version or torch.__version__
-    if (problem := version_problem(version)) is not None:
-        return [problem]
+def problems(overrides: tuple[type, ...] = ()) -> list[str]:
+    """Every problem with this torch's private names: each name, each override, the zip shortcut."""
     found = [p for item in INTERNALS if (p := internal_problem(item)) is not None]
     for klass in overrides:
         found += override_problems(klass)
     if not found and (problem := _zip_round_trip_problem()) is not None:
         found.append(problem)
-    return [f"torch {version}: {p}" for p in found]
+    return [f"torch {torch.__version__}: {p}" for p in found]
 
 
 def describe(found: list[str]) -> str:
     """One line: the first problem, how many more, what to do."""
-    if len(found) == 1 and " is not supported " in found[0]:
-        return found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     return (
         f"{found[0]}{more}: the kit relies on it (training/torch_internals.py); "
@@ -282,6 +278,8 @@ def describe(found: list[str]) -> str:
 @functools.cache
 def check(overrides: tuple[type, ...] = ()) -> str | None:
     """One line if this torch cannot run the kit, else None (checked once per process and set of classes)."""
+    if (problem := version_problem(torch.__version__)) is not None:
+        return problem
     found = problems(overrides=overrides)
     return describe(found) if found else None
 

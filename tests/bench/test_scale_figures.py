@@ -59,3 +59,11 @@ def test_result_line_and_table() -> None:
     text = scale.table(sorted(rows, key=lambda r: r["nodes"]))
     assert text.splitlines()[2].startswith("| 4 | 0.40 | 0.004 | 0.02 |")
     assert len(text.splitlines()) == 5
+
+
+def test_the_section_says_whether_the_design_holds_from_the_fitted_growth() -> None:
+    quadratic = [_row(n) for n in (4, 16, 64)]
+    linear = [_row(n, store_bytes_s=1000.0 * n) for n in (4, 16, 64)]
+    result = scale.result_line([dict(r) for r in quadratic])
+    assert "does not hold at 1,024 nodes" in scale.section(quadratic, result, "python -m bench.scale")
+    assert "the design holds on this count" in scale.section(linear, result, "python -m bench.scale")

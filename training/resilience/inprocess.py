@@ -45,7 +45,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
@@ -120,28 +120,29 @@ class RestartStore:
         if arrived == self.ctx.world_size:
             self.store.set(f"{prefix}/go", "1")
         deadline = time.monotonic() + self.timeout.total_seconds()
-        try:
-            while True:
-                try:
-                    self.store.wait([f"{prefix}/go"], BARRIER_POLL)
-                    return
-                except dist.DistStoreError as exc:  # this slice's timeout; anything else is raised
-                    if "timeout" not in str(exc) or time.monotonic() >= deadline:
-                        raise
-                if give_up():
-                    raise RestartFailed(
-                        f"rank {self.ctx.rank}: asked to stop (SIGTERM) while waiting in in-process restart "
-                        f"barrier {generation}"
-                    )
-        except (RuntimeError, dist.DistError) as exc:
-            if isinstance(exc, RestartFailed):
-                raise
-            arrived = self.store.add(f"{prefix}/arrived", 0)
-            raise RestartFailed(
-                f"rank {self.ctx.rank}: only {arrived}/{self.ctx.world_size} ranks reached in-process "
-                f"restart barrier {generation} within {self.timeout.total_seconds():.0f} s "
-                f"(a peer died or hangs); exiting so the launcher restarts the group"
-            ) from exc
+        while True:
+            try:
+                self.store.wait([f"{prefix}/go"], BARRIER_POLL)
+                return
+            except dist.DistStoreError as exc:  # this slice timed out (a lost store is a DistNetworkError)
+                if time.monotonic() >= deadline:
+                    self._failed(prefix, generation, exc)
+            except (RuntimeError, dist.DistError) as exc:
+                self._failed(prefix, generation, exc)
+            if give_up():
+                raise RestartFailed(
+                    f"rank {self.ctx.rank}: asked to stop (SIGTERM) while waiting in in-process restart "
+                    f"barrier {generation}"
+                )
+
+    def _failed(self, prefix: str, generation: int, exc: BaseException) -> NoReturn:
+        """RestartFailed, saying how many ranks reached the barrier."""
+        arrived = self.store.add(f"{prefix}/arrived", 0)
+        raise RestartFailed(
+            f"rank {self.ctx.rank}: only {arrived}/{self.ctx.world_size} ranks reached in-process "
+            f"restart barrier {generation} within {self.timeout.total_seconds():.0f} s "
+            f"(a peer died or hangs); exiting so the launcher restarts the group"
+        ) from exc
 
 
 @dataclass(frozen=True)
