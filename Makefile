@@ -58,9 +58,10 @@ test-torch: ## run the launcher, checkpoint and in-process tests on another torc
 	$(TORCH_VENV)/bin/python -c "import torch; print('make test-torch: torch', torch.__version__)"
 	$(TORCH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 
-lint: $(STAMP) ## ruff, then cfn-lint and cdk-nag on the synthesized templates
+lint: $(STAMP) ## ruff, hadolint on the trainer image, then cfn-lint and cdk-nag on the synthesized templates
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/hadolint training/Dockerfile
 	$(CDK) synth -q -c nag=true
 	$(PY) -m infra.lint cdk.out
 	$(PY) -m tools.gen_config_docs --check

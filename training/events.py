@@ -62,8 +62,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +88,7 @@ class EventLog:
         self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self._lock = threading.Lock()
         self._file = None
+        self._observers: list[Callable[[dict[str, Any]], None]] = []
         if run_dir is not None:
             folder = events_dir(run_dir)
             folder.mkdir(parents=True, exist_ok=True)
@@ -93,9 +96,14 @@ class EventLog:
             name = f"{role}-{who}-{self._host}-{self._pid}.jsonl"
             self._file = open(folder / name, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
+    def observe(self, observer: Callable[[dict[str, Any]], None]) -> None:
+        """Call `observer` with every event from now on (the live metrics, training.telemetry), on the
+        emitting thread; one that raises is dropped with one line, and the event log goes on."""
+        self._observers.append(observer)
+
     def emit(self, kind: str, **fields: Any) -> None:
-        """Write one event now; a no-op when the log has no folder (e.g. a library caller)."""
-        if self._file is None:
+        """Write one event now; a no-op when the log has no folder (e.g. a library caller) and no observer."""
+        if self._file is None and not self._observers:
             return
         record = {
             "ts": fields.pop("ts", None) or time.time(),
@@ -107,10 +115,19 @@ class EventLog:
             "attempt": self._attempt,
             **fields,
         }
-        line = json.dumps(record, separators=(",", ":"), default=str)
-        with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+        if self._file is not None:
+            line = json.dumps(record, separators=(",", ":"), default=str)
+            with self._lock:
+                if self._file is not None:
+                    self._file.write(line + "\n")
+                    self._file.flush()
+        for observer in list(self._observers):
+            try:
+                observer(record)
+            except Exception as exc:  # metrics must never end the process they watch
+                if observer in self._observers:
+                    self._observers.remove(observer)
+                print(f"[events] an observer failed, dropped: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def close(self) -> None:
         with self._lock:

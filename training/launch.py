@@ -24,12 +24,13 @@ import signal
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
 from training import exitcodes
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
 from training.resilience.checkpoint.tier import TIER_DIR_ENV
+from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
@@ -251,6 +252,8 @@ class LaunchArgs:
     target_kind: Literal["module", "script", "program"]
     target: str
     """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    """Where the launcher's live metrics go (training.telemetry.settings: the pod's environment)."""
 
 
 def keep_alive_problem(interval: str, attempts: str) -> str:
@@ -308,6 +311,12 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         parser.error(f"--rdzv-conf {problem}")
     if backend == "static":
         configs["rank"] = str(a.node_rank)
+    try:
+        # The trainer's JobName is its run id, the run folder's name: the same here, also with --standalone.
+        job = os.path.basename(os.path.normpath(a.run_dir)) if a.run_dir else run_id
+        metrics = MetricsSettings.from_env(os.environ, run_id=job)
+    except MetricsSettingsError as exc:
+        parser.error(str(exc))
     if a.module and a.no_python:
         parser.error("-m/--module and --no-python exclude each other")
     target = [a.training_script, *a.training_script_args]
@@ -344,6 +353,7 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         argv=worker_argv,
         target_kind="program" if a.no_python else "module" if a.module else "script",
         target=a.training_script,
+        metrics=metrics,
     )
 
 

@@ -157,6 +157,9 @@ class HeartbeatMonitor:
         self._started_at = 0.0
         self._seen: dict[int, _Seen] = {}
         self._after_checkpoint: dict[int, tuple[int, int]] = {}  # rank -> (pid, number of its next sample)
+        self.last_step_ts: float | None = None
+        """Unix time of the newest beat that reported a new step, over every attempt (the live metrics' "no
+        progress" gauge); None before the first."""
 
     def reset(self, ranks: list[int]) -> Path:
         """A new attempt: a fresh folder for its beats (returned: the workers' KIT_HEARTBEAT_DIR), the
@@ -264,6 +267,8 @@ class HeartbeatMonitor:
     def _learn(self, rank: int, seen: _Seen) -> None:
         before = self._seen.get(rank)
         self._seen[rank] = seen
+        if seen.step is not None and (before is None or before.step != seen.step):
+            self.last_step_ts = max(self.last_step_ts or 0.0, seen.ts)
         known = before.n if before is not None and before.pid == seen.pid else 0
         new = min(seen.n - known, len(seen.recent))
         marked = self._after_checkpoint.get(rank)

@@ -30,6 +30,7 @@ from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
 from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
+from training.telemetry.launcher import LauncherMetrics
 
 log = logging.getLogger("kit.launch")
 
@@ -41,6 +42,14 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         log.error("kit-launch: error: %s", problem)
         return exitcodes.FATAL_CONFIG
     events = EventLog(args.run_dir, role="launcher", rank=None)
+    metrics = LauncherMetrics.start(
+        args.metrics,
+        events,
+        run_dir=args.run_dir,
+        node_rank=args.node_rank,
+        max_restarts=args.max_restarts,
+        spares=args.spares,
+    )
     events.emit("launcher_start", node_rank=args.node_rank, nodes=args.max_nodes, spares=args.spares)
     entrypoint, worker_args = args.entrypoint, list(args.argv)
     zygote = None
@@ -50,7 +59,7 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         os.environ.update(zygote.env)
         entrypoint, worker_args = worker_command(worker_args)
     try:
-        code, reason = _run_agent(args, entrypoint, worker_args, events, zygote)
+        code, reason = _run_agent(args, entrypoint, worker_args, events, zygote, metrics)
     except internals.TorchInternalsChanged as exc:  # an attribute torch sets on an object it built
         log.error("kit-launch: error: %s", exc)
         code, reason = exitcodes.FATAL_CONFIG, str(exc)
@@ -58,6 +67,8 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         if zygote is not None:
             zygote.close()
     events.emit("exit", code=code, reason=reason)
+    if metrics is not None:
+        metrics.close()
     events.close()
     return code
 
@@ -81,7 +92,12 @@ def rendezvous_setup_error(endpoint: str, exc: BaseException) -> str:
 
 
 def _run_agent(
-    args: LaunchArgs, entrypoint: str, worker_args: list[str], events: EventLog, zygote: Zygote | None
+    args: LaunchArgs,
+    entrypoint: str,
+    worker_args: list[str],
+    events: EventLog,
+    zygote: Zygote | None,
+    metrics: LauncherMetrics | None,
 ) -> tuple[int, str]:
     config = LaunchConfig(
         min_nodes=args.min_nodes,
@@ -141,6 +157,8 @@ def _run_agent(
         interrupt_grace_s=args.hang_interrupt_grace_s,
     )
     monitor = HeartbeatMonitor(os.environ[HEARTBEAT_DIR_ENV], settings)
+    if metrics is not None:
+        metrics.last_step_ts = lambda: monitor.last_step_ts
     join_timeout = float(args.rdzv_configs.get("join_timeout", 600))
     agent = KitElasticAgent(
         spec,

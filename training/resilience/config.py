@@ -27,6 +27,7 @@ from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.faults import FaultConfig, FaultConfigError
+from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 CONFIG_ENV = "KIT_CONFIG"
 """The Job's config file (the ConfigMap the pods mount): `load_config` reads it when no --config is given."""
@@ -371,6 +372,10 @@ def validate(cfg: ResilienceConfig | Any, *, env: Mapping[str, str]) -> None:
     """Rules across the resilience sections and against the machine (the fault plan, installed packages,
     paths): before any process group, so a bad value fails the Job (78) instead of a retry."""
     world_size = world_size_from(env)
+    try:
+        MetricsSettings.from_env(env, run_id=cfg.run.id)
+    except MetricsSettingsError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         cfg.fault.plan(world_size=world_size, max_steps=cfg.training.steps)
     except FaultConfigError as exc:

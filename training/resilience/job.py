@@ -33,6 +33,8 @@ from training.events import EventLog
 from training.resilience.faults import FaultInjector
 from training.resilience.gc_schedule import GcSchedule
 from training.resilience.heartbeat import HeartbeatClient
+from training.telemetry.settings import MetricsSettings
+from training.telemetry.trainer import TrainerMetrics
 
 if TYPE_CHECKING:
     from training.distributed import DistContext
@@ -135,6 +137,18 @@ class Job:
         self.ctx: DistContext | None = None
         """The current process group's context (rank, world size, device, mesh); set before `build`."""
         self.events = EventLog(cfg.run.run_dir, role="trainer", rank=self.rank)
+        self.metrics = (
+            TrainerMetrics.start(
+                MetricsSettings.from_env(os.environ, run_id=cfg.run.id),  # checked by config.validate
+                self.events,
+                run_dir=cfg.run.run_dir,
+                interval_steps=cfg.checkpoint.interval if isinstance(cfg.checkpoint.interval, int) else None,
+                checkpoints=cfg.checkpoint.mode != "off",
+            )
+            if self.rank == 0
+            else None
+        )
+        """Rank 0's live metrics (training.telemetry); None on other ranks and with KIT_METRICS=off."""
         self.heartbeat = HeartbeatClient.from_env()
         self.faults = FaultInjector(
             cfg.fault,
@@ -268,4 +282,6 @@ class Job:
         self.gc.close()
         self.faults.close()
         self.heartbeat.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self.events.close()

@@ -1,0 +1,113 @@
+"""Every live metric the kit emits, named once: the trainer and launcher emit these, the stacks' dashboard and
+alarms (infra/constructs/monitoring.py) read them, so a rename cannot break an alarm silently.
+
+Dimensions stay few (CloudWatch bills and limits per dimension combination): every metric is emitted
+under (ClusterName, JobName) and under (ClusterName) alone, so a cluster's alarms watch one series whatever
+jobs run; `Faults` adds FaultClass. The pod, node and rank go into each record as properties (searchable
+with Logs Insights), never as dimensions. Standard library only: the infra side imports this without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+NAMESPACE = "FsdpKit/Training"
+"""CloudWatch namespace of every kit metric."""
+CLUSTER = "ClusterName"
+JOB = "JobName"
+FAULT_CLASS = "FaultClass"
+DIMENSION_SETS: tuple[tuple[str, ...], ...] = ((CLUSTER, JOB), (CLUSTER,))
+"""Each record is published under both sets: per job (dashboard) and per cluster (alarms)."""
+
+Unit = Literal["Seconds", "Count", "Count/Second", "Percent", "None"]
+Emitter = Literal["trainer", "launcher"]
+Statistic = Literal["Average", "Maximum", "Minimum", "Sum"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricSpec:
+    name: str
+    unit: Unit
+    emitter: Emitter
+    """trainer: rank 0 only (ranks step together; one rank's view is the job's); launcher: every node."""
+    statistic: Statistic
+    """How a period's values combine on the dashboard and in alarms."""
+    when: str
+    """When a value is emitted."""
+    meaning: str
+
+
+STEP = MetricSpec(
+    name="Step", unit="None", emitter="trainer", statistic="Maximum", when="every step",
+    meaning="the training step just completed",
+)  # fmt: skip
+STEP_TIME = MetricSpec(
+    name="StepTime", unit="Seconds", emitter="trainer", statistic="Average", when="every step",
+    meaning="wall time of the step on rank 0",
+)  # fmt: skip
+TOKENS_PER_S = MetricSpec(
+    name="TokensPerSecond", unit="Count/Second", emitter="trainer", statistic="Average", when="every step",
+    meaning="tokens per second per GPU",
+)  # fmt: skip
+MFU = MetricSpec(
+    name="MFU", unit="Percent", emitter="trainer", statistic="Average", when="every step, on a known GPU",
+    meaning="model FLOPs utilisation (training/throughput.py)",
+)  # fmt: skip
+GOODPUT = MetricSpec(
+    name="Goodput", unit="Percent", emitter="trainer", statistic="Minimum", when="every period",
+    meaning="strict goodput so far: steps x median step / wall since the run's first start (the report's)",
+)  # fmt: skip
+CHECKPOINT_STALL = MetricSpec(
+    name="CheckpointStall", unit="Seconds", emitter="trainer", statistic="Sum", when="every save",
+    meaning="seconds the training loop was blocked by a save",
+)  # fmt: skip
+CHECKPOINT_AGE = MetricSpec(
+    name="CheckpointAge", unit="Seconds", emitter="trainer", statistic="Maximum", when="every period",
+    meaning="seconds since the last committed checkpoint (since the start while none is)",
+)  # fmt: skip
+CHECKPOINT_AGE_INTERVALS = MetricSpec(
+    name="CheckpointAgeIntervals", unit="None", emitter="trainer", statistic="Maximum", when="every period",
+    meaning="CheckpointAge / the checkpoint interval in seconds (interval steps x median step)",
+)  # fmt: skip
+RECOVERY = MetricSpec(
+    name="RecoverySeconds", unit="Seconds", emitter="trainer", statistic="Maximum",
+    when="the first step after a restart",
+    meaning="from the start of a worker (or of an in-process restart) to the end of its first step",
+)  # fmt: skip
+WORLD_SIZE = MetricSpec(
+    name="WorldSize", unit="Count", emitter="trainer", statistic="Maximum", when="every period",
+    meaning="trainer ranks of the running job",
+)  # fmt: skip
+FAULTS = MetricSpec(
+    name="Faults", unit="Count", emitter="launcher", statistic="Sum",
+    when="each detected fault (the trainer: soft faults and drains)",
+    meaning="faults by failure class (docs/runbook.md): soft, hard, silent, bad_node, drain",
+)  # fmt: skip
+RESTARTS = MetricSpec(
+    name="Restarts", unit="Count", emitter="launcher", statistic="Sum", when="each worker group restart",
+    meaning="worker group restarts (in-process restarts count as soft faults)",
+)  # fmt: skip
+RESTARTS_LEFT = MetricSpec(
+    name="RestartsLeft", unit="Count", emitter="launcher", statistic="Minimum", when="every period",
+    meaning="the launcher's restart budget left (--max-restarts minus restarts so far)",
+)  # fmt: skip
+SECONDS_SINCE_STEP = MetricSpec(
+    name="SecondsSinceStep", unit="Seconds", emitter="launcher", statistic="Maximum", when="every period",
+    meaning="seconds since this node's workers last finished a step (since the launcher started, before any)",
+)  # fmt: skip
+SPARES_WAITING = MetricSpec(
+    name="SparesWaiting", unit="Count", emitter="launcher", statistic="Maximum",
+    when="every period, in a job with spares",
+    meaning="1 from a hot spare waiting warm, 0 from a node that trains",
+)  # fmt: skip
+
+METRICS: tuple[MetricSpec, ...] = (
+    STEP, STEP_TIME, TOKENS_PER_S, MFU, GOODPUT, CHECKPOINT_STALL, CHECKPOINT_AGE, CHECKPOINT_AGE_INTERVALS,
+    RECOVERY, WORLD_SIZE, FAULTS, RESTARTS, RESTARTS_LEFT, SECONDS_SINCE_STEP, SPARES_WAITING,
+)  # fmt: skip
+BY_NAME = {m.name: m for m in METRICS}
+
+FaultClass = Literal["soft", "hard", "silent", "bad_node", "drain"]
+FAULT_CLASSES: tuple[str, ...] = ("soft", "hard", "silent", "bad_node", "drain")
+"""The failure classes of design.md that a process can tell apart when it sees them."""
