@@ -556,6 +556,86 @@ class KubernetesConfig:
             _need(bool(_CHART_VERSION_RE.match(value)), key, f"{value!r} is not a chart version like '1.2.3'")
 
 
+_EMAIL_RE = re.compile(r"^[^@\s,;]+@[^@\s,;]+\.[A-Za-z]{2,}$")
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
+"""Retention values CloudWatch Logs accepts (PutRetentionPolicy)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MonitoringConfig:
+    """The training dashboard, alarms and their SNS topic, over the live metrics the trainer and launcher emit
+    (training/telemetry/catalog.py; docs/metrics.md says what to do for each alarm)."""
+
+    enabled: bool = True
+    """Create the dashboard, the alarms, the SNS topic and the metrics log group."""
+    alarm_emails: tuple[str, ...] = ()
+    """Email addresses subscribed to the alarm topic (each confirms by mail); empty: the topic has none."""
+    no_progress_minutes: int = 10
+    """Alarm when a running job has finished no step for this many minutes (1-1440)."""
+    stale_checkpoint_intervals: int = 3
+    """Alarm when the last committed checkpoint is older than this many checkpoint intervals (2-100)."""
+    restarts_left_alarm: int = 2
+    """Alarm when a launcher's restart budget left falls to this many or fewer (0-100)."""
+    goodput_min_percent: int = 80
+    """Alarm when a job's goodput so far stays below this percentage (1-99)..."""
+    goodput_minutes: int = 30
+    """...for this many minutes (5-1440): a job's first minutes (start-up, first load) are not a fault."""
+    no_spare_alarm: bool = True
+    """Alarm when a job that started with hot spares has none left waiting."""
+    log_retention_days: int = 30
+    """Retention of the log group that holds the metric records (a CloudWatch Logs retention value)."""
+
+    def __post_init__(self) -> None:
+        for email in self.alarm_emails:
+            _need(
+                bool(_EMAIL_RE.match(email)),
+                "monitoring.alarm_emails",
+                f"{email!r} is not an email address like 'oncall@example.com'",
+            )
+        _need(
+            len(set(self.alarm_emails)) == len(self.alarm_emails),
+            "monitoring.alarm_emails",
+            "an address is given twice; list each once",
+        )
+        for key, value, lo, hi in (
+            ("monitoring.no_progress_minutes", self.no_progress_minutes, 1, 1440),
+            ("monitoring.stale_checkpoint_intervals", self.stale_checkpoint_intervals, 2, 100),
+            ("monitoring.restarts_left_alarm", self.restarts_left_alarm, 0, 100),
+            ("monitoring.goodput_min_percent", self.goodput_min_percent, 1, 99),
+            ("monitoring.goodput_minutes", self.goodput_minutes, 5, 1440),
+        ):
+            _need(lo <= value <= hi, key, f"{value} is not allowed; use {lo} to {hi}")
+        _need(
+            self.log_retention_days in LOG_RETENTION_DAYS,
+            "monitoring.log_retention_days",
+            f"{self.log_retention_days} is not a CloudWatch Logs retention; use one of "
+            + ", ".join(map(str, LOG_RETENTION_DAYS)),
+        )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KitConfig:
     """Every setting of the CDK app. Built by `load_config`; valid once constructed."""
@@ -580,6 +660,8 @@ class KitConfig:
     """ECR repository settings (`registry.*`)."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """Kubernetes objects installed by CDK (`kubernetes.*`)."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """Training dashboard, alarms and alarm topic (`monitoring.*`)."""
 
     def __post_init__(self) -> None:
         _need(
@@ -614,6 +696,7 @@ SECTIONS: dict[str, type] = {
     "storage": StorageConfig,
     "registry": RegistryConfig,
     "kubernetes": KubernetesConfig,
+    "monitoring": MonitoringConfig,
 }
 _KIT_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?$")
 _NULLS = {"null", "none", ""}

@@ -21,7 +21,8 @@ CLOUDWATCH_CONFIGURATION = {
         "config": {
             "logs": {
                 "metrics_collected": {
-                    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": False}
+                    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": False},
+                    "emf": {},
                 }
             }
         }
@@ -31,6 +32,10 @@ CLOUDWATCH_CONFIGURATION = {
 the GPU nodes, and two DCGM host engines on the same GPUs make the agent report AcceleratedHardwareReady=False
 (aws/containers-roadmap#2555), after which auto-repair replaces healthy nodes. Opt-out documented in
 https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html.
+
+`emf` opens the agent's Embedded Metric Format listener (TCP and UDP 25888, on the `cloudwatch-agent` Service
+the add-on's operator creates in `amazon-cloudwatch`): the trainer and launcher send their live metrics there
+(training/telemetry), and the agent writes each record to the log group it names, which makes the metrics.
 
 `agent.config` replaces the agent's default configuration, it is not merged into it: every default entry the
 kit does not repeat is dropped (CLOUDWATCH_DROPPED_DEFAULTS)."""

@@ -12,6 +12,7 @@ from infra.constructs.cluster import Cluster
 from infra.constructs.device_plugins import DevicePlugins
 from infra.constructs.fsx_volume import FsxVolume, volume_names
 from infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
+from infra.constructs.monitoring import TrainingMonitoring
 from infra.constructs.network import Network
 from infra.constructs.storage import Storage, allow_lustre_callbacks
 from infra.instances import GPU_INSTANCES
@@ -101,6 +102,11 @@ class ClusterStack(KitStack):
             cluster=cluster,
             system_nodes=self.control_plane.system_nodegroup,
             pod_identity_agent=self.networking.pod_identity_agent,
+        )
+        self.monitoring = (
+            TrainingMonitoring(self, "Monitoring", cfg=cfg.monitoring, cluster_name=cfg.prefix)
+            if cfg.monitoring.enabled
+            else None
         )
         if deploy_objects:
             DevicePlugins(

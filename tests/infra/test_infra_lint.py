@@ -23,6 +23,7 @@ UNTAGGABLE = {
     "AWS::EC2::SecurityGroupEgress",
     "AWS::EC2::VPCEndpoint",
     "AWS::IAM::Policy",
+    "AWS::SNS::TopicPolicy",
     "AWS::Lambda::LayerVersion",
 }
 

@@ -81,8 +81,13 @@ WORLD_SIZE = MetricSpec(
 )  # fmt: skip
 FAULTS = MetricSpec(
     name="Faults", unit="Count", emitter="launcher", statistic="Sum",
-    when="each detected fault (the trainer: soft faults and drains)",
-    meaning="faults by failure class (docs/runbook.md): soft, hard, silent, bad_node, drain",
+    when="each fault the launcher detects (the trainer: each drain)",
+    meaning="faults by failure class (docs/runbook.md): hard, silent, bad_node, drain",
+)  # fmt: skip
+INPROCESS_RESTARTS = MetricSpec(
+    name="InprocessRestarts", unit="Count", emitter="trainer", statistic="Sum",
+    when="each in-process restart",
+    meaning="restarts in place: soft faults (an exception) and hangs the launcher interrupted (also silent)",
 )  # fmt: skip
 RESTARTS = MetricSpec(
     name="Restarts", unit="Count", emitter="launcher", statistic="Sum", when="each worker group restart",
@@ -104,10 +109,11 @@ SPARES_WAITING = MetricSpec(
 
 METRICS: tuple[MetricSpec, ...] = (
     STEP, STEP_TIME, TOKENS_PER_S, MFU, GOODPUT, CHECKPOINT_STALL, CHECKPOINT_AGE, CHECKPOINT_AGE_INTERVALS,
-    RECOVERY, WORLD_SIZE, FAULTS, RESTARTS, RESTARTS_LEFT, SECONDS_SINCE_STEP, SPARES_WAITING,
+    RECOVERY, WORLD_SIZE, FAULTS, INPROCESS_RESTARTS, RESTARTS, RESTARTS_LEFT, SECONDS_SINCE_STEP,
+    SPARES_WAITING,
 )  # fmt: skip
 BY_NAME = {m.name: m for m in METRICS}
 
-FaultClass = Literal["soft", "hard", "silent", "bad_node", "drain"]
-FAULT_CLASSES: tuple[str, ...] = ("soft", "hard", "silent", "bad_node", "drain")
-"""The failure classes of design.md that a process can tell apart when it sees them."""
+FAULT_CLASSES: tuple[str, ...] = ("hard", "silent", "bad_node", "drain")
+"""The failure classes of design.md that the process that sees them can name (rank 0 cannot tell a peer's
+exception from any other lost peer, so soft faults are counted as InprocessRestarts)."""

@@ -92,7 +92,7 @@ class TrainerMetrics:
             self._last_commit = ts  # the live state is the checkpoint's again: nothing is at risk yet
         elif kind == "inprocess_restart":
             self._restart_started = ts - float(record.get("duration_s") or 0.0)
-            self._put({catalog.FAULTS.name: 1.0}, ts, fault_class="soft")
+            self._put({catalog.INPROCESS_RESTARTS.name: 1.0}, ts)
         elif kind == "drained":
             self._put({catalog.FAULTS.name: 1.0}, ts, fault_class="drain")
         elif kind == "interval" and isinstance(record.get("interval"), int):
