@@ -22,6 +22,7 @@ CheckpointBackend = Literal["kit", "dcp", "nvrx"]
 CheckpointTiers = Literal["auto", "peer", "local", "off"]
 InprocessBackend = Literal["kit", "nvrx"]
 PullPolicy = Literal["Always", "IfNotPresent"]
+MetricsSink = Literal["auto", "agent", "file", "off"]
 
 FSX_MOUNT = "/fsx"
 """Where the FSx volume is mounted in every pod."""
@@ -247,6 +248,10 @@ class JobValues:
     """Scheduled faults fall strictly after this step."""
     inprocess: bool = False
     """In-process restart: ranks recover inside the running process before the launcher restarts them."""
+    metrics: MetricsSink = "auto"
+    """Live metrics (docs/metrics.md): agent (CloudWatch EMF through the node's CloudWatch agent: the stacks'
+    dashboard and alarms), file (EMF records in the run folder's metrics/), off; auto: agent on EKS, file with
+    the local profile."""
     inprocess_backend: InprocessBackend | None = None
     """In-process restart implementation: kit or nvrx."""
     inprocess_max_restarts: int | None = None

@@ -33,6 +33,7 @@ from k8s.model import (
     ValuesError,
 )
 from k8s.profiles import get_profile
+from training.telemetry import settings as telemetry
 
 CONFIG_DIR = "/etc/kit"
 CONFIG_FILE = "train.yaml"
@@ -316,6 +317,14 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
     ]
 
 
+def metrics_sink(v: JobValues) -> str:
+    """Where the pods' live metrics go: `metrics`, with auto = the CloudWatch agent on EKS, the run folder
+    with the local profile (no agent there)."""
+    if v.metrics != "auto":
+        return v.metrics
+    return "agent" if get_profile(v.profile).requires_image else "file"
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -336,6 +345,11 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": "RUN_DIR", "value": run_dir},
         {"name": "KIT_CONFIG", "value": config_path},
         {"name": "KIT_TERMINATION_GRACE_S", "value": str(termination_grace_s(v))},
+        # Live metrics (training.telemetry.settings): the launcher and the trainer read the same four.
+        {"name": telemetry.SINK_ENV, "value": metrics_sink(v)},
+        {"name": telemetry.CLUSTER_ENV, "value": v.cluster_name or "local"},
+        {"name": telemetry.JOB_ENV, "value": v.run_id},
+        {"name": telemetry.LOG_GROUP_ENV, "value": telemetry.log_group_name(v.cluster_name or "local")},
     ]
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).

@@ -21,6 +21,7 @@ from cliargs import OneLineParser
 from training import exitcodes
 from training.metrics import (
     DETECTION_KINDS,
+    FaultMetrics,
     MetricsError,
     RunMetrics,
     load_events,
@@ -132,16 +133,50 @@ def faults_table(m: RunMetrics) -> Table:
     return table
 
 
-def comparison_table(runs: Mapping[str, RunMetrics], title: str = "Side by side") -> Table:
-    """The same rows for several runs, one column each (the demo's kit / sync / torchrun view)."""
+def comparison_table(
+    runs: Mapping[str, RunMetrics], title: str = "Side by side", *, rows: Sequence[str] | None = None
+) -> Table:
+    """The same rows for several runs, one column each (the demo's kit / sync / torchrun view); `rows`
+    picks labels of ROWS (and "mean recovery"), in their order; all by default."""
     table = Table(title=title)
     table.add_column("metric")
     for name in runs:
         table.add_column(name, justify="right")
     for label, _, fmt in ROWS:
-        table.add_row(label, *(fmt(m) for m in runs.values()))
-    table.add_row("mean recovery", *(_s(_mean_recovery(m)) for m in runs.values()))
+        if rows is None or label in rows:
+            table.add_row(label, *(fmt(m) for m in runs.values()))
+    if rows is None or "mean recovery" in rows:
+        table.add_row("mean recovery", *(_s(_mean_recovery(m)) for m in runs.values()))
     return table
+
+
+DETECTED_BY = {"worker_failed": "its exit", "hang_detected": "the heartbeat", "inprocess": "the trainer"}
+"""How each detection reads in a fault's line."""
+
+
+NODE_FAULTS = {"node": "lost", "freeze": "frozen (silent)", "drain": "drained"}
+"""How a node-level fault reads in a fault's line."""
+
+
+def fault_line(f: FaultMetrics) -> str:
+    """One fault in one line: what, where, detected after, recovered after (and from where)."""
+    if f.node is not None:
+        said = f"node {f.node} {NODE_FAULTS.get(f.kind, f.kind)} at step {f.step}: "
+    else:
+        said = f"{f.kind} on rank {f.rank} at step {f.step}: "
+    if f.detect_s is None:
+        said += "no detection recorded" if f.recovery_s is not None else "not detected"
+    else:
+        said += f"detected after {f.detect_s:.2f} s by {DETECTED_BY.get(f.detected_by or '', f.detected_by)}"
+    if f.recovery_s is None:
+        return said + ", never recovered"
+    said += f", recovered after {f.recovery_s:.2f} s"
+    more = [f"from {f.resume_source}"] if f.resume_source else []
+    if f.lost_steps:
+        more.append(f"{f.lost_steps} step(s) again")
+    if f.takeover and f.takeover != "same nodes":
+        more.append(f"{f.takeover} took over")
+    return said + (f" ({', '.join(more)})" if more else "")
 
 
 def _mean_recovery(m: RunMetrics) -> float | None:

@@ -500,7 +500,7 @@ def test_k8s_pv_only_when_cdk_has_no_claim() -> None:
 
 # Policy: each mutation of a valid manifest set must produce its problem.
 def _mutate(fn) -> list[str]:
-    manifests = _render(["RUN_ID=t", "IMAGE=r/kit:1", "FSX_PVC=fsx"])
+    manifests = _render(["RUN_ID=t", "IMAGE=r/kit:1", "FSX_PVC=fsx", "CLUSTER_NAME=c1"])
     mutated = []
     for m in manifests:
         obj = copy.deepcopy(m.obj)
@@ -606,7 +606,8 @@ def test_k8s_validate_reports_every_problem() -> None:
     manifests = _render(["RUN_ID=t"])
     with pytest.raises(ManifestError) as err:
         validate(manifests, versions=["1.35"])  # placeholders not allowed
-    assert len(err.value.problems) == 5 and str(err.value).endswith("(and 4 more)")  # + the store's image
+    # The four outputs, the store's image, and the cluster name in the metrics' ClusterName and log group.
+    assert len(err.value.problems) == 7 and str(err.value).endswith("(and 6 more)")
     assert all("dry-run placeholder" in p for p in err.value.problems)
 
 
