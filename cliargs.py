@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -112,3 +114,36 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def output_folder_problem(path: str | os.PathLike[str], name: str) -> str | None:
+    """Why the folder `name` gives (`OUT=`, `--workdir`, ...) cannot be made or written, in one line naming
+    it; None when it looks fine. Nothing is created: a dry run stays one. The nearest existing folder on the
+    way must be a writable folder; the caller still names `name` if the write itself fails later."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        return f"{name}={str(folder)!r}: is a file, not a folder; pick a folder path"
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return (
+            f"{name}={str(folder)!r}: {str(probe)!r} is a file, so it cannot be created; pick a folder path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{name}={str(folder)!r}: {str(probe)!r} is not writable; pick a folder you can write"
+    return None
+
+
+def output_file_problem(path: str | os.PathLike[str], name: str) -> str | None:
+    """Why the file `name` gives (`--png`, `--summary-json`, ...) cannot be written, in one line naming it;
+    None when it looks fine (nothing is created)."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{name}={str(target)!r}: is a folder; give a file path"
+    problem = output_folder_problem(target.parent, name)
+    if problem is not None:
+        return problem.replace(f"{name}={str(target.parent)!r}:", f"{name}={str(target)!r}: its folder")
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{name}={str(target)!r}: is not writable; pick another path"
+    return None

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cliargs import output_file_problem, output_folder_problem
 from training.events import read_events
 from training.metrics import MetricsError, RunMetrics, load_run_metrics
 from training.report import comparison_table, fault_line, write_timeline
@@ -492,6 +493,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = (KIT, FAULT_FREE) if args.quick else (KIT, FAULT_FREE, SYNC, TORCHRUN, KIT_NODE, TORCHRUN_NODE)
     reference = FAULT_FREE.key
     t_start = time.monotonic()
+    for problem in (
+        output_folder_problem(args.workdir, "--workdir"),
+        args.summary_json and output_file_problem(args.summary_json, "--summary-json"),
+    ):
+        if problem:  # checked before anything runs: a bad path must not cost a whole demo
+            console.print(f"[red]error:[/] {problem}", highlight=False)
+            return 1
     try:
         workdir = args.workdir.resolve()
         _prepare_workdir(workdir)

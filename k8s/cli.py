@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from cliargs import float_arg, parse_bool, parse_float
+from cliargs import float_arg, output_folder_problem, parse_bool, parse_float
 from k8s import docs
 from k8s.derived import procs_per_node, world_size
 from k8s.kubectl import Kubectl, KubectlError, follow
@@ -271,7 +271,15 @@ def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool
     # With ENTRYPOINT the memory plan (the kit trainer's model's) is left out; the rest is checked alike.
     plan = check_trainer_config(_config_file(manifests), memory=memory, plan=not values.entrypoint)
     out = args.out or Path(own.get("OUT") or DEFAULT_OUT / values.run_id)
-    paths = write(manifests, out)
+    if problem := output_folder_problem(out, "--out" if args.out else "OUT"):
+        raise UsageError(problem)
+    try:
+        paths = write(manifests, out)
+    except OSError as exc:
+        raise UsageError(
+            f"{'--out' if args.out else 'OUT'}={str(out)!r}: cannot write the manifests "
+            f"({exc.strerror or exc}); pick a folder you can write"
+        ) from None
     console.print(
         f"rendered {len(paths)} manifests for run [bold]{values.run_id}[/bold] into {out}/ "
         f"(valid for Kubernetes {', '.join(versions)} + kit policy)"
@@ -332,7 +340,11 @@ def _timeout_s(raw: str | None) -> float | None:
 
 
 def cmd_local(args: argparse.Namespace, console: Console) -> int:
-    timeout = args.timeout or _timeout_s(_split_pairs(args)[1].get("TIMEOUT"))
+    own = _split_pairs(args)[1]
+    timeout = args.timeout or _timeout_s(own.get("TIMEOUT"))
+    base = own.get("WORKDIR") or args.workdir or Path("runs") / "local"
+    if problem := output_folder_problem(base, "WORKDIR" if own.get("WORKDIR") else "--workdir"):
+        raise UsageError(problem)
     values, manifests, out, dry_run, own = _render_job(args, console, force_local=True)
     if dry_run:
         console.print(f"DRY_RUN: nothing run. Manifests: {out}/  (run them: drop DRY_RUN)")

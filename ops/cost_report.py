@@ -17,7 +17,7 @@ from pathlib import Path
 import botocore.exceptions
 from rich.console import Console
 
-from cliargs import OneLineParser, float_arg
+from cliargs import OneLineParser, float_arg, output_file_problem
 from ops.aws import Aws, AwsSettings, OpsError, describe_error
 from ops.cli import parse_once
 from ops.cost import prices
@@ -103,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (why := prefix_error(args.prefix)) is not None:
             raise OpsError(why)
-        if args.png is not None and (args.png.suffix != ".png" or not args.png.parent.is_dir()):
-            raise OpsError(f"--png {str(args.png)!r}: must end in .png and its folder must exist")
+        if args.png is not None and args.png.suffix != ".png":
+            raise OpsError(f"--png {str(args.png)!r}: must end in .png")
+        if args.png is not None and (problem := output_file_problem(args.png, "--png")):
+            raise OpsError(problem)
         if args.offline and args.run_dir is None:
             raise OpsError("--offline reports only a run's cost: pass --run-dir DIR")
         start, end = parse_period(args.period, dt.datetime.now(dt.UTC).date())

@@ -1,10 +1,21 @@
 """The shared strict parsers: an unknown spelling or a non-finite number is an error naming the value."""
 
 import argparse
+import os
+from pathlib import Path
 
 import pytest
 
-from cliargs import OneLineParser, float_arg, int_arg, parse_bool, parse_float, parse_int
+from cliargs import (
+    OneLineParser,
+    float_arg,
+    int_arg,
+    output_file_problem,
+    output_folder_problem,
+    parse_bool,
+    parse_float,
+    parse_int,
+)
 
 
 @pytest.mark.parametrize(
@@ -90,3 +101,24 @@ def test_parse_float_accepts_plain_numbers(text, want):
 def test_parse_float_names_non_finite_values(text):
     with pytest.raises(ValueError, match="must be a finite number"):
         parse_float(text, "X")
+
+
+def test_output_paths_that_cannot_be_made_or_written_name_the_argument(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert output_folder_problem(tmp_path / "new" / "deeper", "OUT") is None
+    assert not (tmp_path / "new").exists()  # a check, not an act: a dry run creates nothing
+    assert (
+        output_folder_problem(a_file, "OUT")
+        == f"OUT={str(a_file)!r}: is a file, not a folder; pick a folder path"
+    )
+    assert f"{str(a_file)!r} is a file, so it cannot be created" in output_folder_problem(a_file / "x", "OUT")
+    assert output_file_problem(tmp_path / "new" / "t.png", "--png") is None
+    assert output_file_problem(tmp_path, "--png") == f"--png={str(tmp_path)!r}: is a folder; give a file path"
+    assert output_file_problem(a_file / "t.png", "--png").startswith(
+        f"--png={str(a_file / 't.png')!r}: its folder"
+    )
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # root writes anywhere: then there is nothing to refuse
+        assert "is not writable" in output_folder_problem(locked / "x", "--workdir")

@@ -542,7 +542,8 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
     """Metrics of the run folder `run_dir`; MetricsError with the fix when it is not a run folder."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise MetricsError(f"run folder {str(path)!r} does not exist: pass <run.root>/<run.id>, e.g. runs/x")
+        what = "is a file, not a run folder" if path.exists() else "does not exist"
+        raise MetricsError(f"run folder {str(path)!r} {what}: pass <run.root>/<run.id>, e.g. runs/x")
     folder = events_dir(path)
     if not folder.is_dir() or not any(folder.glob("*.jsonl")):
         raise MetricsError(

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cliargs import OneLineParser
+from cliargs import OneLineParser, output_file_problem
 from training import exitcodes
 from training.metrics import (
     DETECTION_KINDS,
@@ -298,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
+    if args.png is not None and not args.no_png and (problem := output_file_problem(args.png, "--png")):
+        print(f"error: {problem}", file=sys.stderr)
+        return exitcodes.USAGE
     try:
         m = load_run_metrics(run_dir)
         png = (
@@ -309,8 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.USAGE
     except OSError as exc:
+        where = f"--png={str(args.png)!r}" if args.png else f"RUN_DIR={str(run_dir)!r}"
         print(
-            f"error: cannot write the timeline: {exc.strerror or exc}: {exc.filename}; pass --png PATH",
+            f"error: {where}: cannot write the timeline ({exc.strerror or exc}); pass --png PATH",
             file=sys.stderr,
         )
         return exitcodes.USAGE
