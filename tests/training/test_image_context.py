@@ -56,10 +56,11 @@ def test_the_image_installs_every_pinned_package_the_trainer_imports_at_the_same
     assert {"torch", "transformers", "aws-embedded-metrics"} <= needed, needed
     dockerfile = (REPO / "training" / "Dockerfile").read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, flags=re.M))
-    installed = {name: args.get(v[2:-1], v) if v.startswith("${") else v for name, v in _pins(dockerfile).items()}
+    pins = _pins(dockerfile)
+    installed = {name: args.get(v[2:-1], v) if v.startswith("${") else v for name, v in pins.items()}
     for name in sorted(needed):
         assert name in installed, f"training/ imports {name} but training/Dockerfile does not install it"
-        assert installed[name] == wanted[name], f"{name}: image {installed[name]}, requirements {wanted[name]}"
+        assert installed[name] == wanted[name], f"{name}: image {installed[name]}, pinned {wanted[name]}"
 
 
 def test_hadolint_passes_on_the_trainer_dockerfile():
