@@ -25,6 +25,7 @@ from typing import Any, Literal
 from infra import validation
 from infra.errors import ConfigError
 from infra.instances import GPU_INSTANCES, EfaLayout
+from training.telemetry.catalog import AlarmThresholds
 
 KubernetesVersion = Literal["1.34", "1.35", "1.36", "1.37"]
 EndpointAccess = Literal["public", "private", "public_and_private"]
@@ -556,6 +557,7 @@ class KubernetesConfig:
             _need(bool(_CHART_VERSION_RE.match(value)), key, f"{value!r} is not a chart version like '1.2.3'")
 
 
+_ALARMS = AlarmThresholds()
 _EMAIL_RE = re.compile(r"^[^@\s,;]+@[^@\s,;]+\.[A-Za-z]{2,}$")
 LOG_RETENTION_DAYS = (
     1,
@@ -593,17 +595,17 @@ class MonitoringConfig:
     """Create the dashboard, the alarms, the SNS topic and the metrics log group."""
     alarm_emails: tuple[str, ...] = ()
     """Email addresses subscribed to the alarm topic (each confirms by mail); empty: the topic has none."""
-    no_progress_minutes: int = 10
+    no_progress_minutes: int = _ALARMS.no_progress_minutes
     """Alarm when a running job has finished no step for this many minutes (1-1440)."""
-    stale_checkpoint_intervals: int = 3
+    stale_checkpoint_intervals: int = _ALARMS.stale_checkpoint_intervals
     """Alarm when the last committed checkpoint is older than this many checkpoint intervals (2-100)."""
-    restarts_left_alarm: int = 2
+    restarts_left_alarm: int = _ALARMS.restarts_left_alarm
     """Alarm when a launcher's restart budget left falls to this many or fewer (0-100)."""
-    goodput_min_percent: int = 80
+    goodput_min_percent: int = _ALARMS.goodput_min_percent
     """Alarm when a job's goodput so far stays below this percentage (1-99)..."""
-    goodput_minutes: int = 30
+    goodput_minutes: int = _ALARMS.goodput_minutes
     """...for this many minutes (5-1440): a job's first minutes (start-up, first load) are not a fault."""
-    no_spare_alarm: bool = True
+    no_spare_alarm: bool = _ALARMS.no_spare_alarm
     """Alarm when a job that started with hot spares has none left waiting."""
     log_retention_days: int = 30
     """Retention of the log group that holds the metric records (a CloudWatch Logs retention value)."""
@@ -634,6 +636,11 @@ class MonitoringConfig:
             f"{self.log_retention_days} is not a CloudWatch Logs retention; use one of "
             + ", ".join(map(str, LOG_RETENTION_DAYS)),
         )
+
+    @property
+    def thresholds(self) -> AlarmThresholds:
+        """The alarm thresholds, for `training.telemetry.catalog.alarm_rules`."""
+        return AlarmThresholds(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AlarmThresholds)})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,9 +11,6 @@ launcher still reports SecondsSinceStep, a hung rank 0 still reports its gauges.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
@@ -26,82 +23,17 @@ from constructs import Construct
 
 from infra.config import MonitoringConfig
 from training.telemetry import catalog
-from training.telemetry.catalog import MetricSpec
+from training.telemetry.catalog import MetricSpec, alarm_rules
 from training.telemetry.settings import log_group_name
 
 PERIOD = Duration.minutes(1)
-GOODPUT_PERIOD_MIN = 5
 
 
-@dataclass(frozen=True, kw_only=True)
-class AlarmRule:
-    """One alarm: the metric it watches (cluster level), how, and what to do (the runbook's words)."""
-
-    key: str
-    metric: MetricSpec
-    comparison: cloudwatch.ComparisonOperator
-    threshold: float
-    periods: int
-    period_min: int
-    action: str
-
-
-def alarm_rules(cfg: MonitoringConfig) -> list[AlarmRule]:
-    """The alarms `cfg` asks for, in the order the runbook lists them."""
-    above = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
-    below = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
-    at_most = cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD
-    rules = [
-        AlarmRule(
-            key="NoProgress",
-            metric=catalog.SECONDS_SINCE_STEP,
-            comparison=above,
-            threshold=cfg.no_progress_minutes * 60.0,
-            periods=1,
-            period_min=1,
-            action="no step for a while: see the launcher's last lines (kubectl logs) and docs/runbook.md",
-        ),
-        AlarmRule(
-            key="StaleCheckpoint",
-            metric=catalog.CHECKPOINT_AGE_INTERVALS,
-            comparison=above,
-            threshold=float(cfg.stale_checkpoint_intervals),
-            periods=2,
-            period_min=1,
-            action="saves fail or are skipped: look for ckpt 'failed' events and FSx free space",
-        ),
-        AlarmRule(
-            key="RestartBudget",
-            metric=catalog.RESTARTS_LEFT,
-            comparison=at_most,
-            threshold=float(cfg.restarts_left_alarm),
-            periods=1,
-            period_min=1,
-            action="the launcher is close to giving up: find the failing rank or node in the faults table",
-        ),
-        AlarmRule(
-            key="LowGoodput",
-            metric=catalog.GOODPUT,
-            comparison=below,
-            threshold=float(cfg.goodput_min_percent),
-            periods=math.ceil(cfg.goodput_minutes / GOODPUT_PERIOD_MIN),
-            period_min=GOODPUT_PERIOD_MIN,
-            action="time is lost to faults, restarts or stalls: run make report on the run folder",
-        ),
-    ]
-    if cfg.no_spare_alarm:
-        rules.append(
-            AlarmRule(
-                key="NoSpareLeft",
-                metric=catalog.SPARES_WAITING,
-                comparison=below,
-                threshold=1.0,
-                periods=3,
-                period_min=1,
-                action="the next node loss waits for a replacement: check EKS node repair and capacity",
-            )
-        )
-    return rules
+COMPARISON = {
+    "GreaterThanThreshold": cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+    "LessThanThreshold": cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+    "LessThanOrEqualToThreshold": cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
+}
 
 
 def cluster_metric(spec: MetricSpec, cluster: str, period: Duration = PERIOD) -> cloudwatch.Metric:
@@ -126,20 +58,6 @@ def per_job(spec: MetricSpec, cluster: str, *, by_fault_class: bool = False) -> 
         label="",
         period=PERIOD,
     )
-
-
-DASHBOARD_ROWS: tuple[tuple[MetricSpec, ...], ...] = (
-    (catalog.STEP, catalog.STEP_TIME, catalog.TOKENS_PER_S, catalog.MFU),
-    (catalog.GOODPUT, catalog.CHECKPOINT_AGE, catalog.CHECKPOINT_STALL, catalog.RECOVERY),
-    (catalog.FAULTS, catalog.INPROCESS_RESTARTS, catalog.RESTARTS, catalog.RESTARTS_LEFT),
-    (
-        catalog.SECONDS_SINCE_STEP,
-        catalog.SPARES_WAITING,
-        catalog.WORLD_SIZE,
-        catalog.CHECKPOINT_AGE_INTERVALS,
-    ),
-)
-"""The dashboard's graphs, four to a row: progress, time lost, faults, capacity. Every catalog metric once."""
 
 
 class TrainingMonitoring(Construct):
@@ -176,7 +94,7 @@ class TrainingMonitoring(Construct):
         )
         for email in cfg.alarm_emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
-        self.rules = alarm_rules(cfg)
+        self.rules = alarm_rules(cfg.thresholds)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         for rule in self.rules:
             alarm = cloudwatch.Alarm(
@@ -186,7 +104,7 @@ class TrainingMonitoring(Construct):
                 alarm_description=f"{rule.metric.name}: {rule.action}",
                 metric=cluster_metric(rule.metric, cluster_name, Duration.minutes(rule.period_min)),
                 threshold=rule.threshold,
-                comparison_operator=rule.comparison,
+                comparison_operator=COMPARISON[rule.comparison],
                 evaluation_periods=rule.periods,
                 datapoints_to_alarm=rule.periods,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
@@ -202,7 +120,7 @@ class TrainingMonitoring(Construct):
                 alarms=list(self.alarms.values()), title="Alarms", width=24, height=3
             )
         )
-        for row in DASHBOARD_ROWS:
+        for row in catalog.DASHBOARD_ROWS:
             self.dashboard.add_widgets(
                 *(
                     cloudwatch.GraphWidget(

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import MonitoringConfig
-from infra.constructs.monitoring import alarm_rules
 from tests.fixtures.emf_spec import parse_event
 from training.telemetry import catalog
 
@@ -99,7 +97,7 @@ def check_live_metrics(run_dir: Path, *, steps: int, job: str) -> None:
     )  # exception, hang
     assert all(d.value > 0 for d in by_name["RecoverySeconds"])
     assert all(0 < d.value <= 100 for d in by_name["Goodput"])
-    for rule in alarm_rules(MonitoringConfig()):
+    for rule in catalog.alarm_rules(catalog.AlarmThresholds()):
         if rule.metric is not catalog.SPARES_WAITING:
             assert (rule.metric.name, (catalog.CLUSTER,)) in series, rule.key
 

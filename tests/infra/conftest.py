@@ -40,6 +40,11 @@ VARIANTS: dict[str, dict[str, str]] = {
         "storage.s3_bucket": "kit-training-data",
         "cluster.endpoint_access": "private",
         "cluster.admin_principal_arns": "arn:aws:iam::111111111111:role/Admin",
+        "monitoring.alarm_emails": "oncall@example.com,ml-team@example.org",
+        "monitoring.no_progress_minutes": "20",
+        "monitoring.goodput_minutes": "12",
+        "monitoring.no_spare_alarm": "false",
+        "monitoring.log_retention_days": "90",
     },
     # ODCR on p4d, FSx PERSISTENT_1 with an S3 import path, public endpoint narrowed to a CIDR.
     "odcr": {
@@ -55,6 +60,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "cluster.endpoint_access": "public_and_private",
         "cluster.public_access_cidrs": "203.0.113.0/24",
         "kubernetes.deploy_objects": "false",
+        "monitoring.enabled": "false",
     },
     # ODCR through a reservation resource group inside an existing cluster placement group on g6e, public
     # endpoint narrowed, EFA-enabled FSx, a repair override that opts in to replacement, no desired count.

@@ -463,6 +463,37 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         {"kubernetes.namespace": "Training"},
         "kubernetes.namespace: 'Training' is not a DNS-1123 label",
     ),
+    (
+        "alarm email that is not one",
+        {"monitoring.alarm_emails": "oncall"},
+        "monitoring.alarm_emails: 'oncall' is not an email address like 'oncall@example.com'",
+    ),
+    (
+        "alarm email given twice",
+        {"monitoring.alarm_emails": "a@example.com,a@example.com"},
+        "monitoring.alarm_emails: an address is given twice; list each once",
+    ),
+    (
+        "no-progress minutes of zero",
+        {"monitoring.no_progress_minutes": "0"},
+        "monitoring.no_progress_minutes: 0 is not allowed; use 1 to 1440",
+    ),
+    (
+        "goodput percent of 100",
+        {"monitoring.goodput_min_percent": "100"},
+        "monitoring.goodput_min_percent: 100 is not allowed; use 1 to 99",
+    ),
+    (
+        "goodput percent that is nan",
+        {"monitoring.goodput_min_percent": "nan"},
+        "monitoring.goodput_min_percent: 'nan' is not an integer",
+    ),
+    (
+        "log retention CloudWatch does not take",
+        {"monitoring.log_retention_days": "42"},
+        "monitoring.log_retention_days: 42 is not a CloudWatch Logs retention; use one of 1, 3, 5, 7, 14, "
+        "30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653",
+    ),
 ]
 
 

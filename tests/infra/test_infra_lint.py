@@ -24,6 +24,7 @@ UNTAGGABLE = {
     "AWS::EC2::VPCEndpoint",
     "AWS::IAM::Policy",
     "AWS::SNS::TopicPolicy",
+    "AWS::SNS::Subscription",
     "AWS::Lambda::LayerVersion",
 }
 

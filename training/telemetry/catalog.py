@@ -117,3 +117,84 @@ BY_NAME = {m.name: m for m in METRICS}
 FAULT_CLASSES: tuple[str, ...] = ("hard", "silent", "bad_node", "drain")
 """The failure classes of design.md that the process that sees them can name (rank 0 cannot tell a peer's
 exception from any other lost peer, so soft faults are counted as InprocessRestarts)."""
+
+DASHBOARD_ROWS: tuple[tuple[MetricSpec, ...], ...] = (
+    (STEP, STEP_TIME, TOKENS_PER_S, MFU),
+    (GOODPUT, CHECKPOINT_AGE, CHECKPOINT_STALL, RECOVERY),
+    (FAULTS, INPROCESS_RESTARTS, RESTARTS, RESTARTS_LEFT),
+    (SECONDS_SINCE_STEP, SPARES_WAITING, WORLD_SIZE, CHECKPOINT_AGE_INTERVALS),
+)
+"""The dashboard's graphs, four to a row: progress, time lost, faults, capacity; every metric once. The
+stacks' dashboard and the local preview (training.telemetry.preview) both lay it out from here."""
+
+Comparison = Literal["GreaterThanThreshold", "LessThanThreshold", "LessThanOrEqualToThreshold"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmThresholds:
+    """What the alarms fire at; the stacks read them from `monitoring.*` in cdk.json (infra.config), where
+    they are checked, with these defaults."""
+
+    no_progress_minutes: int = 10
+    stale_checkpoint_intervals: int = 3
+    restarts_left_alarm: int = 2
+    goodput_min_percent: int = 80
+    goodput_minutes: int = 30
+    no_spare_alarm: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmRule:
+    """One alarm on the cluster-level series of `metric`: `comparison` of the period's statistic against
+    `threshold` for `periods` periods of `period_min` minutes; `action` is the runbook's first step."""
+
+    key: str
+    metric: MetricSpec
+    comparison: Comparison
+    threshold: float
+    periods: int
+    period_min: int
+    action: str
+
+
+GOODPUT_PERIOD_MIN = 5
+
+
+def alarm_rules(t: AlarmThresholds) -> list[AlarmRule]:
+    """The alarms `t` asks for, in the order docs/metrics.md lists them."""
+    rules = [
+        AlarmRule(
+            key="NoProgress", metric=SECONDS_SINCE_STEP, comparison="GreaterThanThreshold",
+            threshold=t.no_progress_minutes * 60.0, periods=1, period_min=1,
+            action="no step for a while: read the launcher's last lines (kubectl logs) and docs/runbook.md",
+        ),
+        AlarmRule(
+            key="StaleCheckpoint", metric=CHECKPOINT_AGE_INTERVALS, comparison="GreaterThanThreshold",
+            threshold=float(t.stale_checkpoint_intervals), periods=2, period_min=1,
+            action="saves fail or are skipped: look for ckpt 'failed' events and the FSx free space",
+        ),
+        AlarmRule(
+            key="RestartBudget", metric=RESTARTS_LEFT, comparison="LessThanOrEqualToThreshold",
+            threshold=float(t.restarts_left_alarm), periods=1, period_min=1,
+            action="the launcher is close to giving up: find the failing rank or node in the faults table",
+        ),
+        AlarmRule(
+            key="LowGoodput", metric=GOODPUT, comparison="LessThanThreshold",
+            threshold=float(t.goodput_min_percent), periods=-(-t.goodput_minutes // GOODPUT_PERIOD_MIN),
+            period_min=GOODPUT_PERIOD_MIN,
+            action="time is lost to faults, restarts or stalls: make report RUN=<the run folder>",
+        ),
+    ]  # fmt: skip
+    if t.no_spare_alarm:
+        rules.append(
+            AlarmRule(
+                key="NoSpareLeft",
+                metric=SPARES_WAITING,
+                comparison="LessThanThreshold",
+                threshold=1.0,
+                periods=3,
+                period_min=1,
+                action="the next node loss waits for a replacement: check EKS node repair and capacity",
+            )
+        )
+    return rules
