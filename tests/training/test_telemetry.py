@@ -238,3 +238,32 @@ def test_sink_off_publishes_nothing(tmp_path: Path) -> None:
     events.emit("step", step=1, loss=1.0, duration_s=0.5)
     events.close()
     assert not (tmp_path / "metrics").exists()
+
+
+def test_docs_list_every_metric_and_alarm_as_the_catalog_has_them() -> None:
+    assert catalog.metrics_markdown() in (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
+    runbook = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
+    assert catalog.alarms_markdown(catalog.AlarmThresholds()) in runbook
+
+
+def test_the_preview_draws_the_dashboard_from_a_runs_records(tmp_path: Path, capsys) -> None:
+    from training.telemetry import preview
+
+    run_dir = tmp_path / "run"
+    publisher = EmfPublisher(SETTINGS, run_dir=run_dir, who="t", properties={})
+    for step in range(1, 4):
+        publisher.put({"Step": float(step), "Goodput": 95.0, "RestartsLeft": 2.0})
+    publisher.put({"Faults": 1.0}, fault_class="hard")
+    publisher.close()
+    series = preview.read_series(run_dir)
+    assert [v for _, v, _ in series["Step"]] == [1.0, 2.0, 3.0] and series["Faults"][0][2] == "hard"
+    rules = {r.key: r for r in catalog.alarm_rules(catalog.AlarmThresholds())}
+    assert preview.breached(series, rules["RestartBudget"]) is True  # 2 left <= 2
+    assert preview.breached(series, rules["LowGoodput"]) is False
+    assert preview.breached(series, rules["NoProgress"]) is None  # no launcher in this run
+    assert preview.main([str(run_dir)]) == exitcodes.OK
+    assert (run_dir / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert preview.main([str(tmp_path)]) == exitcodes.USAGE  # no metrics/ there
+    assert preview.main([str(run_dir), "--png", str(tmp_path)]) == exitcodes.USAGE  # a folder
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 2 and "has no metrics/ folder" in err[0] and "is a folder; give a file path" in err[1]

@@ -91,7 +91,7 @@ INPROCESS_RESTARTS = MetricSpec(
 )  # fmt: skip
 RESTARTS = MetricSpec(
     name="Restarts", unit="Count", emitter="launcher", statistic="Sum", when="each worker group restart",
-    meaning="worker group restarts (in-process restarts count as soft faults)",
+    meaning="worker group restarts by the launcher (restarts in place: InprocessRestarts)",
 )  # fmt: skip
 RESTARTS_LEFT = MetricSpec(
     name="RestartsLeft", unit="Count", emitter="launcher", statistic="Minimum", when="every period",
@@ -198,3 +198,22 @@ def alarm_rules(t: AlarmThresholds) -> list[AlarmRule]:
             )
         )
     return rules
+
+
+def metrics_markdown() -> str:
+    """The metric table of docs/metrics.md (a test keeps the file current)."""
+    lines = ["| metric | unit | from | statistic | when | meaning |", "|---|---|---|---|---|---|"]
+    for m in METRICS:
+        lines.append(f"| `{m.name}` | {m.unit} | {m.emitter} | {m.statistic} | {m.when} | {m.meaning} |")
+    return "\n".join(lines)
+
+
+def alarms_markdown(t: AlarmThresholds) -> str:
+    """The alarm table of docs/runbook.md at thresholds `t` (the defaults there; a test keeps it current)."""
+    ops = {"GreaterThanThreshold": ">", "LessThanThreshold": "<", "LessThanOrEqualToThreshold": "<="}
+    lines = ["| alarm | fires when (cluster level) | first thing to do |", "|---|---|---|"]
+    for r in alarm_rules(t):
+        when = f"{r.metric.statistic} of `{r.metric.name}` {ops[r.comparison]} {r.threshold:g}"
+        when += f" for {r.periods} x {r.period_min} min"
+        lines.append(f"| `{r.key}` | {when} | {r.action} |")
+    return "\n".join(lines)
