@@ -38,9 +38,15 @@ class CheckpointComm:
 
     @property
     def group(self) -> dist.ProcessGroup | None:
-        """The checkpoint group (None without distributed); SaveAbandoned once it is gone."""
-        if self._gone:
-            raise SaveAbandoned("the checkpoint process group is gone (closed or abandoned)")
+        """The checkpoint group (None without distributed); SaveAbandoned once it is gone.
+
+        Gone also means aborted with every other group of this process: an in-process restart aborts them
+        all before it abandons the save, and a collective the writer starts in between would wait for a
+        peer that never comes (a gloo group aborted here keeps its sockets open while the writer holds it,
+        so the peer's own collectives on the training group hang too: both ranks stuck until the process
+        exits)."""
+        if self._gone or (self.distributed and not dist.is_initialized()):
+            raise SaveAbandoned("the checkpoint process group is gone (closed, abandoned or aborted)")
         return self._group
 
     def abandon(self) -> None:
