@@ -5,21 +5,20 @@ so "no progress" is measured here: a job stuck in restarts or waiting for a node
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from training.events import EventLog
 from training.telemetry import catalog
-from training.telemetry.emf import EmfPublisher
 from training.telemetry.settings import MetricsSettings
+from training.telemetry.source import MetricSource
 
 FAULT_CLASS_OF = {"hang_detected": "silent", "node_given_up": "bad_node"}
 """Launcher events -> failure class; `worker_failed` is "hard" for the rank that failed first only."""
 
 
-class LauncherMetrics:
+class LauncherMetrics(MetricSource):
     """Fed every launcher event (`EventLog.observe`); publishes counts as they happen, gauges each period."""
 
     def __init__(self, *, max_restarts: int, spares: int) -> None:
@@ -29,7 +28,6 @@ class LauncherMetrics:
         """When this node's workers last finished a step; the agent's heartbeat monitor once it exists."""
         self._started = time.time()
         self._waiting = False
-        self.publisher: EmfPublisher | None = None
 
     @classmethod
     def start(
@@ -43,20 +41,14 @@ class LauncherMetrics:
         spares: int,
     ) -> LauncherMetrics | None:
         """Publish this launcher's events and gauges; None when the sink is off."""
-        if settings.sink == "off" or (settings.sink == "file" and run_dir is None):
-            return None
         metrics = cls(max_restarts=max_restarts, spares=spares)
-        properties = {"role": "launcher", "node_rank": node_rank, "pod": os.environ.get("POD_NAME", "")}
+        properties = {"role": "launcher", "node_rank": node_rank}
         who = f"launcher-node{node_rank}"
-        metrics.publisher = EmfPublisher(
-            settings, run_dir=run_dir, who=who, properties=properties, gauges=metrics.gauges
+        return (
+            metrics
+            if metrics.attach(settings, events, run_dir=run_dir, who=who, properties=properties)
+            else None
         )
-        events.observe(metrics.observe)
-        return metrics
-
-    def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.close()
 
     def observe(self, record: Mapping[str, Any]) -> None:
         kind, ts = record["kind"], record["ts"]
@@ -82,7 +74,3 @@ class LauncherMetrics:
         if self._spares > 0:
             values[catalog.SPARES_WAITING.name] = 1.0 if self._waiting else 0.0
         return values
-
-    def _put(self, values: dict[str, float], ts: float, *, fault_class: str | None = None) -> None:
-        if self.publisher is not None:
-            self.publisher.put(values, ts=ts, fault_class=fault_class)

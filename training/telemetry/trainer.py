@@ -6,7 +6,6 @@ in the report."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections import deque
@@ -18,8 +17,8 @@ import psutil
 
 from training.events import EventLog, events_dir
 from training.telemetry import catalog
-from training.telemetry.emf import EmfPublisher
 from training.telemetry.settings import MetricsSettings
+from training.telemetry.source import MetricSource
 
 RECENT_STEPS = 200
 """Step durations the median (goodput, checkpoint interval in seconds) is taken over."""
@@ -40,7 +39,7 @@ def run_started_at(run_dir: str | Path | None, fallback: float) -> float:
     return first
 
 
-class TrainerMetrics:
+class TrainerMetrics(MetricSource):
     """Fed rank 0's events (`EventLog.observe`); publishes as they happen and gauges each period."""
 
     def __init__(
@@ -56,7 +55,6 @@ class TrainerMetrics:
         self._world: int | None = None
         self._last_commit: float | None = None
         self._restart_started: float | None = None
-        self.publisher: EmfPublisher | None = None
 
     @classmethod
     def start(
@@ -69,19 +67,12 @@ class TrainerMetrics:
         checkpoints: bool,
     ) -> TrainerMetrics | None:
         """Publish rank 0's events and gauges; None when the sink is off."""
-        if settings.sink == "off" or (settings.sink == "file" and run_dir is None):
-            return None
         metrics = cls(run_dir=run_dir, interval_steps=interval_steps, checkpoints=checkpoints)
-        properties = {"role": "trainer", "rank": 0, "pod": os.environ.get("POD_NAME", "")}
-        metrics.publisher = EmfPublisher(
-            settings, run_dir=run_dir, who="trainer-rank0", properties=properties, gauges=metrics.gauges
+        properties = {"role": "trainer", "rank": 0}
+        attached = metrics.attach(
+            settings, events, run_dir=run_dir, who="trainer-rank0", properties=properties
         )
-        events.observe(metrics.observe)
-        return metrics
-
-    def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.close()
+        return metrics if attached else None
 
     def observe(self, record: Mapping[str, Any]) -> None:
         kind, ts = record["kind"], record["ts"]
@@ -134,7 +125,3 @@ class TrainerMetrics:
             if self._checkpoints and self._interval_steps and median > 0:
                 values[catalog.CHECKPOINT_AGE_INTERVALS.name] = age / (self._interval_steps * median)
         return values
-
-    def _put(self, values: dict[str, float], ts: float, *, fault_class: str | None = None) -> None:
-        if self.publisher is not None:
-            self.publisher.put(values, ts=ts, fault_class=fault_class)
