@@ -116,23 +116,26 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def output_folder_problem(path: str | os.PathLike[str], name: str) -> str | None:
-    """Why the folder `name` gives (`OUT=`, `--workdir`, ...) cannot be made or written, in one line naming
-    it; None when it looks fine. Nothing is created: a dry run stays one. The nearest existing folder on the
-    way must be a writable folder; the caller still names `name` if the write itself fails later."""
-    folder = Path(path)
+def _folder_reason(folder: Path) -> str | None:
+    """Why `folder` cannot be made or written into, as a clause about it; None when it looks fine."""
     if folder.exists() and not folder.is_dir():
-        return f"{name}={str(folder)!r}: is a file, not a folder; pick a folder path"
+        return f"{str(folder)!r} is a file, not a folder"
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        return (
-            f"{name}={str(folder)!r}: {str(probe)!r} is a file, so it cannot be created; pick a folder path"
-        )
+        return f"{str(probe)!r} is a file, so {str(folder)!r} cannot be created"
     if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{name}={str(folder)!r}: {str(probe)!r} is not writable; pick a folder you can write"
+        return f"{str(probe)!r} is not writable"
     return None
+
+
+def output_folder_problem(path: str | os.PathLike[str], name: str) -> str | None:
+    """Why the folder `name` gives (`OUT=`, `--workdir`, ...) cannot be made or written, in one line naming
+    it; None when it looks fine. Nothing is created: a dry run stays one. The nearest existing folder on the
+    way must be a writable folder; the caller still names `name` if the write itself fails later."""
+    reason = _folder_reason(Path(path))
+    return None if reason is None else f"{name}={str(path)!r}: {reason}; pick a folder you can write"
 
 
 def output_file_problem(path: str | os.PathLike[str], name: str) -> str | None:
@@ -141,9 +144,7 @@ def output_file_problem(path: str | os.PathLike[str], name: str) -> str | None:
     target = Path(path)
     if target.is_dir():
         return f"{name}={str(target)!r}: is a folder; give a file path"
-    problem = output_folder_problem(target.parent, name)
-    if problem is not None:
-        return problem.replace(f"{name}={str(target.parent)!r}:", f"{name}={str(target)!r}: its folder")
-    if target.exists() and not os.access(target, os.W_OK):
-        return f"{name}={str(target)!r}: is not writable; pick another path"
-    return None
+    reason = _folder_reason(target.parent)
+    if reason is None and target.exists() and not os.access(target, os.W_OK):
+        reason = f"{str(target)!r} is not writable"
+    return None if reason is None else f"{name}={str(target)!r}: {reason}; pick a path you can write"

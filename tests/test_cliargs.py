@@ -108,15 +108,16 @@ def test_output_paths_that_cannot_be_made_or_written_name_the_argument(tmp_path:
     a_file.write_text("x")
     assert output_folder_problem(tmp_path / "new" / "deeper", "OUT") is None
     assert not (tmp_path / "new").exists()  # a check, not an act: a dry run creates nothing
-    assert (
-        output_folder_problem(a_file, "OUT")
-        == f"OUT={str(a_file)!r}: is a file, not a folder; pick a folder path"
+    assert output_folder_problem(a_file, "OUT") == (
+        f"OUT={str(a_file)!r}: {str(a_file)!r} is a file, not a folder; pick a folder you can write"
     )
-    assert f"{str(a_file)!r} is a file, so it cannot be created" in output_folder_problem(a_file / "x", "OUT")
+    assert f"{str(a_file)!r} is a file, so {str(a_file / 'x')!r} cannot be created" in output_folder_problem(
+        a_file / "x", "OUT"
+    )
     assert output_file_problem(tmp_path / "new" / "t.png", "--png") is None
     assert output_file_problem(tmp_path, "--png") == f"--png={str(tmp_path)!r}: is a folder; give a file path"
-    assert output_file_problem(a_file / "t.png", "--png").startswith(
-        f"--png={str(a_file / 't.png')!r}: its folder"
+    assert output_file_problem(a_file / "t.png", "--png") == (
+        f"--png={str(a_file / 't.png')!r}: {str(a_file)!r} is a file, not a folder; pick a path you can write"
     )
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)

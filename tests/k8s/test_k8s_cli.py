@@ -30,9 +30,9 @@ def run_cli(
 
 BAD_INPUT = [
     (["render", "NODES=0"], 2, "error: NODES=0: must be at least 1"),
-    (["render", "RUN_ID=t", "OUT=/dev/null/m"], 2, "error: OUT='/dev/null/m': '/dev/null' is a file, so it"),
-    (["render", "RUN_ID=t", "--out", "/dev/null"], 2, "error: --out='/dev/null': is a file, not a folder"),
-    (["local", "RUN_ID=t", "WORKDIR=/dev/null"], 2, "error: WORKDIR='/dev/null': is a file, not a folder"),
+    (["render", "RUN_ID=t", "OUT=/dev/null/m"], 2, "error: OUT='/dev/null/m': '/dev/null' is a file, so"),
+    (["render", "RUN_ID=t", "--out", "/dev/null"], 2, "error: --out='/dev/null': '/dev/null' is a file, not"),
+    (["local", "RUN_ID=t", "WORKDIR=/dev/null"], 2, "error: WORKDIR='/dev/null': '/dev/null' is a file, not"),
     (["render", "NODEZ=2"], 2, "error: unknown value NODEZ; did you mean NODES?"),
     (["render", "--nodes", "x"], 2, "error: NODES='x': not a whole number"),
     (

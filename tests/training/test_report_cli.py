@@ -96,4 +96,5 @@ def test_unwritable_png_is_one_line_error(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     proc = report(str(tmp_path / "run-d"), "--png", str(blocker / "t.png"))
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: cannot write the timeline") and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: --png={str(blocker / 't.png')!r}: {str(blocker)!r} is a file, not")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
