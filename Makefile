@@ -15,7 +15,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
-        train-job-delete image teardown cost-report bench bench-quick bench-setup report docs-config clean \
+        train-job-delete image teardown plan cost-report bench bench-quick bench-setup report docs-config clean \
         test-torch
 
 help: ## list the targets
@@ -105,6 +105,9 @@ image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_
 PREFIX ?= fsdp-kit
 teardown: $(STAMP) ## plan the removal of what PREFIX tagged (dry run); delete with ARGS="--yes --confirm PREFIX/ACCOUNT"
 	$(PY) -m ops.teardown --prefix $(PREFIX) $(ARGS)
+
+plan: $(STAMP) ## what a job keeps per recovery mechanism before it is rented (NODES=, MODEL=, SPARES=, ARGS="--json --png p.png")
+	$(PY) -m ops.plan $(if $(NODES),--nodes $(NODES)) $(if $(MODEL),--model $(MODEL)) $(if $(SPARES),--spares $(SPARES)) $(ARGS)
 
 cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--period 30d --run-dir DIR --png cost.png")
 	$(PY) -m ops.cost_report --prefix $(PREFIX) $(ARGS)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from k8s.profiles import ProfileName
 
 Launcher = Literal["kit", "ft_launcher", "torchrun"]
-ModelName = Literal["tiny", "small", "llama3.1-8b"]
+ModelName = Literal["tiny", "small", "llama3.1-8b", "llama3.1-70b"]
 DataKind = Literal["synthetic", "shards"]
 CheckpointMode = Literal["off", "sync", "async"]
 CheckpointBackend = Literal["kit", "dcp", "nvrx"]

@@ -69,4 +69,15 @@ MODEL_CONFIGS: dict[str, ModelArgs] = {
         max_seq_len=8192,
         rope_theta=500000.0,
     ),
+    # Llama 3.1 70B shape (70.6 B params): planning (`make plan`) and p5 memory plans.
+    "llama3.1-70b": ModelArgs(
+        vocab_size=128256,
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_dim=28672,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+    ),
 }

@@ -30,7 +30,7 @@ def test_shapes_count_the_built_models_parameters():
 
     from training.model import Transformer
 
-    for name in ("tiny", "small", "llama3.1-8b"):
+    for name in ("tiny", "small", "llama3.1-8b", "llama3.1-70b"):
         args = MODEL_CONFIGS[name]
         with torch.device("meta"):
             model = Transformer(args)
