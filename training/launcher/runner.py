@@ -42,14 +42,6 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         log.error("kit-launch: error: %s", problem)
         return exitcodes.FATAL_CONFIG
     events = EventLog(args.run_dir, role="launcher", rank=None)
-    metrics = LauncherMetrics.start(
-        args.metrics,
-        events,
-        run_dir=args.run_dir,
-        node_rank=args.node_rank,
-        max_restarts=args.max_restarts,
-        spares=args.spares,
-    )
     events.emit("launcher_start", node_rank=args.node_rank, nodes=args.max_nodes, spares=args.spares)
     entrypoint, worker_args = args.entrypoint, list(args.argv)
     zygote = None
@@ -58,6 +50,15 @@ def run(args: LaunchArgs, *, workdir: str) -> int:
         zygote = Zygote(workdir, prewarm=prewarm_modules(worker_args))
         os.environ.update(zygote.env)
         entrypoint, worker_args = worker_command(worker_args)
+    # After the fork: the metrics' publisher thread must not be running when the zygote is made.
+    metrics = LauncherMetrics.start(
+        args.metrics,
+        events,
+        run_dir=args.run_dir,
+        node_rank=args.node_rank,
+        max_restarts=args.max_restarts,
+        spares=args.spares,
+    )
     try:
         code, reason = _run_agent(args, entrypoint, worker_args, events, zygote, metrics)
     except internals.TorchInternalsChanged as exc:  # an attribute torch sets on an object it built
