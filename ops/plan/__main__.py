@@ -21,7 +21,7 @@ from infra.config import load_config
 from infra.errors import ConfigError
 from ops.cli import parse_once
 from ops.cost.prices import ec2_hourly
-from ops.plan.failures import LLAMA3, FailureRates, PlanInputError
+from ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
 from ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, Outcome, evaluate, spares_needed
 from training.shapes import MODEL_CONFIGS
 from training.throughput import PEAK_BF16_FLOPS
@@ -78,13 +78,17 @@ def plan(argv: list[str] | None = None) -> tuple[dict[str, Any], list[Outcome], 
     nodes = args.nodes or cfg.gpu.max_nodes
     shape = MODEL_CONFIGS[args.model]
     params = shape.num_params()
-    peak = next(v for k, v in PEAK_BF16_FLOPS.items() if k == "H100")
-    rates = FailureRates(
-        soft=LLAMA3.soft if args.rate_soft is None else args.rate_soft,
-        node=LLAMA3.node if args.rate_node is None else args.rate_node,
-        drain=LLAMA3.drain if args.rate_drain is None else args.rate_drain,
-        source=LLAMA3.source if None in (args.rate_soft, args.rate_node, args.rate_drain) else "given",
+    peak = PEAK_BF16_FLOPS["H100"]  # p5; p5en's H200 has the same dense bf16 peak
+    given = {cls: getattr(args, f"rate_{cls}") for cls in FAILURE_CLASSES}
+    given = {cls: rate for cls, rate in given.items() if rate is not None}
+    source = (
+        LLAMA3.source
+        if not given
+        else "given"
+        if len(given) == len(FAILURE_CLASSES)
+        else (f"{LLAMA3.source}; {', '.join(given)} given")
     )
+    rates = FailureRates(**{cls: given.get(cls, LLAMA3.of(cls)) for cls in FAILURE_CLASSES}, source=source)
     price = args.price or ec2_hourly(None, cfg.gpu.instance_type, cfg.region).usd
     if price is None:
         price = ec2_hourly(None, cfg.gpu.instance_type, "us-east-1").usd

@@ -91,9 +91,9 @@ class Job:
     """One node's restore rate from its buddy's memory over EFA, GB/s."""
     host_copy_gbps: float = 10.0
     """One node's device-to-host staging rate (the async save's stall), GB/s."""
+    price_per_node_hour: float
+    """USD per node-hour (`make plan` reads ops/prices.json for the configured instance and region)."""
     spares: int = 0
-    price_per_node_hour: float = 98.32
-    """On-demand p5.48xlarge in us-east-1 (ops/prices.json)."""
     phases: PhaseTimes = field(default_factory=PhaseTimes)
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ SETTINGS = MetricsSettings(cluster="c1", job="run-1", sink="file")
             {"KIT_METRICS": "cloudwatch"},
             "KIT_METRICS='cloudwatch' is not a metrics sink; use off, file or agent",
         ),
+        ({"KIT_METRICS": ""}, "KIT_METRICS='' is not a metrics sink"),
         ({"AWS_EMF_AGENT_ENDPOINT": "http://agent:25888"}, "AWS_EMF_AGENT_ENDPOINT='http://agent:25888'"),
         ({"AWS_EMF_AGENT_ENDPOINT": "tcp://agent"}, "is not an agent endpoint; use tcp://HOST:PORT"),
         ({"AWS_EMF_AGENT_ENDPOINT": "tcp://agent:99999"}, "is not an agent endpoint"),

@@ -62,8 +62,8 @@ class MetricsSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, run_id: str) -> MetricsSettings:
         """The settings in `env`, checked; `run_id` is the JobName when KIT_JOB_NAME is not set."""
-        sink = env.get(SINK_ENV, "file").strip().lower() or "file"
-        if sink not in SINKS:
+        sink = env.get(SINK_ENV, "file").strip().lower()
+        if sink not in SINKS:  # "" included: a variable set to nothing says nothing
             raise MetricsSettingsError(
                 f"{SINK_ENV}={env[SINK_ENV]!r} is not a metrics sink; use off, file or agent"
             )

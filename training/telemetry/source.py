@@ -18,6 +18,11 @@ class MetricSource:
 
     publisher: EmfPublisher | None = None
 
+    @staticmethod
+    def publishes(settings: MetricsSettings, run_dir: str | Path | None) -> bool:
+        """Whether records go anywhere: not with the sink off, nor to a file without a run folder."""
+        return not (settings.sink == "off" or (settings.sink == "file" and run_dir is None))
+
     def observe(self, record: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
@@ -34,7 +39,7 @@ class MetricSource:
         properties: Mapping[str, Any],
     ) -> bool:
         """Publish from now on; False (nothing started) when the sink is off or has nowhere to write."""
-        if settings.sink == "off" or (settings.sink == "file" and run_dir is None):
+        if not self.publishes(settings, run_dir):
             return False
         properties = {**properties, "pod": os.environ.get("POD_NAME", "")}
         self.publisher = EmfPublisher(

@@ -66,7 +66,9 @@ class TrainerMetrics(MetricSource):
         interval_steps: int | None,
         checkpoints: bool,
     ) -> TrainerMetrics | None:
-        """Publish rank 0's events and gauges; None when the sink is off."""
+        """Publish rank 0's events and gauges; None when the sink is off (and nothing is read)."""
+        if not cls.publishes(settings, run_dir):
+            return None
         metrics = cls(run_dir=run_dir, interval_steps=interval_steps, checkpoints=checkpoints)
         properties = {"role": "trainer", "rank": 0}
         attached = metrics.attach(
