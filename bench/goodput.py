@@ -27,6 +27,7 @@ Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/ben
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import shutil
 import statistics
@@ -38,10 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.recovery import NVRX_MECHANISMS, Case, Outcome, release, run_case
+from ops.plan.calibration import CalibrationError, GoodputPhases, goodput_phases, read_sections, write_section
+from ops.plan.failures import PlanInputError
+from ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
 from training.events import read_events
 from training.metrics import Goodput, RunMetrics, goodput_over, time_budget
 from training.report import write_timeline
 from training.resilience.checkpoint.interval import INTERVAL_EVENT
+from training.resilience.faults import parse_kinds, seeded_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "goodput.md"
@@ -125,18 +130,114 @@ def interval_args(mech: Mechanism, scale: Scale) -> list[str]:
             "--checkpoint.interval_min", str(scale.scaled(KIT_INTERVAL_MIN))]  # fmt: skip
 
 
+SCHEDULE_SEED = 42
+RANKS = 2
+"""bench/recovery.py's job: 2 ranks on one node."""
+
+
+def mechanism_args(mech: Mechanism, scale: Scale) -> list[str]:
+    """The trainer flags of a mechanism apart from its interval and faults."""
+    args = ["--checkpoint.mode", mech.mode]
+    if mech.mode == "async":  # a node that only trains: the writer on the CPU left (docs/checkpointing.md)
+        args += ["--checkpoint.writer_priority", "idle"]
+    if mech.base == "torchrun":
+        args += ["--training.collective_timeout_s", f"{scale.baseline_timeout_s:g}"]
+    return args
+
+
 def case(mech: Mechanism, scale: Scale) -> Case:
     trainer = [
-        "--fault.schedule_seed", "42", "--fault.schedule_count", str(scale.faults),
+        "--fault.schedule_seed", str(SCHEDULE_SEED), "--fault.schedule_count", str(scale.faults),
         "--fault.schedule_kinds", scale.kinds,
         "--fault.schedule_after_step", str(scale.scaled(STUDY_AFTER_STEP)),
-        "--checkpoint.mode", mech.mode, *interval_args(mech, scale),
+        *mechanism_args(mech, scale), *interval_args(mech, scale),
     ]  # fmt: skip
-    if mech.mode == "async":  # a node that only trains: the writer on the CPU left (docs/checkpointing.md)
-        trainer += ["--checkpoint.writer_priority", "idle"]
-    if mech.base == "torchrun":
-        trainer += ["--training.collective_timeout_s", f"{scale.baseline_timeout_s:g}"]
     return Case(mechanism=mech.base, fault="schedule", steps=scale.steps, trainer=tuple(trainer))
+
+
+def planned_faults(scale: Scale) -> tuple[tuple[str, int], ...]:
+    """(kind, step) of the schedule's faults, as the trainer draws them."""
+    faults = seeded_schedule(
+        seed=SCHEDULE_SEED, count=scale.faults, kinds=parse_kinds(scale.kinds),
+        after_step=scale.scaled(STUDY_AFTER_STEP), max_steps=scale.steps, world_size=RANKS,
+    )  # fmt: skip
+    return tuple((f.kind, f.step) for f in faults if f.step is not None)
+
+
+CALIBRATION_FAULTS = ("exception", "hang")
+"""The schedule's kinds: one of each alone, at bench/recovery.py's fault steps (two after a save)."""
+CALIBRATION_STEPS = 60
+CALIBRATION_INTERVAL = 5
+CALIBRATION_REPS = 3
+
+
+def calibration_case(mech: Mechanism, scale: Scale, fault: str) -> Case:
+    """The mechanism as the schedule runs it, with a fixed interval and one fault (or none)."""
+    trainer = (*mechanism_args(mech, scale), "--checkpoint.interval", str(CALIBRATION_INTERVAL))
+    return Case(
+        mechanism=mech.base, fault=fault, steps=CALIBRATION_STEPS if fault == "none" else 0, trainer=trainer
+    )
+
+
+def run_record(outcome: Outcome) -> RunRecord | None:
+    """A finished run's figures for the calibration; None when it failed or left no events."""
+    m = outcome.metrics
+    if m is None or outcome.returncode != 0 or not m.finished:
+        return None
+    b = time_budget(m, outcome.wall_s)
+    return RunRecord(
+        wall_s=outcome.wall_s, step_s=m.median_step_s, steps=m.steps_completed, lost_steps=m.lost_steps,
+        saves=m.checkpoints_committed, save_cost_s=b.checkpoint_s + b.slow_steps_s, downtime_s=b.downtime_s,
+    )  # fmt: skip
+
+
+def run_calibration(mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path, reps: int) -> dict:  # type: ignore[type-arg]
+    """Each mechanism fault-free and with one fault of each kind, `reps` times interleaved; the section
+    ops/plan/calibration.py reads (raises PlanInputError when a mechanism has too few finished runs)."""
+    records: dict[str, dict[str, list[RunRecord]]] = {}
+    for rep in range(reps):
+        for mech in mechanisms:
+            for fault in ("none", *CALIBRATION_FAULTS):
+                outcome = run_case(calibration_case(mech, scale, fault), workdir, rep, timeout_s=600)
+                record = run_record(outcome)
+                print(
+                    f"calibrate {mech.label:12} {fault:9} rep {rep + 1}/{reps}: exit {outcome.returncode}, "
+                    f"wall {outcome.wall_s:.1f} s" + (f"  [{outcome.note}]" if outcome.note else ""),
+                    flush=True,
+                )
+                if record is not None:
+                    records.setdefault(mech.label, {}).setdefault(fault, []).append(record)
+    mechs: dict[str, object] = {}
+    for label, by_fault in records.items():
+        free = by_fault.pop("none", [])
+        phases = calibrate(free, {k: by_fault.get(k, []) for k in CALIBRATION_FAULTS})
+        mechs[label] = dataclasses.asdict(phases) | {
+            "runs": {k: [dataclasses.asdict(r) for r in v] for k, v in [("none", free), *by_fault.items()]}
+        }
+    return {"collective_timeout_s": scale.baseline_timeout_s, "reps": reps, "mechanisms": mechs}
+
+
+def predicted(run: Run, scale: Scale, phases: GoodputPhases | None) -> Prediction | None:
+    """What the plan's model, fed this job and its schedule, predicts for `run` (None: not calibrated)."""
+    m = run.metrics
+    cal = None if phases is None else phases.mechanisms.get(run.mech.label)
+    if m is None or cal is None:
+        return None
+    interval = scale.scaled(STUDY_INTERVAL) if run.mech.study_interval else None
+    job = ScheduledRun(
+        steps=scale.steps,
+        step_s=m.median_step_s,
+        # every interval and the final step (ceil); auto: the run's own choice
+        saves=-(-scale.steps // interval) if interval else m.checkpoints_committed,
+        interval=interval,
+        faults=planned_faults(scale),
+    )
+    extra = None
+    if (
+        run.mech.base == "torchrun"
+    ):  # its hang waits out the collective timeout, the calibration's or this one
+        extra = {"hang": scale.baseline_timeout_s - phases.collective_timeout_s}  # type: ignore[union-attr]
+    return predict(job, cal, fault_extra_s=extra)
 
 
 BUDGET = ("wall_s", "useful_s", "replay_s", "slow_steps_s", "checkpoint_s", "downtime_s", "startup_s",
@@ -202,7 +303,63 @@ def strict(runs: Sequence[Run]) -> float | None:
     return _median([r.goodput.strict if r.goodput else None for r in runs])
 
 
-def result_line(results: dict[str, list[Run]]) -> str:
+@dataclass(frozen=True, kw_only=True)
+class PlanCheck:
+    """The plan's prediction of one mechanism's strict goodput beside the measurement (medians over runs)."""
+
+    label: str
+    measured: float
+    predicted: float
+    parts_s: dict[str, float]
+    """The predicted wall time of the first run, split (ops/plan/schedule.py's parts)."""
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted - self.measured)
+
+
+def plan_checks(results: dict[str, list[Run]], scale: Scale, phases: GoodputPhases | None) -> list[PlanCheck]:
+    """One check per RESULT mechanism that ran and is calibrated."""
+    checks = []
+    for label in RESULT_MECHANISMS:
+        runs = results.get(label, [])
+        pairs = [(r, p) for r in runs if r.goodput and (p := predicted(r, scale, phases)) is not None]
+        if pairs:
+            checks.append(
+                PlanCheck(
+                    label=label,
+                    measured=statistics.median(r.goodput.strict for r, _ in pairs),  # type: ignore[union-attr]
+                    predicted=statistics.median(p.goodput for _, p in pairs),
+                    parts_s=pairs[0][1].parts_s,
+                )
+            )
+    return checks
+
+
+def plan_error(checks: Sequence[PlanCheck]) -> str:
+    """The largest |predicted - measured| strict goodput over the mechanisms ("nan": none calibrated)."""
+    return f"{max(c.error for c in checks):.3f}" if checks else "nan"
+
+
+def plan_section(checks: Sequence[PlanCheck], phases: GoodputPhases | None) -> list[str]:
+    """The doc's lines on the plan's prediction against the measurement."""
+    if phases is None:
+        return ["The plan's prediction: no calibration (run `python -m bench.goodput --calibrate`).", ""]
+    lines = [
+        "The plan's model (ops/plan/schedule.py) fed this job (its median step, its interval, the schedule's",
+        f"faults) and the per-phase costs `{phases.command}` measured ({phases.measured}), against the",
+        "measurement (seconds of the predicted wall time by part):",
+        "",
+        "| mechanism | measured | predicted | error | overhead | steps | replayed | saves | faults |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in checks:
+        parts = " | ".join(f"{c.parts_s[k]:.1f}" for k in ("overhead", "steps", "replay", "saves", "faults"))
+        lines.append(f"| {c.label} | {c.measured:.3f} | {c.predicted:.3f} | {c.error:.3f} | {parts} |")
+    return [*lines, ""]
+
+
+def result_line(results: dict[str, list[Run]], checks: Sequence[PlanCheck] = ()) -> str:
     kit = strict(results.get("kit", []))
     ft = strict(results.get("ft_launcher", []))
     torch = strict(results.get("torchrun", []))
@@ -216,7 +373,7 @@ def result_line(results: dict[str, list[Run]]) -> str:
     )
     return (
         f"RESULT kit_goodput={_fmt(kit)} vs_ft_launcher={ratio(kit, ft)} vs_torchrun={ratio(kit, torch)} "
-        f"unfired={unfired}"
+        f"unfired={unfired} plan_error={plan_error(checks)}"
     )
 
 
@@ -269,7 +426,8 @@ def _row(mech: Mechanism, runs: Sequence[Run], scale: Scale) -> str:
 
 
 def render(results: dict[str, list[Run]], *, scale: Scale, reps: int, command: str, elapsed_s: float,
-           png: str | None) -> str:  # fmt: skip
+           png: str | None, checks: Sequence[PlanCheck] = (),
+           phases: GoodputPhases | None = None) -> str:  # fmt: skip
     """The section for docs/benchmarks.md: one row per mechanism (median and min-max over repetitions)."""
     schedule = ", ".join(f"{f['fault']}@{f['step']}" for f in _schedule(results))
     lines = [
@@ -301,7 +459,8 @@ def render(results: dict[str, list[Run]], *, scale: Scale, reps: int, command: s
     ]
     if png:
         lines += [f"![The kit's run: steps per rank over time, faults, recoveries]({png})", ""]
-    lines += ["```", result_line(results), "```", ""]
+    lines += plan_section(checks, phases)
+    lines += ["```", result_line(results, checks), "```", ""]
     return "\n".join(lines)
 
 
@@ -330,10 +489,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="200 steps, scaled by 1/10; the RESULT mechanisms only; no doc"
     )
-    parser.add_argument("--reps", type=int, default=1, help="runs per mechanism (default 1)")
+    parser.add_argument("--reps", type=int, default=None, help="runs per mechanism (default 1)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's tiny run
     parser.add_argument("--doc", type=Path, default=None, help=argparse.SUPPRESS)  # where to write the doc
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure each mechanism's per-phase costs (fault-free and single-fault runs, --reps times, "
+        f"default {CALIBRATION_REPS}) for the plan's validation: writes docs/benchmarks/calibration.json",
+    )
     parser.add_argument(
         "--only",
         default=None,
@@ -342,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "one of them: no doc is written; ratios to mechanisms not run print nan",
     )
     args = parser.parse_args(argv)
-    if args.reps < 1:
+    if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
     only = _only(parser, args.only)
     scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
@@ -360,6 +525,14 @@ def main(argv: list[str] | None = None) -> int:
         mechanisms = [m for m in mechanisms if m.label in RESULT_MECHANISMS]
     if only is not None:
         mechanisms = [m for m in mechanisms if m.label in only]
+    try:
+        phases = goodput_phases(read_sections())
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.calibrate:
+        return calibrate_main(mechanisms, reps=args.reps or CALIBRATION_REPS)
+    args.reps = args.reps or 1
     doc = args.doc or (DOC if scale.name == "full" and only is None else None)
     flags = (" --quick" if args.quick else "") + (f" --only {args.only}" if only is not None else "")
     command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
@@ -390,14 +563,41 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         release(workdir, keep=args.keep)
     elapsed = time.monotonic() - started
+    checks = plan_checks(results, scale, phases)
     text = render(results, scale=scale, reps=args.reps, command=command, elapsed_s=elapsed,
-                  png=None if png is None else f"benchmarks/{png.name}")  # fmt: skip
+                  png=None if png is None else f"benchmarks/{png.name}", checks=checks,
+                  phases=phases)  # fmt: skip
     print(text)
     if doc is not None:
         doc.parent.mkdir(parents=True, exist_ok=True)
         doc.write_text(text, encoding="utf-8")
         print(f"wrote {doc}")
-    print(result_line(results))
+    print(result_line(results, checks))
+    return 0
+
+
+def calibrate_main(mechanisms: Sequence[Mechanism], *, reps: int) -> int:
+    """`--calibrate`: the RESULT mechanisms' per-phase costs, at the quick scale's collective timeout."""
+    chosen = [m for m in mechanisms if m.label in RESULT_MECHANISMS]
+    workdir = Path(tempfile.mkdtemp(prefix="kit-bench-calibrate-"))
+    try:
+        section = run_calibration(chosen, SCALES["quick"], workdir, reps)
+    except PlanInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        release(workdir, keep=False)
+    path = write_section(
+        "goodput_phases", section, command=f"python -m bench.goodput --calibrate --reps {reps}"
+    )
+    for label, m in section["mechanisms"].items():
+        faults = ", ".join(f"{k} {v:.2f} s" for k, v in m["fault_s"].items())
+        print(
+            f"{label:12} step {m['step_s']:.3f} s, overhead {m['overhead_s']:.2f} s, "
+            f"save {m['save_s']:.3f} s, "
+            f"{faults}, keeps live state: {m['keeps_live_state']}"
+        )
+    print(f"wrote {path.relative_to(REPO)}")
     return 0
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import queue
 import signal
@@ -44,6 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ops.plan.calibration import growth, project, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 0.25, 5
@@ -305,23 +306,6 @@ def measure(nodes: int) -> dict[str, float]:
             store.kill()
 
 
-def growth(rows: list[dict[str, float]], key: str) -> float:
-    """The exponent b of figure ~ a * N^b, least squares on log-log (figures <= 0 left out)."""
-    points = [(math.log(r["nodes"]), math.log(r[key])) for r in rows if r[key] > 0]
-    if len(points) < 2:
-        return float("nan")
-    mx = sum(x for x, _ in points) / len(points)
-    my = sum(y for _, y in points) / len(points)
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
-
-
-def project(rows: list[dict[str, float]], key: str, nodes: int) -> float:
-    """The fitted figure at `nodes`, from the largest measured N along the fitted exponent."""
-    last = max(rows, key=lambda r: r["nodes"])
-    return last[key] * (nodes / last["nodes"]) ** growth(rows, key)
-
-
 def table(rows: list[dict[str, float]]) -> str:
     head = (
         "| N | formation s | store CPU (cores) | store MB/s | store syscalls/s | CAS writes/s | CAS failed "
@@ -437,10 +421,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     print(table(rows))
     result = result_line(rows)
+    command = "python -m bench.scale" + (f" --nodes {args.nodes}" if args.nodes else "")
     if not args.quick and not args.nodes:
-        command = "python -m bench.scale"
         DOC.write_text(section(rows, result, command), encoding="utf-8")
         print(f"wrote {DOC.relative_to(REPO)}")
+    if not args.quick and len(rows) >= 2:  # the plan's detection and re-forming per N (ops/plan)
+        keep = ("nodes", "formation_s", "detect_s", "reform_s")
+        data = {"rows": [{k: r[k] for k in keep} for r in sorted(rows, key=lambda r: r["nodes"])]}
+        print(f"wrote {write_section('scale', data, command=command).relative_to(REPO)}")
     print(result)
     return 0
 

@@ -29,6 +29,7 @@ from k8s.local import LocalRunError, run_local
 from k8s.make_args import MakeLineError, check_make
 from k8s.outputs import OutputsError, load_stack_outputs
 from k8s.overrides import field_names, key_label
+from k8s.plan_summary import plan_lines
 from k8s.profiles import get_profile
 from k8s.render import DEFAULT_OUT, render, write
 from k8s.rules import check_fields
@@ -286,6 +287,11 @@ def _render_job(args: argparse.Namespace, console: Console, *, force_local: bool
     )
     if plan:
         console.print(plan, markup=False)
+    summary, warnings = plan_lines(values, _config_file(manifests)) if not force_local else (None, [])
+    if summary:
+        console.print(summary, markup=False, highlight=False)
+    for note in warnings:
+        print(f"warning: {note}", file=sys.stderr)
     if outputs is None and not force_local:
         console.print(
             "[yellow]no stack outputs: cluster values are PLACEHOLDER-... stand-ins; read the manifests, "

@@ -14,28 +14,25 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from cliargs import OneLineParser, float_arg, int_arg, output_file_problem
-from infra.config import load_config
 from infra.errors import ConfigError
 from ops.cli import parse_once
-from ops.cost.prices import ec2_hourly
-from ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
-from ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, Outcome, evaluate, spares_needed
+from ops.plan.calibration import CalibrationError, ScalePhases, phase_times
+from ops.plan.failures import FAILURE_CLASSES, FailureRates, PlanInputError
+from ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, evaluate
+from ops.plan.planner import (
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_MFU,
+    DEFAULT_REPLACEMENT_S,
+    GPUS_PER_NODE,
+    Plan,
+    PlanRequest,
+    make_plan,
+)
 from training.shapes import MODEL_CONFIGS
-from training.throughput import PEAK_BF16_FLOPS
 
-REPO = Path(__file__).resolve().parents[2]
-GPUS_PER_NODE = 8
-STATE_BYTES_PER_PARAM = 12
-"""fp32 weights + Adam's two moments: what one save writes per parameter (training/memory_plan.py)."""
 NODE_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
-
-
-def step_seconds(params: int, *, nodes: int, batch_tokens: int, mfu: float, peak: float) -> float:
-    """One optimizer step at `mfu` of the peak: 6 FLOPs per parameter per token over every GPU."""
-    return 6.0 * params * batch_tokens / (nodes * GPUS_PER_NODE * peak * mfu)
 
 
 def build_parser() -> OneLineParser:
@@ -44,17 +41,24 @@ def build_parser() -> OneLineParser:
     p.add_argument("--spares", type=int_arg(lo=0), help="hot spares (default: the plan's own)")
     p.add_argument(
         "--model",
-        choices=sorted(MODEL_CONFIGS),
         default="llama3.1-70b",
-        help="a kit model shape (default llama3.1-70b)",
+        help=f"a kit model shape ({', '.join(sorted(MODEL_CONFIGS))}; default llama3.1-70b) or a Hugging "
+        "Face model folder (its config.json)",
     )
-    p.add_argument("--batch-tokens", type=int_arg(lo=1), default=4 * 1024 * 1024)
-    p.add_argument("--mfu", type=float_arg(lo=0.0, hi=1.0, lo_open=True), default=0.4, help="default 0.4")
+    p.add_argument("--batch-tokens", type=int_arg(lo=1), default=DEFAULT_BATCH_TOKENS)
+    p.add_argument(
+        "--mfu", type=float_arg(lo=0.0, hi=1.0, lo_open=True), default=DEFAULT_MFU, help="default 0.4"
+    )
     p.add_argument(
         "--price", type=float_arg(lo=0.0, lo_open=True), help="USD per node-hour (default prices.json)"
     )
-    p.add_argument("--replacement-s", type=float_arg(lo=0.0), default=900.0, help="a lost node's replacement")
-    for cls in ("soft", "node", "drain"):
+    p.add_argument(
+        "--replacement-s",
+        type=float_arg(lo=0.0),
+        default=DEFAULT_REPLACEMENT_S,
+        help="a lost node's replacement",
+    )
+    for cls in FAILURE_CLASSES:
         p.add_argument(
             f"--rate-{cls}", type=float_arg(lo=0.0), help=f"{cls} faults per node-hour (default Llama 3)"
         )
@@ -65,62 +69,23 @@ def build_parser() -> OneLineParser:
     return p
 
 
-def _context() -> dict[str, Any]:
-    return json.loads((REPO / "cdk.json").read_text(encoding="utf-8"))["context"]
-
-
-def plan(argv: list[str] | None = None) -> tuple[dict[str, Any], list[Outcome], Job, FailureRates]:
+def plan(argv: list[str] | None = None) -> tuple[Plan, bool, Path | None]:
     args = parse_once(build_parser(), argv)
     if args.png is not None and (problem := output_file_problem(args.png, "--png")):
         raise PlanInputError(problem)
-    # The plan needs none of the Kubernetes objects' checks (they import the CDK, i.e. start node.js).
-    cfg = load_config({**_context(), "kubernetes.deploy_objects": False})
-    nodes = args.nodes or cfg.gpu.max_nodes
-    shape = MODEL_CONFIGS[args.model]
-    params = shape.num_params()
-    peak = PEAK_BF16_FLOPS["H100"]  # p5; p5en's H200 has the same dense bf16 peak
-    given = {cls: getattr(args, f"rate_{cls}") for cls in FAILURE_CLASSES}
-    given = {cls: rate for cls, rate in given.items() if rate is not None}
-    source = (
-        LLAMA3.source
-        if not given
-        else "given"
-        if len(given) == len(FAILURE_CLASSES)
-        else (f"{LLAMA3.source}; {', '.join(given)} given")
-    )
-    rates = FailureRates(**{cls: given.get(cls, LLAMA3.of(cls)) for cls in FAILURE_CLASSES}, source=source)
-    price = args.price or ec2_hourly(None, cfg.gpu.instance_type, cfg.region).usd
-    if price is None:
-        price = ec2_hourly(None, cfg.gpu.instance_type, "us-east-1").usd
-    if price is None:
-        raise PlanInputError(f"no price for {cfg.gpu.instance_type} in ops/prices.json: pass --price USD")
-    tib = cfg.storage.storage_gib / 1024
-    shared_gbps = tib * (cfg.storage.effective_throughput_per_tib or 200) / 1000
-    base = Job(
-        nodes=nodes,
-        step_s=step_seconds(params, nodes=nodes, batch_tokens=args.batch_tokens, mfu=args.mfu, peak=peak),
-        checkpoint_gb=STATE_BYTES_PER_PARAM * params / 1e9,
-        shared_gbps=shared_gbps,
-        price_per_node_hour=price,
-    )
-    base = dataclasses.replace(
-        base, phases=dataclasses.replace(base.phases, replacement_s=args.replacement_s)
-    )
-    spares = args.spares if args.spares is not None else spares_needed(base, rates)
-    job = dataclasses.replace(base, spares=spares)
-    outcomes = [evaluate(m, job, rates) for m in MECHANISMS]
-    header = {
-        "nodes": nodes, "spares": spares, "spares_recommended": spares_needed(base, rates),
-        "model": args.model, "params": params, "checkpoint_gb": job.checkpoint_gb, "step_s": job.step_s,
-        "shared_gbps": shared_gbps, "price_per_node_hour": price,
-        "failure_rates_per_node_hour": dataclasses.asdict(rates),
-    }  # fmt: skip
+    rates = {cls: getattr(args, f"rate_{cls}") for cls in FAILURE_CLASSES}
+    request = PlanRequest(
+        nodes=args.nodes, model=args.model, spares=args.spares, batch_tokens=args.batch_tokens, mfu=args.mfu,
+        price=args.price, replacement_s=args.replacement_s,
+        rates={cls: rate for cls, rate in rates.items() if rate is not None},
+    )  # fmt: skip
+    result = make_plan(request)
     if args.png is not None:
-        draw(args.png, job, rates)
-    return {"json": args.json, "png": args.png, **header}, outcomes, job, rates
+        draw(args.png, result.job, result.rates, result.scale)
+    return result, args.json, args.png
 
 
-def draw(png: Path, job: Job, rates: FailureRates) -> Path:
+def draw(png: Path, job: Job, rates: FailureRates, scale: ScalePhases | None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +95,8 @@ def draw(png: Path, job: Job, rates: FailureRates) -> Path:
     for m in MECHANISMS:
         ys = []
         for n in NODE_SWEEP:
-            sized = dataclasses.replace(job, nodes=n, step_s=job.step_s * job.nodes / n)
+            phases, _ = phase_times(n, scale, replacement_s=job.phases.replacement_s)
+            sized = dataclasses.replace(job, nodes=n, step_s=job.step_s * job.nodes / n, phases=phases)
             ys.append(evaluate(m, sized, rates).goodput)
         ax.plot(NODE_SWEEP, ys, marker="o", label=MECHANISM_TITLES[m])
     ax.set_xscale("log", base=2)
@@ -147,16 +113,15 @@ def draw(png: Path, job: Job, rates: FailureRates) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        header, outcomes, job, rates = plan(argv)
-    except (PlanInputError, ConfigError) as exc:
+        result, as_json, png = plan(argv)
+    except (PlanInputError, ConfigError, CalibrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if header.pop("json"):
-        rows = [{**dataclasses.asdict(o), "title": MECHANISM_TITLES[o.mechanism]} for o in outcomes]
-        header["png"] = None if header["png"] is None else str(header["png"])
-        print(json.dumps({**header, "mechanisms": rows}, indent=2))
+    header, job, rates = result.header, result.job, result.rates
+    if as_json:
+        rows = [{**dataclasses.asdict(o), "title": MECHANISM_TITLES[o.mechanism]} for o in result.outcomes]
+        print(json.dumps({**header, "png": None if png is None else str(png), "mechanisms": rows}, indent=2))
         return 0
-    png = header.pop("png")
     print(
         f"{header['nodes']} nodes x {GPUS_PER_NODE} GPUs, {header['model']} "
         f"({header['params'] / 1e9:.1f} B params, "
@@ -166,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         f"({header['spares_recommended']} keep the chance of a loss finding none below 1 %); {rates.source}"
     )
     print(f"{'mechanism':31} {'goodput':>7} {'interval':>9} {'lost h/day':>10} {'waiting':>8} {'$/day':>11}")
-    for o in outcomes:
+    for o in result.outcomes:
         hours = sum(o.lost_per_day_s.values()) / 3600
         print(
             f"{MECHANISM_TITLES[o.mechanism]:31} {o.goodput:7.3f} {o.interval_s:8.0f}s {hours:10.2f} "
             f"{o.lost_per_day_s['waiting'] / 3600:8.2f} {o.dollars_lost_per_day:11,.0f}"
         )
+    print("phase times (s) and rates (GB/s):")
+    for name, phase in header["phases"].items():
+        print(f"  {name:22} {phase['s']:8.2f}  {phase['source']}")
+    for name, rate in header["rates_gbps"].items():
+        print(f"  {name + ' GB/s':22} {rate['gbps']:8.2f}  {rate['source']}")
     if png is not None:
         print(f"goodput against nodes: {png}")
     return 0

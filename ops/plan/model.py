@@ -89,8 +89,9 @@ class Job:
     """The shared file system's throughput for the whole job (FSx: per-TiB throughput x TiB), GB/s."""
     peer_gbps: float = 25.0
     """One node's restore rate from its buddy's memory over EFA, GB/s."""
-    host_copy_gbps: float = 10.0
-    """One node's device-to-host staging rate (the async save's stall), GB/s."""
+    host_copy_gbps: float = 50.0
+    """One node's device-to-host staging rate (the async save's stall), GB/s: 8 GPUs at ~6 GB/s each, a
+    pageable copy's rate (pinned staging over PCIe Gen5 is faster; the figure is a projection)."""
     price_per_node_hour: float
     """USD per node-hour (`make plan` reads ops/prices.json for the configured instance and region)."""
     spares: int = 0
@@ -203,8 +204,11 @@ class Outcome:
     dollars_lost_per_day: float
 
 
-def evaluate(mechanism: Mechanism, job: Job, rates: FailureRates) -> Outcome:
-    """The model for one mechanism (see the module docstring)."""
+def evaluate(
+    mechanism: Mechanism, job: Job, rates: FailureRates, *, interval_s: float | None = None
+) -> Outcome:
+    """The model for one mechanism (see the module docstring), at its optimal interval or at `interval_s`
+    (a job's own; still never below one write, since one save runs at a time)."""
     c = costs(mechanism, job)
     per_s = {cls: job.nodes * rates.of(cls) / 3600.0 for cls in FAILURE_CLASSES}
     losing = sum(per_s[cls] for cls in FAILURE_CLASSES if c.loses_work[cls])
@@ -212,6 +216,9 @@ def evaluate(mechanism: Mechanism, job: Job, rates: FailureRates) -> Outcome:
     tau = max(young_daly_s(c.stall_s, mtbf) if math.isfinite(mtbf) else 0.0, c.write_s, job.step_s)
     if not math.isfinite(mtbf):  # nothing throws work away: save as rarely as the bound on lost work allows
         tau = max(tau, 3600.0)
+    if interval_s is not None:
+        _finite("interval_s", interval_s, lo=0.0, lo_open=True)
+        tau = max(interval_s, c.write_s)
     spare = spare_available(job, rates, mechanism)
     waiting = (1.0 - spare) * job.phases.replacement_s
     lost: dict[str, float] = {

@@ -48,7 +48,7 @@ def test_soft_faults_only_cost_the_kit_its_in_process_restart() -> None:
     rates = FailureRates(soft=PER_HOUR, node=0.0, drain=0.0, source="test")
     out = evaluate("kit", _job(), rates)
     lam = 100 * PER_HOUR / 3600.0
-    stall = 4.0 / 10.0  # 4 GB per node through a 10 GB/s host copy
+    stall = 4.0 / 50.0  # 4 GB per node through a 50 GB/s host copy
     assert out.interval_s == 3600.0 and out.lost_per_day_s["replay"] == 0.0
     assert out.goodput == pytest.approx((1 - stall / 3600.0) * (1 - lam * (10.0 + 2.0)))
 
@@ -120,7 +120,11 @@ def test_make_plan_prints_every_mechanism_as_json_and_draws_the_png(tmp_path, ca
         (["--nodes", "0"], "argument --nodes: '0': must be at least 1"),
         (["--rate-node", "nan"], "argument --rate-node: 'nan': must be a finite number"),
         (["--price", "0"], "argument --price: '0'"),
-        (["--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
+        (["--model", "gpt5"], "model 'gpt5': use one of llama3.1-70b, llama3.1-8b, small, tiny or a Hugging"),
+        (
+            ["--model", "/etc/hostname"],
+            "model folder /etc/hostname is a file: give the folder holding config.json",
+        ),
         (["--nodes", "4", "--nodes", "8"], "argument --nodes: given more than once"),
         (["--png", "/dev/null/p.png"], "--png='/dev/null/p.png': '/dev/null' is a file"),
     ],
