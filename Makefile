@@ -15,7 +15,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
-        train-job-delete image teardown plan cost-report bench bench-quick bench-setup report docs-config clean \
+        train-job-delete image teardown plan cost-report bench bench-quick bench-setup bench-calibrate report docs-config clean \
         test-torch
 
 help: ## list the targets
@@ -122,6 +122,10 @@ bench: $(STAMP) bench-setup ## every benchmark in bench/ (full mode); rewrites d
 
 bench-quick: $(STAMP) bench-setup ## every benchmark's --quick mode; writes build/benchmarks-quick.md
 	$(PY) -m bench.run_all --quick
+
+bench-calibrate: $(STAMP) bench-setup ## measure the plan's phase times: rewrites docs/benchmarks/calibration.json
+	$(PY) -m bench.goodput --calibrate
+	$(PY) -m bench.scale --nodes 4,8,16,32,64
 
 bench-setup: $(STAMP) ## install the optional competitors (NVRx 0.4.1) for the benchmarks
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-bench.txt

@@ -19,7 +19,15 @@ training.metrics, over the job's wall time from this process's clock (launch to 
 torchrun's collective timeout 10 s), runs only the RESULT's mechanisms (kit, ft_launcher, torchrun: under 5
 minutes on 2 cores) and only prints. Last line:
 `RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>
-unfired=<planned faults that never fired, over those runs>`.
+unfired=<planned faults that never fired, over those runs> plan_error=<max over those mechanisms of
+|predicted - measured| strict goodput>`.
+
+The plan's validation (issue 36): `make plan`'s model (ops/plan/schedule.py), fed this job (its median
+step, its interval, the schedule's faults) and each mechanism's per-phase costs from
+docs/benchmarks/calibration.json, predicts each mechanism's strict goodput; the run prints both.
+`--calibrate` measures those costs (apart from the runs it predicts): each RESULT mechanism fault-free (60
+steps) and with one exception and one hang (bench/recovery.py's fault steps), --reps times (default 3)
+interleaved, and rewrites that file's section.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
 `--only kit,kit-sync` runs just those mechanisms (at either size) to look at them; it writes no doc.
 """
@@ -38,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.recovery import NVRX_MECHANISMS, Case, Outcome, release, run_case
+from bench.recovery import HANG_STEP, NVRX_MECHANISMS, Case, Outcome, release, run_case
 from ops.plan.calibration import CalibrationError, GoodputPhases, goodput_phases, read_sections, write_section
 from ops.plan.failures import PlanInputError
 from ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
@@ -169,14 +177,23 @@ CALIBRATION_FAULTS = ("exception", "hang")
 CALIBRATION_STEPS = 60
 CALIBRATION_INTERVAL = 5
 CALIBRATION_REPS = 3
+CALIBRATION_PHASE_S = 5.0
+"""NVRx's rank monitor checks heartbeats every 5 s (workload_check_interval), so ft_launcher sees a hang 5 to
+10 s after it, by where the hang falls in that period; a hang at a fixed step falls at the same place in
+every run (measured: 11.5 s in 6 of 6 calibration runs, 7.3 s in a bench.goodput run). The repetitions'
+hangs are spread evenly over the period, and a fault's cost is their mean: the expected cost."""
 
 
-def calibration_case(mech: Mechanism, scale: Scale, fault: str) -> Case:
+def calibration_case(mech: Mechanism, scale: Scale, fault: str, *, at_step: int | None = None) -> Case:
     """The mechanism as the schedule runs it, with a fixed interval and one fault (or none)."""
     trainer = (*mechanism_args(mech, scale), "--checkpoint.interval", str(CALIBRATION_INTERVAL))
-    return Case(
-        mechanism=mech.base, fault=fault, steps=CALIBRATION_STEPS if fault == "none" else 0, trainer=trainer
-    )
+    steps = CALIBRATION_STEPS if fault == "none" else 0
+    return Case(mechanism=mech.base, fault=fault, steps=steps, trainer=trainer, at_step=at_step)
+
+
+def hang_step(rep: int, reps: int, step_s: float) -> int:
+    """Repetition `rep`'s hang: HANG_STEP plus its share of CALIBRATION_PHASE_S, in steps of `step_s`."""
+    return HANG_STEP + round(rep * CALIBRATION_PHASE_S / reps / step_s)
 
 
 def run_record(outcome: Outcome) -> RunRecord | None:
@@ -197,16 +214,23 @@ def run_calibration(mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path
     records: dict[str, dict[str, list[RunRecord]]] = {}
     for rep in range(reps):
         for mech in mechanisms:
+            step_s = STEP_S
             for fault in ("none", *CALIBRATION_FAULTS):
-                outcome = run_case(calibration_case(mech, scale, fault), workdir, rep, timeout_s=600)
+                at = hang_step(rep, reps, step_s) if fault == "hang" else None
+                outcome = run_case(
+                    calibration_case(mech, scale, fault, at_step=at), workdir, rep, timeout_s=600
+                )
                 record = run_record(outcome)
                 print(
                     f"calibrate {mech.label:12} {fault:9} rep {rep + 1}/{reps}: exit {outcome.returncode}, "
-                    f"wall {outcome.wall_s:.1f} s" + (f"  [{outcome.note}]" if outcome.note else ""),
+                    f"wall {outcome.wall_s:.1f} s"
+                    + (f", at step {at}" if at else "")
+                    + (f"  [{outcome.note}]" if outcome.note else ""),
                     flush=True,
                 )
                 if record is not None:
                     records.setdefault(mech.label, {}).setdefault(fault, []).append(record)
+                    step_s = record.step_s if fault == "none" else step_s  # this machine's step, now
     mechs: dict[str, object] = {}
     for label, by_fault in records.items():
         free = by_fault.pop("none", [])

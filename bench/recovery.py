@@ -90,9 +90,13 @@ class Case:
     steps: int = 0
     """Steps of the run; 0 means the fault step + 2."""
     trainer: tuple[str, ...] = ()
+    at_step: int | None = None
+    """The fault's step; None: FAULT_STEP, or HANG_STEP for hang and sigstop."""
 
     @property
     def fault_step(self) -> int:
+        if self.at_step is not None:
+            return self.at_step
         return HANG_STEP if self.fault in ("hang", "sigstop") else FAULT_STEP
 
     @property

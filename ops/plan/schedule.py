@@ -106,8 +106,9 @@ def predict(
 
 
 def calibrate(fault_free: Sequence[RunRecord], faulted: Mapping[str, Sequence[RunRecord]]) -> MechanismPhases:
-    """A mechanism's costs from its fault-free runs and its single-fault runs per kind (medians over runs).
-    It keeps the live state when no calibration fault made it compute a step again."""
+    """A mechanism's costs from its fault-free runs (medians) and its single-fault runs per kind (the mean: a
+    fault's expected cost, where its runs sample the detection's period). It keeps the live state when no
+    calibration fault made it compute a step again."""
     if not fault_free or any(r.saves <= 0 for r in fault_free):
         raise PlanInputError("calibration needs fault-free runs that committed at least one save")
     save_s = statistics.median(r.save_cost_s / r.saves for r in fault_free)
@@ -118,7 +119,7 @@ def calibrate(fault_free: Sequence[RunRecord], faulted: Mapping[str, Sequence[Ru
     for kind, runs in faulted.items():
         if not runs:
             raise PlanInputError(f"calibration of fault kind {kind!r} has no completed run")
-        fault_s[kind] = statistics.median(
+        fault_s[kind] = statistics.fmean(
             r.downtime_s + max(0.0, r.save_cost_s - r.saves * save_s) for r in runs
         )
     return MechanismPhases(

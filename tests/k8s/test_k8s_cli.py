@@ -199,6 +199,10 @@ def test_k8s_cli_dry_run_before_deploy(tmp_path: Path) -> None:
     assert f"into {Path('build/k8s/first-look')}/" in proc.stdout
     assert "PLACEHOLDER" in proc.stdout and "DRY_RUN: nothing applied" in proc.stdout
     assert '"PLACEHOLDER.invalid/kit-trainer:latest"' in (out / "06-job.yaml").read_text()
+    # make plan's line for the job as rendered (4 p5 nodes of the 8B: few faults, nothing to warn about)
+    plan = [line for line in proc.stdout.splitlines() if line.startswith("plan: expected strict goodput ")]
+    assert len(plan) == 1 and "(4 nodes, 0 spare(s), memory tiers on)" in plan[0], proc.stdout
+    assert "warning" not in proc.stderr
 
 
 def test_k8s_cli_dry_run_with_outputs_and_make_variables(tmp_path: Path, outputs_file: Path) -> None:
@@ -535,6 +539,8 @@ def test_k8s_cli_many_nodes_without_outputs_warn(tmp_path: Path, outputs_file: P
         "warning: NODES=1000: 8000 ranks, and without stack outputs the node group's size is unknown (more than "
         "64 nodes is rarely meant); check NODES, or pass OUTPUTS=<file> so GpuNodeCount bounds it"
     )
+    # the plan's advice: at 1,000 nodes a loss every few hours waits 900 s for its replacement without spares
+    assert "warning: SPARES=0: a lost node finds no spare with probability 100%" in proc.stderr
     quiet = run_cli("render", "RUN_ID=few", "NODES=64", cwd=bare)
     assert quiet.returncode == 0 and "warning" not in quiet.stderr
     bounded = run_cli("render", "RUN_ID=big", "NODES=1000", f"OUTPUTS={outputs_file}", cwd=tmp_path)
