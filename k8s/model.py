@@ -46,10 +46,11 @@ TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
         "checkpoint": ("mode", "interval", "keep", "backend"),
         "fault": ("spec", "schedule_seed", "schedule_count", "schedule_kinds", "schedule_after_step"),
         "inprocess": ("enabled", "backend", "max_restarts", "barrier_timeout_s"),
+        "straggler": ("policy", "every", "confirm", "warmup", "min_margin", "noise_k"),
     }
 )
 
-RESILIENCE_SECTIONS: tuple[str, ...] = ("run", "training", "checkpoint", "fault", "inprocess")
+RESILIENCE_SECTIONS: tuple[str, ...] = ("run", "training", "checkpoint", "fault", "inprocess", "straggler")
 """The config sections a script's resilience API reads (training.resilience.load_config); with ENTRYPOINT
 the ConfigMap holds only these. model, data and optim are the kit trainer's own."""
 
@@ -258,6 +259,10 @@ class JobValues:
     """In-process restarts before the launcher takes over."""
     inprocess_barrier_timeout_s: float | None = None
     """Seconds the in-process restart waits for all ranks; must stay below a numeric heartbeat_timeout."""
+    straggler_policy: Literal["off", "report", "replace"] = "report"
+    """Stragglers (a rank that only computes slower, docs/runbook.md): report (an event and one line naming
+    the rank and node, its cost in the goodput report), replace (also evict its node at the next step
+    boundary as a drain does, so a hot spare takes over: needs SPARES) or off."""
     train: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other trainer config fields, set as TRAIN.<section>.<field>=<value> (e.g. TRAIN.optim.lr=1e-4)."""
 

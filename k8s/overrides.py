@@ -61,6 +61,7 @@ TYPED_TRAINER_FIELDS: Mapping[tuple[str, str], str] = types.MappingProxyType(
         ("inprocess", "backend"): "inprocess_backend",
         ("inprocess", "max_restarts"): "inprocess_max_restarts",
         ("inprocess", "barrier_timeout_s"): "inprocess_barrier_timeout_s",
+        ("straggler", "policy"): "straggler_policy",
     }
 )
 

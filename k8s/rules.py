@@ -547,4 +547,9 @@ def advice(v: JobValues) -> list[str]:
             f"wait until it runs {v.nodes}: make deploy CDK_ARGS='-c gpu.desired_nodes={v.nodes}' (after "
             "getting p5 capacity: a Capacity Block or an ODCR, docs/infra.md)"
         )
+    if v.straggler_policy == "replace" and not v.spares:
+        notes.append(
+            "STRAGGLER_POLICY=replace without SPARES: no hot spare can take a slow node's place, so a "
+            "straggler is only reported; set SPARES=1 or more"
+        )
     return notes

@@ -167,6 +167,8 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
             "barrier_timeout_s": v.inprocess_barrier_timeout_s,
         },
     }
+    # the trainer's default is left out, as None is: the ConfigMap of a job that keeps it does not change
+    config["straggler"] = {"policy": None if v.straggler_policy == "report" else v.straggler_policy}
     for section, fields in v.train.items():
         config[section].update(fields)
     cleaned = {s: {k: x for k, x in f.items() if x is not None} for s, f in config.items()}
@@ -177,8 +179,8 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
 
 CONFIG_COMMENTS = {
     False: "Trainer config (contract 4): the container reads it with --config; the pods carry its sha256.",
-    True: "Resilience config (run, training, checkpoint, fault, inprocess): ENTRYPOINT's script reads it "
-    "from $KIT_CONFIG (training.resilience.load_config); the pods carry its sha256.",
+    True: "Resilience config (run, training, checkpoint, fault, inprocess, straggler): ENTRYPOINT's script "
+    "reads it from $KIT_CONFIG (training.resilience.load_config); the pods carry its sha256.",
 }
 
 

@@ -27,6 +27,7 @@ from training.resilience.config import (
     check_positive,
 )
 from training.resilience.faults import FaultConfig
+from training.resilience.straggler import StragglerConfig
 
 if TYPE_CHECKING:
     from training.shapes import ModelArgs
@@ -124,6 +125,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     inprocess: InprocessConfig = field(default_factory=InprocessConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
 
 def sections() -> dict[str, type]:

@@ -478,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kit-launch: error: {problem}", file=sys.stderr)
             return exitcodes.FATAL_CONFIG
         _prepare_environment(workdir)
+        from training.resilience.straggler import SPARES_ENV
+
+        os.environ[SPARES_ENV] = str(args.spares)  # the straggler policy `replace` evicts only with spares
         if tier_dir is not None:
             os.environ[TIER_DIR_ENV] = tier_dir
         from training.launcher.runner import run  # imports torch: after the env is set

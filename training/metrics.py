@@ -101,6 +101,27 @@ class FaultMetrics:
     started after it."""
 
 
+NOT_FAILURES = ("slow",)
+"""Fault kinds that fail nothing (a straggler): no recovery to measure; `stragglers` reports them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerMetrics:
+    """A straggler the ranks confirmed (its `straggler` event) and what it cost."""
+
+    rank: int
+    node: int
+    score: float
+    """How many times slower its compute was than its peers' median, when confirmed."""
+    since_step: int
+    step: int
+    """The step at which it was confirmed."""
+    lost_s: float
+    """The step time beyond the median step before it, over the steps from `since_step` on (rank 0's steps:
+    every rank waits for the straggler)."""
+    evicted: bool
+
+
 UNFIRED = "fault_unfired"
 """The trainer's event for a planned fault that never fired (training.resilience.job: `Job.finish`)."""
 
@@ -172,6 +193,8 @@ class RunMetrics:
     faults_unfired: list[str] = field(default_factory=list)
     """Planned faults that never fired (`fault_unfired` events at the end of the run, in the fault grammar):
     the run does not prove their recovery, and the report says so."""
+    stragglers: list[StragglerMetrics] = field(default_factory=list)
+    """Stragglers the ranks confirmed, and the wall time each cost."""
     checkpoint_write_s: float = 0.0
     """Seconds of background writing (async) on the reference rank; overlaps training, not a stall."""
     events_skipped: int = 0
@@ -399,13 +422,38 @@ def _unique_faults(events: Sequence[Event]) -> list[Event]:
     seen: set[tuple[Any, ...]] = set()
     out: list[Event] = []
     for e in events:
-        if e["kind"] != "fault":
+        if e["kind"] != "fault" or e.get("fault") in NOT_FAILURES:
             continue
         target = e.get("target_node", e.get("target_rank", e.get("rank")))
         key = (e.get("fault"), e.get("step"), target, e.get("attempt"))
         if key not in seen:
             seen.add(key)
             out.append(e)
+    return out
+
+
+def _stragglers(events: Sequence[Event], steps: Sequence[Event]) -> list[StragglerMetrics]:
+    out = []
+    for e in events:
+        if e["kind"] != "straggler" or not _is_trainer(e):
+            continue
+        since = int(e.get("since_step") or e["step"])
+        before = [float(s.get("duration_s") or 0.0) for s in steps if int(s["step"]) < since - 4]
+        base = statistics.median(before) if before else 0.0
+        lost = sum(
+            max(0.0, float(s.get("duration_s") or 0.0) - base) for s in steps if int(s["step"]) >= since
+        )
+        out.append(
+            StragglerMetrics(
+                rank=int(e["target_rank"]),
+                node=int(e["target_node"]),
+                score=float(e["score"]),
+                since_step=since,
+                step=int(e["step"]),
+                lost_s=lost if before else 0.0,
+                evicted=bool(e.get("evict")),
+            )
+        )
     return out
 
 
@@ -527,6 +575,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
             if (n := sum(1 for f in faults if f.resume_source == source))
         },
         faults_unfired=list(dict.fromkeys(str(e.get("fault")) for e in trainer if e["kind"] == UNFIRED)),
+        stragglers=_stragglers(evs, steps),
         checkpoint_write_s=ckpt_sum("write"),
         events_skipped=len(given) - len(evs),
         tokens_per_s=statistics.median(rates) if rates else None,

@@ -81,6 +81,20 @@ def _unfired(m: RunMetrics) -> str:
     return f" ({len(m.faults_unfired)} planned never fired)" if m.faults_unfired else ""
 
 
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def straggler_lines(m: RunMetrics) -> list[str]:
+    """The lost-time attribution of each straggler: which rank and node, and what share of the wall."""
+    return [
+        f"straggler: rank {s.rank} on node {s.node}, {_pct(_ratio(s.lost_s, m.wall_s))} of wall "
+        f"({s.score:.2f}x slower than its peers from step ~{s.since_step}, confirmed at step {s.step}"
+        + ("; its node was evicted for a spare)" if s.evicted else ")")
+        for s in m.stragglers
+    ]
+
+
 def metrics_table(m: RunMetrics, title: str = "Run metrics") -> Table:
     table = Table(title=title)
     table.add_column("metric")
@@ -328,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(faults_table(m))
     for fault in m.faults_unfired:
         console.print(f"warning: planned fault {fault} never fired: this run does not prove its recovery")
+    for line in straggler_lines(m):
+        console.print(line, markup=False, highlight=False)
     if png is not None:
         console.print(f"timeline: {png}")
     return exitcodes.OK

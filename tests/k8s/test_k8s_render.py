@@ -295,7 +295,7 @@ def test_k8s_entrypoint_config_holds_only_the_resilience_sections(overrides: lis
         assert config["checkpoint"] == {"mode": "async", "interval": 10, "interval_max": 400}
         assert config["inprocess"] == {"enabled": True}
     text = next(m.text for m in manifests if m.obj["kind"] == "ConfigMap")
-    assert text.startswith("# Resilience config (run, training, checkpoint, fault, inprocess): ENTRYPOINT's")
+    assert text.startswith("# Resilience config (run, training, checkpoint, fault, inprocess, straggler): ")
     assert _env(manifests)["KIT_CONFIG"] == "/etc/kit/train.yaml"
     assert "--config" not in _container(manifests)["command"]
 

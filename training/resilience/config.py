@@ -1,11 +1,11 @@
 """The resilience layer's typed config: the sections every training script shares with the kit's trainer.
 
-`run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `checkpoint`, `fault` and
-`inprocess`. The kit's trainer adds its own sections (model, data, optim: training.config) to the same
-loader; a user's script loads only these (`load_config`), from the Job's config file (`$KIT_CONFIG`,
-rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE` overrides, strongest first.
-Unknown sections or fields are errors that list the valid names; every bad value raises `ConfigError` with
-a one-line message (rule, value, fix). Field docstrings are the documentation.
+`run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `checkpoint`, `fault`,
+`inprocess` and `straggler`. The kit's trainer adds its own sections (model, data, optim: training.config)
+to the same loader; a user's script loads only these (`load_config`), from the Job's config file
+(`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE` overrides,
+strongest first. Unknown sections or fields are errors that list the valid names; every bad value raises
+`ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.faults import FaultConfig, FaultConfigError
+from training.resilience.straggler import StragglerConfig
 from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 CONFIG_ENV = "KIT_CONFIG"
@@ -332,6 +333,7 @@ class ResilienceConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     inprocess: InprocessConfig = field(default_factory=InprocessConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
 
 Root = TypeVar("Root")

@@ -1,7 +1,8 @@
 """Fault injection (design, contract 5): real signals and real hangs, described as data.
 
 Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:rank=R` or
-`KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom. Node-level kinds name a
+`KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom | slow (`slow` also takes
+`factor=F`). Node-level kinds name a
 node (a pod: its Job completion index, else the launcher's group rank) instead of a rank:
 `node:step=N:node=K`, `freeze:step=N:node=K` or `drain:time=SECONDS:node=K`. Example:
 `kill:step=20:rank=1,exception:step=45:rank=1,node:step=30:node=0`.
@@ -10,6 +11,10 @@ node (a pod: its Job completion index, else the launcher's group rank) instead o
 - hang: the training thread stops making progress forever (sleep loop); the process stays alive.
 - sigstop: SIGSTOP itself (the whole process freezes, like a wedged host process).
 - exception: raises `InjectedFault` (a soft fault the in-process restart can catch).
+- slow: from then on the rank computes F times slower (`slow:step=20:rank=1:factor=2`), a straggler: before
+  each step's report it does (F - 1) times the step's compute again in real work (matrix products, timed by
+  the thread's CPU clock), so its peers wait for it in the report's all-reduce as they would for a throttled
+  GPU. It lasts as long as the process (a restart clears it, as a reset clears a throttled GPU).
 - oom: caps its own address space (RLIMIT_AS, current size + 256 MiB) and allocates until
   MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
   than the cap, so the machine is never exhausted.
@@ -46,6 +51,7 @@ never fires it again.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import re
@@ -60,13 +66,16 @@ from typing import Literal
 from training import pod
 from training.events import EventLog
 
-FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "node", "freeze", "drain"]
-RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
+FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "slow", "node", "freeze", "drain"]
+RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom", "slow")
+SCHEDULE_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom")
+"""The seeded schedule's kinds (a straggler is not a failure the study's schedule draws)."""
 NODE_KINDS: tuple[str, ...] = ("node", "freeze", "drain")
 KINDS: tuple[str, ...] = RANK_KINDS + NODE_KINDS
 FAULTS_DIR = "faults"
 TEST_IN_UPDATE_ENV = "KIT_FAULT_TEST_IN_UPDATE"
 OOM_HEADROOM_BYTES = 256 * 1024 * 1024
+MAX_SLOW_FACTOR = 100.0
 
 
 class FaultConfigError(ValueError):
@@ -87,6 +96,8 @@ class Fault:
     step: int | None = None
     time_s: float | None = None
     node: int | None = None
+    factor: float | None = None
+    """`slow`: how many times slower the rank computes."""
 
     @property
     def target(self) -> str:
@@ -101,7 +112,8 @@ class Fault:
 
     def __str__(self) -> str:
         when = f"step={self.step}" if self.step is not None else f"time={self.time_s:g}"
-        return f"{self.kind}:{when}:{self.target}"
+        factor = f":factor={self.factor:g}" if self.factor is not None else ""
+        return f"{self.kind}:{when}:{self.target}{factor}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,7 +214,7 @@ def _parse_item(item: str) -> Fault:
         name, value = name.strip(), value.strip()
         if not sep or not value:
             raise FaultConfigError(f"fault {item!r}: {field!r} is not NAME=VALUE; {_ITEM_HELP}")
-        if name not in ("step", "time", "rank", "node"):
+        if name not in ("step", "time", "rank", "node", "factor"):
             raise FaultConfigError(f"fault {item!r}: unknown field {name!r}; {_ITEM_HELP}")
         if name in values:
             raise FaultConfigError(f"fault {item!r}: {name} given twice; give it once")
@@ -218,7 +230,21 @@ def _parse_item(item: str) -> Fault:
         raise FaultConfigError(f"fault {item!r}: give exactly one of step= or time=; {_ITEM_HELP}")
     if not _INT.fullmatch(values[who]):
         raise FaultConfigError(f"fault {item!r}: {who} must be an integer >= 0, got {values[who]!r}")
-    target = {who: int(values[who])}
+    target: dict[str, float] = {who: int(values[who])}
+    if ("factor" in values) != (kind == "slow"):
+        problem = "needs factor=F (how many times slower, e.g. 2)" if kind == "slow" else "takes no factor="
+        raise FaultConfigError(f"fault {item!r}: {kind} {problem}")
+    if kind == "slow":
+        try:
+            factor = float(values["factor"])
+        except ValueError:
+            factor = math.nan
+        if not (1.0 < factor <= MAX_SLOW_FACTOR):
+            raise FaultConfigError(
+                f"fault {item!r}: factor must be a number > 1 and <= {MAX_SLOW_FACTOR:g} (times slower), "
+                f"got {values['factor']!r}"
+            )
+        target["factor"] = factor
     if "step" in values:
         if not _INT.fullmatch(values["step"]) or int(values["step"]) < 1:
             raise FaultConfigError(f"fault {item!r}: step must be an integer >= 1, got {values['step']!r}")
@@ -239,10 +265,11 @@ def parse_kinds(kinds: str) -> list[tuple[FaultKind, float]]:
     pairs: list[tuple[FaultKind, float]] = []
     for raw in kinds.split(","):
         kind, sep, weight_text = raw.strip().partition(":")
-        if kind not in RANK_KINDS:
+        if kind not in SCHEDULE_KINDS:
             raise FaultConfigError(
-                f"fault.schedule_kinds {kinds!r}: unknown kind {kind!r}; use one of {', '.join(RANK_KINDS)} "
-                "(the seeded schedule targets ranks; give node-level faults in fault.spec)"
+                f"fault.schedule_kinds {kinds!r}: unknown kind {kind!r}; use one of "
+                f"{', '.join(SCHEDULE_KINDS)} (the seeded schedule targets ranks; give node-level and slow "
+                "faults in fault.spec)"
             )
         try:
             weight = float(weight_text) if sep else 1.0
@@ -319,6 +346,8 @@ class FaultInjector:
         self._due: list[Fault] = []
         self._lock = threading.Lock()
         self._step: int | None = None
+        self.slow_factor = 1.0
+        """Above 1 once a `slow` fault fired on this rank: its compute is that many times slower."""
         self._timers = [
             threading.Timer(f.time_s, self._on_timer, args=(f,))
             for f in self._faults
@@ -358,6 +387,11 @@ class FaultInjector:
         if self._marker_dir is None:
             return [f for f in self._faults if f.key not in self._fired]
         return [f for f in self._plan if not (self._marker_dir / f.key).exists()]
+
+    def slow_down(self, compute_s: float) -> None:
+        """With a `slow` fault fired: (factor - 1) x `compute_s` of real work more (a slower GPU)."""
+        if self.slow_factor > 1.0 and compute_s > 0:
+            _burn((self.slow_factor - 1.0) * compute_s)
 
     def close(self) -> None:
         """Stops the timer of time-based faults."""
@@ -409,12 +443,24 @@ class FaultInjector:
             raise InjectedFault(f"injected fault {fault} (rank {self.rank})")
         elif fault.kind == "oom":
             _die_of_oom()
+        elif fault.kind == "slow":
+            self.slow_factor = float(fault.factor or 1.0)
         elif fault.kind == "node":
             pod.kill_pod()
         elif fault.kind == "freeze":
             pod.freeze_pod(pod.freeze_kill_s())
         elif fault.kind == "drain":
             pod.drain_pod(pod.grace_period_s())
+
+
+def _burn(seconds: float) -> None:
+    """`seconds` of this thread's CPU in matrix products: work a slow device would have done."""
+    import torch
+
+    a = torch.ones(96, 96)
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        a = torch.mm(a, a).clamp_(max=1.0)
 
 
 def _test_in_update_faults() -> list[Fault]:

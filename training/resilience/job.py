@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training import exitcodes
+from training import exitcodes, pod
 from training.events import EventLog
 from training.resilience.faults import FaultInjector
 from training.resilience.gc_schedule import GcSchedule
 from training.resilience.heartbeat import HeartbeatClient
+from training.resilience.straggler import SPARES_ENV, STRAGGLER_EVENT, Straggler, StragglerDetector
 from training.telemetry.settings import MetricsSettings
 from training.telemetry.trainer import TrainerMetrics
 
@@ -83,6 +85,8 @@ class Step:
         self.loss: float | None = None
         """The loss averaged over every rank, once `report` ran."""
         self.t_start = 0.0
+        self.t_cpu = 0.0
+        """The thread's CPU clock at the top of the step: its compute is the CPU time to the report."""
         self.duration_s = 0.0
         self._updated = False
         self._reported = False
@@ -107,6 +111,9 @@ class Step:
         if self._reported:  # a second all-reduce would hand the interval agreement a doubled value
             raise RuntimeError(f"step {self.number}: step.report() called twice; one report per step")
         job, checkpointer = self.job, self.session.checkpointer
+        job.faults.slow_down(time.thread_time() - self.t_cpu)  # a `slow` fault: the straggler's extra work
+        job.stragglers.observe(time.thread_time() - self.t_cpu)
+        shares = job.stragglers.own_slot() if job.stragglers.due(self.number) else []
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
         if isinstance(loss, torch.Tensor):
             value = loss.detach().float().reshape(1).to(device)
@@ -114,11 +121,13 @@ class Step:
             value = torch.tensor([0.0 if loss is None else float(loss)], device=device)
         interval = checkpointer.interval_proposal()
         carried = [float(job.drain.requested)] + ([interval] if interval is not None else [])
-        reduced = torch.cat([value, torch.tensor(carried, device=device)])
+        reduced = torch.cat([value, torch.tensor(carried + shares, device=device)])
         world = job.ctx.world_size if job.ctx is not None else 1
         if world > 1:
             dist.all_reduce(reduced)
         agreed = reduced[1:].tolist()
+        if shares:
+            job.on_stragglers(job.stragglers.judge(agreed[len(carried) :], self.number), self.number)
         job.drain.agreed = job.drain.agreed or agreed[0] > 0
         if interval is not None:
             checkpointer.agree_interval(agreed[1])
@@ -160,6 +169,12 @@ class Job:
             local_rank=_env_int("LOCAL_RANK", 0),
         )
         self.drain = DrainFlag.install()
+        self.stragglers = StragglerDetector(
+            cfg=cfg.straggler, rank=self.rank, world_size=self.world_size,
+            ranks_per_node=_env_int("LOCAL_WORLD_SIZE", self.world_size),
+        )  # fmt: skip
+        """Every rank's compute, shared every straggler.every steps; the same verdicts on every rank."""
+        self._spares = _env_int(SPARES_ENV, 0)
         self.gc = GcSchedule(cfg.training.gc_every)
         self.step_fields: Callable[[float], dict[str, Any]] | None = None
         """Optional: more fields for each step event from the step's duration (the kit adds tokens/s, MFU)."""
@@ -175,6 +190,43 @@ class Job:
         if self.rank == 0:
             print(f"[trainer] {message}", flush=True)
 
+    def on_stragglers(self, found: list[Straggler], step: int) -> None:
+        """Newly confirmed stragglers: rank 0 reports each (event, one line); with policy `replace` and a
+        hot spare, the slow node's local rank 0 drains its own pod, so every rank saves and commits the
+        agreed step and the spare takes the node's place (the drain path: 0 lost steps)."""
+        for s in found:
+            evict = self.cfg.straggler.policy == "replace" and self._spares > 0
+            if self.rank == 0:
+                self.events.emit(
+                    STRAGGLER_EVENT, step=step, target_rank=s.rank, target_node=s.node, score=s.score,
+                    since_step=s.since_step, compute_s=s.compute_s, peers_s=s.peers_s, evict=evict,
+                    threshold=self.stragglers.threshold,
+                )  # fmt: skip
+                action = (
+                    "evicting its node at this step boundary (a spare takes over)"
+                    if evict
+                    else "policy replace, but no hot spare: reported only"
+                    if self.cfg.straggler.policy == "replace"
+                    else "policy report"
+                )
+                self.log(
+                    f"straggler: rank {s.rank} on node {s.node} computes {s.score:.2f}x slower than its "
+                    f"peers ({s.compute_s:.3f} s against {s.peers_s:.3f} s a step) since step "
+                    f"~{s.since_step}; {action}"
+                )
+            here = self.rank // self.stragglers.ranks_per_node == s.node
+            if here and _env_int("LOCAL_RANK", 0) == 0:  # the slow node names itself: pod and host
+                self.events.emit(
+                    "straggler_node", step=step, target_rank=s.rank, pod=pod.pod_index(), evict=evict
+                )
+                print(
+                    f"[trainer] this node (pod {pod.pod_index()}, host {socket.gethostname()}) holds "
+                    f"straggler rank {s.rank}" + ("; draining it for a hot spare" if evict else ""),
+                    flush=True,
+                )
+                if evict:
+                    pod.drain_pod(pod.grace_period_s())
+
     def step(self, session: Session) -> contextlib.AbstractContextManager[Step]:
         """The bracket of the next step of `session` (see the module docstring)."""
         return self._step(session)
@@ -184,6 +236,7 @@ class Job:
         step = Step(self, session)
         self.faults.maybe_inject(step.number)
         step.t_start = time.time()
+        step.t_cpu = time.thread_time()
         session.state.begin_step()
         yield step
         if not step._updated:

@@ -1,0 +1,171 @@
+"""Stragglers: the rank that is only slower (a throttled GPU, a degraded link, a noisy host process).
+
+FSDP's collectives are synchronous, so one slow rank makes every rank wait and nothing fails. What tells the
+slow rank apart is its own compute, not its step time (every rank's step takes as long as the slowest):
+
+- Each rank times its compute every step: the thread's CPU time from the top of the step to its report (the
+  step's one all-reduce). A rank waiting for its peers in a collective sleeps, so the wait is not counted.
+  On CPU (gloo) that is the whole compute; on GPU the host's CPU time is the kernel launches only, and the
+  GPU's own time would need CUDA events around the compute (not done yet: docs/runbook.md says so).
+- Every `every` steps each rank puts the median of its last `every` compute times in its own slot of a
+  world-size vector that the step's all-reduce already carries (SUM): every rank then holds every rank's
+  figure, with no collective of its own and O(world) floats once per `every` steps.
+- Every rank applies the same rule to the same figures, so they agree on the verdict without talking:
+  score(r) = figure(r) / median of the other ranks' figures; a rank is a straggler when its score is at least
+  the threshold in `confirm` consecutive reports. The threshold is learned from the job's own spread, as the
+  launcher learns its heartbeat timeout: over the first `warmup` reports, the scores' robust spread s
+  (1.4826 x their median absolute deviation from 1), then threshold = 1 + max(min_margin, noise_k x s).
+  Until then nobody is judged.
+
+A straggler is reported once per rank (`straggler` event by rank 0, one line): the rank, its node (pod
+index: rank // ranks per node), how much slower, since which report. Policy `replace` also marks the slow
+node to leave at the next step boundary exactly as a drain does (Job.leave: save, commit, exit), so a hot
+spare takes its place with no lost step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+StragglerPolicy = Literal["off", "report", "replace"]
+STRAGGLER_EVENT = "straggler"
+SPARES_ENV = "KIT_SPARES"
+"""The job's hot spares (the kit launcher's --spares), in its workers' environment: `replace` evicts a slow
+node only when a spare can take its place."""
+
+
+class StragglerConfigError(ValueError):
+    """A bad `straggler` setting; one line that names it."""
+
+
+@dataclass(kw_only=True)
+class StragglerConfig:
+    """The trainer config's `straggler` section."""
+
+    policy: StragglerPolicy = "report"
+    """off: no timing shared; report: a straggler is an event and one line naming its rank and node; replace:
+    also evict its node at the next step boundary as a drain does (a hot spare takes over, 0 lost steps)."""
+    every: int = 4
+    """Steps between the ranks' compute reports (each the median of its last `every` steps: with 4, a rank
+    slow for 2 of them already reads half-way slow)."""
+    confirm: int = 2
+    """Consecutive reports at or above the threshold that make a rank a straggler."""
+    warmup: int = 4
+    """Reports that measure the job's own spread before anyone is judged."""
+    min_margin: float = 0.2
+    """The smallest margin: a straggler is at least this much slower than its peers' median (0.2: 20 %)."""
+    noise_k: float = 6.0
+    """The threshold's margin in units of the job's own robust spread of scores, when that is wider."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("off", "report", "replace"):
+            raise StragglerConfigError(f"straggler.policy={self.policy!r}: use off, report or replace")
+        for name, lo in (("every", 1), ("confirm", 1), ("warmup", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= 10_000:
+                raise StragglerConfigError(
+                    f"straggler.{name}={value!r}: give a whole number from {lo} to 10000"
+                )
+        for name, hi in (("min_margin", 10.0), ("noise_k", 100.0)):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or not 0 < value <= hi:
+                raise StragglerConfigError(f"straggler.{name}={value!r}: give a number > 0 and <= {hi:g}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler:
+    rank: int
+    node: int
+    score: float
+    """How many times slower than the median of its peers (its last report)."""
+    since_step: int
+    """The step of the first report of its confirming run."""
+    step: int
+    """The step at which it was confirmed."""
+    compute_s: float
+    peers_s: float
+
+
+def scores(figures: Sequence[float]) -> list[float]:
+    """Each rank's figure over the median of the others' (a lone rank scores 1)."""
+    out = []
+    for r, value in enumerate(figures):
+        others = [v for q, v in enumerate(figures) if q != r]
+        ref = statistics.median(others) if others else value
+        out.append(value / ref if ref > 0 else 1.0)
+    return out
+
+
+@dataclass(kw_only=True)
+class StragglerDetector:
+    """One rank's side: its compute times, and the shared rule (the same verdicts on every rank)."""
+
+    cfg: StragglerConfig
+    rank: int
+    world_size: int
+    ranks_per_node: int = 1
+    _own: deque[float] = field(default_factory=deque)
+    _warm: list[float] = field(default_factory=list)
+    _runs: dict[int, int] = field(default_factory=dict)
+    _since: dict[int, int] = field(default_factory=dict)
+    threshold: float | None = None
+    """1 + margin once learned; None during the warm-up."""
+    found: dict[int, Straggler] = field(default_factory=dict)
+    """Confirmed stragglers by rank (each reported once)."""
+
+    @property
+    def active(self) -> bool:
+        return self.cfg.policy != "off" and self.world_size > 1
+
+    def observe(self, compute_s: float) -> None:
+        """This rank's compute time of one step."""
+        self._own.append(compute_s)
+        while len(self._own) > self.cfg.every:
+            self._own.popleft()
+
+    def due(self, step: int) -> bool:
+        """Whether the report of `step` carries the compute vector (the same answer on every rank)."""
+        return self.active and step % self.cfg.every == 0
+
+    def own_slot(self) -> list[float]:
+        """The vector this rank adds to the all-reduce: its median in its own slot, 0 elsewhere."""
+        vector = [0.0] * self.world_size
+        vector[self.rank] = statistics.median(self._own) if self._own else 0.0
+        return vector
+
+    def judge(self, figures: Sequence[float], step: int) -> list[Straggler]:
+        """Every rank's figure at report `step` (the all-reduced vector); the stragglers newly confirmed."""
+        if any(v <= 0 for v in figures):  # a rank with no step timed yet (a fresh group): nothing to compare
+            return []
+        s = scores(figures)
+        if self.threshold is None:
+            self._warm.extend(s)
+            if len(self._warm) >= self.cfg.warmup * len(figures):
+                spread = 1.4826 * statistics.median(abs(v - 1.0) for v in self._warm)
+                self.threshold = 1.0 + max(self.cfg.min_margin, self.cfg.noise_k * spread)
+            return []
+        new = []
+        for r, score in enumerate(s):
+            if score < self.threshold:
+                self._runs[r] = 0
+                continue
+            if self._runs.get(r, 0) == 0:
+                self._since[r] = step
+            self._runs[r] = self._runs.get(r, 0) + 1
+            if self._runs[r] >= self.cfg.confirm and r not in self.found:
+                others = [v for q, v in enumerate(figures) if q != r]
+                self.found[r] = Straggler(
+                    rank=r, node=r // max(1, self.ranks_per_node), score=score, since_step=self._since[r],
+                    step=step, compute_s=figures[r], peers_s=statistics.median(others),
+                )  # fmt: skip
+                new.append(self.found[r])
+        return new
+
+    def evicts(self) -> set[int]:
+        """Nodes to leave at the next boundary (policy replace): every confirmed straggler's."""
+        return {s.node for s in self.found.values()} if self.cfg.policy == "replace" else set()
