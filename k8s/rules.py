@@ -53,6 +53,7 @@ _TAINT = re.compile(
 )
 _FAULT = re.compile(
     r"^(?P<kind>kill|hang|sigstop|exception|oom):(?P<when>step|time)=(?P<at>[0-9.]+):rank=(?P<rank>\d+)$"
+    r"|^(?P<skind>slow):(?P<swhen>step|time)=(?P<sat>[0-9.]+):rank=(?P<srank>\d+):factor=[0-9.]+$"
     r"|^(?P<nkind>node|freeze|drain):(?P<nwhen>step|time)=(?P<nat>[0-9.]+):node=(?P<node>\d+)$"
 )
 _KINDS = re.compile(
@@ -299,9 +300,12 @@ def parse_faults(spec: str) -> list[dict[str, Any]]:
                 "FAULT_SPEC",
                 spec,
                 f"{part!r} is not KIND:step=N:rank=R or KIND:time=SECONDS:rank=R "
-                "(KIND kill, hang, sigstop, exception or oom), nor node|freeze|drain:step=N:node=K",
+                "(KIND kill, hang, sigstop, exception or oom), slow:step=N:rank=R:factor=F, "
+                "nor node|freeze|drain:step=N:node=K",
             )
-        if m["nkind"]:
+        if m["skind"]:
+            faults.append({"kind": "slow", m["swhen"]: float(m["sat"]), "rank": int(m["srank"])})
+        elif m["nkind"]:
             faults.append({"kind": m["nkind"], m["nwhen"]: float(m["nat"]), "node": int(m["node"])})
         else:
             faults.append({"kind": m["kind"], m["when"]: float(m["at"]), "rank": int(m["rank"])})

@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fault in m.faults_unfired:
         console.print(f"warning: planned fault {fault} never fired: this run does not prove its recovery")
     for line in straggler_lines(m):
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if png is not None:
         console.print(f"timeline: {png}")
     return exitcodes.OK

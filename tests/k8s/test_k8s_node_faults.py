@@ -87,6 +87,28 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
         assert m.faults[0].resume_step == FAULT_STEP  # saved and committed at the agreed step
 
 
+def test_a_straggler_is_evicted_for_the_spare_with_no_lost_step(tmp_path: Path, fault_free: Path) -> None:
+    """Rank 1 (pod 1) computes 3x slower from step 4; with STRAGGLER_POLICY=replace and a spare, every rank
+    confirms it (reports every step here, so that 10 steps hold the warm-up), pod 1 drains itself at the
+    agreed step and the spare finishes the job: no step lost, the fault-free model on disk."""
+    run_id = "slow1"
+    proc, run_dir = run_job(
+        tmp_path, run_id, "SPARES=1", "STRAGGLER_POLICY=replace", "FAULT_SPEC=slow:step=4:rank=1:factor=3",
+        "TRAIN.straggler.every=1", "TRAIN.straggler.warmup=3",
+    )  # fmt: skip
+    assert_same_model(run_dir, fault_free)
+    m = metrics.load_run_metrics(run_dir)
+    assert (m.steps_completed, m.lost_steps, m.faults) == (10, 0, [])  # a straggler fails nothing
+    (s,) = m.stragglers
+    assert (s.rank, s.node, s.evicted) == (1, 1, True) and s.step <= 6, s
+    assert f"pod {run_id}-1-local: exit code 143" in proc.stdout  # drained inside its grace period
+    assert "straggler: rank 1 on node 1" in proc.stdout
+    # confirmed in step 5's report; every rank learns of the drain in the next step's all-reduce and saves it
+    events = metrics.load_events(run_dir)
+    assert {int(e["step"]) for e in events if e["kind"] == "drained"} == {s.step + 1}
+    assert {e["step"] for e in events if e["kind"] == "resume" and e.get("attempt") == 1} == {s.step + 1}
+
+
 @pytest.mark.parametrize("node", [0])  # pod 0, the one the study's baselines cannot lose; pod 1: with a spare
 def test_node_loss_without_spares_waits_for_the_recreated_pod(
     tmp_path: Path, fault_free: Path, node: int

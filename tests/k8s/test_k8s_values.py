@@ -179,7 +179,8 @@ BAD_VALUES = [
     (
         ["FAULT_SPEC=explode:step=5:rank=1", *LOCAL],
         "FAULT_SPEC=explode:step=5:rank=1: 'explode:step=5:rank=1' is not KIND:step=N:rank=R or "
-        "KIND:time=SECONDS:rank=R (KIND kill, hang, sigstop, exception or oom), nor node|freeze|drain:step=N:node=K",
+        "KIND:time=SECONDS:rank=R (KIND kill, hang, sigstop, exception or oom), slow:step=N:rank=R:factor=F, "
+        "nor node|freeze|drain:step=N:node=K",
     ),
     (
         ["FAULT_SPEC=kill:step=50:rank=1", "STEPS=40", *LOCAL],
