@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -210,21 +211,30 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     fig, (ax, ax_dur) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
 
     # One line per (rank, attempt) so a restart shows as a break and a drop back to the resumed step.
-    series: dict[tuple[int, int], list[tuple[float, int, float]]] = defaultdict(list)
+    series: dict[tuple[int, int], list[tuple[float, int, float, float]]] = defaultdict(list)
     for e in trainer:
         if e["kind"] == "step":
+            compute = e.get("compute_s")
             series[(int(e["rank"]), int(e.get("attempt") or 0))].append(
-                (float(e["ts"]) - t0, int(e["step"]), float(e.get("duration_s") or 0.0))
+                (
+                    float(e["ts"]) - t0,
+                    int(e["step"]),
+                    float(e.get("duration_s") or 0.0),
+                    float(compute) if isinstance(compute, int | float) else math.nan,
+                )
             )
+    # The lower panel: each rank's own compute when the steps carry it (a straggler stands out; its step
+    # time is everyone's), else the step times.
+    per_rank = any(not math.isnan(pt[3]) for pts in series.values() for pt in pts)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     labelled: set[int] = set()
     for (rank, _attempt), pts in sorted(series.items()):
         color = colors[rank % len(colors)]
         label = None if rank in labelled else f"rank {rank}"
         labelled.add(rank)
-        xs, steps, durs = zip(*pts, strict=True)
+        xs, steps, durs, computes = zip(*pts, strict=True)
         ax.plot(xs, steps, ".-", ms=3, lw=1, color=color, label=label)
-        ax_dur.plot(xs, durs, ".", ms=3, color=color)
+        ax_dur.plot(xs, computes if per_rank else durs, ".-" if per_rank else ".", ms=3, lw=0.8, color=color)
 
     ref = min(int(e["rank"]) for e in trainer)
     stalled = False
@@ -277,7 +287,6 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     ax.plot(starts, [0] * len(starts), "g^", ms=6, label="workers start", clip_on=False)
     ax.set_xlim(left=0)
     ax.set_ylabel("step")
-    ax.legend(loc="upper left", fontsize=8)
     ax.set_title(
         title
         or f"goodput {_pct(m.goodput)} · efficiency {_pct(m.efficiency)} · "
@@ -286,7 +295,19 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
         + (f" · MFU {_pct(m.mfu)}" if m.mfu is not None else ""),
         fontsize=10,
     )
-    ax_dur.set_ylabel("step time (s)")
+    for i, s in enumerate(e for e in trainer if e["kind"] == "straggler"):
+        x = float(s["ts"]) - t0
+        for a in (ax, ax_dur):
+            a.axvline(
+                x, color="purple", lw=1.2, ls="--", label="straggler found" if (i == 0 and a is ax) else None
+            )
+        ax.annotate(
+            f"straggler r{s.get('target_rank')} {float(s.get('score') or 0):.1f}x",
+            (x, 0.5), xycoords=("data", "axes fraction"), rotation=90, va="center", ha="right", fontsize=7,
+            color="purple",
+        )  # fmt: skip
+    ax.legend(loc="upper left", fontsize=8)
+    ax_dur.set_ylabel("compute per rank (s)" if per_rank else "step time (s)")
     ax_dur.set_xlabel("seconds since the first trainer start")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,8 @@ class Step:
         self.t_start = 0.0
         self.t_cpu = 0.0
         """The thread's CPU clock at the top of the step: its compute is the CPU time to the report."""
+        self.compute_s: float | None = None
+        """This rank's compute in the step (the straggler detector's measure), once `report` ran."""
         self.duration_s = 0.0
         self._updated = False
         self._reported = False
@@ -112,7 +114,8 @@ class Step:
             raise RuntimeError(f"step {self.number}: step.report() called twice; one report per step")
         job, checkpointer = self.job, self.session.checkpointer
         job.faults.slow_down(time.thread_time() - self.t_cpu)  # a `slow` fault: the straggler's extra work
-        job.stragglers.observe(time.thread_time() - self.t_cpu)
+        self.compute_s = time.thread_time() - self.t_cpu
+        job.stragglers.observe(self.compute_s)
         shares = job.stragglers.own_slot() if job.stragglers.due(self.number) else []
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
         if isinstance(loss, torch.Tensor):
@@ -254,7 +257,7 @@ class Job:
         fields = self.step_fields(step.duration_s) if self.step_fields is not None else {}
         self.events.emit(
             "step", step=step.number, loss=step.loss, duration_s=step.duration_s, t_start=step.t_start,
-            **fields,
+            compute_s=step.compute_s, **fields,
         )  # fmt: skip
         checkpointer = session.checkpointer
         if checkpointer.due(step.number):  # a slow save must not look like a hang to the launcher
