@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from training import metrics
+from training.report import straggler_lines
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,6 +104,9 @@ def test_a_straggler_is_evicted_for_the_spare_with_no_lost_step(tmp_path: Path, 
     assert (s.rank, s.node, s.evicted) == (1, 1, True) and s.step <= 6, s
     assert f"pod {run_id}-1-local: exit code 143" in proc.stdout  # drained inside its grace period
     assert "straggler: rank 1 on node 1" in proc.stdout
+    # the report's attribution: which rank and node, and what share of the wall it cost
+    (line,) = straggler_lines(m)
+    assert line.startswith("straggler: rank 1 on node 1, ") and " % of wall " in line and "evicted" in line
     # confirmed in step 5's report; every rank learns of the drain in the next step's all-reduce and saves it
     events = metrics.load_events(run_dir)
     assert {int(e["step"]) for e in events if e["kind"] == "drained"} == {s.step + 1}
