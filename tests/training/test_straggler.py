@@ -63,7 +63,7 @@ def test_a_node_is_named_by_its_ranks() -> None:
         assert det.judge([1.0] * 16, step) == []
     det.judge([1.0] * 11 + [2.0] + [1.0] * 4, 24)
     (s,) = det.judge([1.0] * 11 + [2.0] + [1.0] * 4, 28)
-    assert (s.rank, s.node) == (11, 1) and det.evicts() == {1}
+    assert (s.rank, s.node) == (11, 1) and det.found == {11: s}
 
 
 def test_the_slow_fault_grammar() -> None:

@@ -165,7 +165,3 @@ class StragglerDetector:
                 )  # fmt: skip
                 new.append(self.found[r])
         return new
-
-    def evicts(self) -> set[int]:
-        """Nodes to leave at the next boundary (policy replace): every confirmed straggler's."""
-        return {s.node for s in self.found.values()} if self.cfg.policy == "replace" else set()
