@@ -3,7 +3,8 @@
 1. Synthesizes the CloudFormation stacks offline (`cdk synth -q`), and says how long it took.
 2. Renders the `local` Kubernetes Job (the same templates as EKS) and validates it against the schemas.
 3. Runs it on CPU through the local runner: two "pods", the kit's heartbeat launcher, async checkpoints,
-   in-process restart, and a short fault schedule (a kill, an exception, a hang).
+   in-process restart, and a short fault schedule (a kill, an exception, a hang, and a straggler: rank 0
+   computing 3x slower from a step on, which the ranks find and name with its node, policy `report`).
 4. Prints the goodput report and writes the PNG timeline.
 5. Runs the same job without faults (the reference), with synchronous checkpoints, then as the study's
    baseline (plain `torchrun`, restarts left to the Job, synchronous checkpoints), and prints them side by
@@ -47,7 +48,7 @@ from rich.table import Table
 from cliargs import output_file_problem, output_folder_problem
 from training.events import read_events
 from training.metrics import MetricsError, RunMetrics, load_run_metrics
-from training.report import comparison_table, fault_line, write_timeline
+from training.report import comparison_table, fault_line, straggler_lines, write_timeline
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 from training.resilience.checkpoint.resume import CheckpointError
 
@@ -78,7 +79,9 @@ class Scenario:
     interval: int
     """Checkpoint interval in steps."""
     faults: str
-    """Fault spec (contract 5); the hang comes last so the baseline's other recoveries are visible."""
+    """Fault spec (contract 5); the hang comes last so the baseline's other recoveries are visible. The
+    `slow` fault comes after the last worker restart before it (a restart clears the straggler detector's
+    warm-up, and the straggler itself) and leaves the report `straggler_every` x 2 steps to confirm it."""
     nodes: int = 1
     """Pods (one per "node"); each runs its own launcher, and a restart on one brings both back."""
     procs_per_node: int = 2
@@ -93,13 +96,22 @@ class Scenario:
     """Cap of the torchrun baseline: torchrun cannot see a hang; it waits for the collective timeout."""
     node_loss_step: int = 14
     """Step at which the node-loss variants lose pod 0 (after a checkpoint, so one step is recomputed)."""
+    straggler_every: int = 2
+    """Steps between the ranks' compute reports (TRAIN.straggler.every; the trainer's default 4 would not
+    fit the warm-up and the confirmation in so short a run)."""
+    straggler_warmup: int = 3
+    """Reports that learn the job's own spread before a straggler can be named (TRAIN.straggler.warmup)."""
 
 
 FULL = Scenario(
-    steps=36, interval=6, faults="kill:step=10:rank=1,exception:step=19:rank=1,hang:step=28:rank=1"
+    steps=36,
+    interval=6,
+    faults="kill:step=10:rank=1,slow:step=13:rank=0:factor=3,exception:step=19:rank=1,hang:step=28:rank=1",
 )
 QUICK = Scenario(
-    steps=26, interval=4, faults="kill:step=6:rank=1,exception:step=12:rank=1,hang:step=23:rank=1"
+    steps=26,
+    interval=4,
+    faults="kill:step=6:rank=1,exception:step=12:rank=1,slow:step=15:rank=0:factor=3,hang:step=23:rank=1",
 )
 """The hang comes after 20 measured steps: until then the launcher's learned timeout is not armed."""
 
@@ -261,6 +273,9 @@ def build_manifests(variant: Variant, scenario: Scenario) -> list[Any]:
         f"FAULT_SPEC={faults if variant.faults else ''}",
         f"INPROCESS={'true' if variant.inprocess else 'false'}",
         f"LAUNCHER={variant.launcher}",
+        "STRAGGLER_POLICY=report",
+        f"TRAIN.straggler.every={scenario.straggler_every}",
+        f"TRAIN.straggler.warmup={scenario.straggler_warmup}",
     ]
     if variant.launcher == "kit":
         overrides.append(f"HEARTBEAT_TIMEOUT={scenario.heartbeat_timeout}")
@@ -328,6 +343,8 @@ def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Co
     console.print(f"{mark} {variant.title}: {outcome.reason} ({outcome.wall_s:.0f} s)")
     for fault in outcome.metrics.faults if outcome.metrics is not None else []:
         console.print(f"    {fault_line(fault)}", highlight=False)
+    for line in straggler_lines(outcome.metrics) if outcome.metrics is not None else []:
+        console.print(f"    {line}", highlight=False)
     return outcome
 
 

@@ -74,6 +74,7 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "KIT_TERMINATION_GRACE_S",
         "KIT_POD_ROOT_PID",
         "KIT_EXIT78_MARK",
+        "KIT_NODE_NAME",
         "RUN_ID",
         "RUN_DIR",
         "POD_NAME",
@@ -146,7 +147,8 @@ class JobValues:
     image_pull_policy: PullPolicy = "IfNotPresent"
     """Kubernetes imagePullPolicy; use Always with a moving tag such as latest."""
     service_account: str = "kit-trainer"
-    """Service account of the pods (created; no API token is mounted)."""
+    """Service account of the pods (created; no API token is mounted, except with STRAGGLER_POLICY=replace
+    and SPARES: the slow node's pod then cordons its node, docs/runbook.md)."""
     kueue_queue: str = ""
     """Kueue LocalQueue for gang admission (label kueue.x-k8s.io/queue-name on the Job): Kueue then admits
     all NODES pods at once or none, so a job never holds half its GPUs idle while it waits. Empty: no

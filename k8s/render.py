@@ -2,7 +2,8 @@
 
 Two filters do the placing: `json` for one scalar (a JSON string is a valid YAML scalar) and `toyaml(n)` for
 a block, indented to column n (Helm's `toYaml | nindent`). Which objects exist is decided here, not in
-templates: the FSx PV/PVC only when CDK did not create a claim.
+templates: the FSx PV/PVC only when CDK did not create a claim, the node-cordon ClusterRole and binding only
+when a straggler's pod may cordon its node.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Manifest:
 # (file name, template, JobSpec field that must be set for the object to exist or None)
 OBJECTS: tuple[tuple[str, str, str | None], ...] = (
     ("00-namespace.yaml", "namespace.yaml.j2", None),
+    ("01-node-cordon-clusterrole.yaml", "node-cordon-clusterrole.yaml.j2", "node_access"),
+    ("01-node-cordon-clusterrolebinding.yaml", "node-cordon-clusterrolebinding.yaml.j2", "node_access"),
     ("01-serviceaccount.yaml", "serviceaccount.yaml.j2", None),
     ("02-fsx-pv.yaml", "fsx-pv.yaml.j2", "pv"),
     ("03-fsx-pvc.yaml", "fsx-pvc.yaml.j2", "pvc"),

@@ -33,6 +33,7 @@ from k8s.model import (
     ValuesError,
 )
 from k8s.profiles import get_profile
+from training.k8s_node import NODE_NAME_ENV
 from training.telemetry import settings as telemetry
 
 CONFIG_DIR = "/etc/kit"
@@ -47,6 +48,9 @@ EXIT78_MARK_ENV = "KIT_EXIT78_MARK"
 CHECKSUM_ANNOTATION = "kit.io/config-sha256"
 RUN_ID_LABEL = "kit.io/run-id"
 MANAGED_BY = "kit"
+NODE_CORDON_ROLE = "kit-node-cordon"
+"""The ClusterRole that lets a trainer pod cordon and label its own node (STRAGGLER_POLICY=replace with
+spares; training/k8s_node.py). Cluster-scoped and the same for every run, so runs share it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +104,11 @@ class JobSpec:
     """Indexed Job completions: the training nodes plus the hot spares."""
     rdzv_store: dict[str, Any] | None
     """The rendezvous store's Deployment and Service (kit launcher only; the baselines keep pod 0)."""
+    node_access: dict[str, Any] | None
+    """The ClusterRole and its binding to the job's ServiceAccount that let the slow node's pod cordon its
+    node (`cordons_nodes`); None otherwise."""
+    automount_token: bool
+    """Mount the ServiceAccount's API token in the pods: only when they call the API (`cordons_nodes`)."""
 
 
 FATAL_CONFIG_EXIT = 78
@@ -182,6 +191,28 @@ CONFIG_COMMENTS = {
     True: "Resilience config (run, training, checkpoint, fault, inprocess, straggler): ENTRYPOINT's script "
     "reads it from $KIT_CONFIG (training.resilience.load_config); the pods carry its sha256.",
 }
+
+
+def cordons_nodes(v: JobValues) -> bool:
+    """Whether a trainer pod may cordon its own node: STRAGGLER_POLICY=replace evicts a slow node only when a
+    hot spare takes its place, and then cordons it, so that the Job's replacement pod goes elsewhere."""
+    return v.straggler_policy == "replace" and v.spares > 0
+
+
+def node_access(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
+    """The ClusterRole (patch on nodes: cordon, label, annotate) and the ClusterRoleBinding that grants it to
+    the job's ServiceAccount; None unless `cordons_nodes`. Both outlive the run, as the namespace does: the
+    binding is named after the namespace and the ServiceAccount, so the runs that share them share it."""
+    if not cordons_nodes(v):
+        return None
+    return {
+        "role": NODE_CORDON_ROLE,
+        "binding": f"{NODE_CORDON_ROLE}.{v.namespace}.{v.service_account}",
+        "labels": {
+            "app.kubernetes.io/managed-by": labels["app.kubernetes.io/managed-by"],
+            "app.kubernetes.io/component": "straggler-cordon",
+        },
+    }
 
 
 def node_failure_limit(v: JobValues) -> int:
@@ -353,6 +384,8 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": telemetry.JOB_ENV, "value": v.run_id},
         {"name": telemetry.LOG_GROUP_ENV, "value": telemetry.log_group_name(v.cluster_name or "local")},
     ]
+    if cordons_nodes(v):  # the node a straggler's pod cordons (training/k8s_node.py)
+        owned.append(_field_env(NODE_NAME_ENV, "spec.nodeName"))
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
         owned.append({"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"})
@@ -560,4 +593,6 @@ def job_spec(v: JobValues) -> JobSpec:
         kubernetes_version=v.kubernetes_version,
         pods=v.nodes + v.spares,
         rdzv_store=rdzv_store(v, labels),
+        node_access=node_access(v, labels),
+        automount_token=cordons_nodes(v),
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.emf_spec import parse_event
+from training.metrics import NOT_FAILURES
+from training.resilience.faults import parse_spec
 from training.telemetry import catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,12 +50,21 @@ def test_quick_demo_recovers_every_fault_and_ends_with_the_fault_free_model(tmp_
     m = kit["metrics"]
     assert m["finished"] and m["steps_completed"] == QUICK.steps
     kinds = sorted(f["kind"] for f in m["faults"])
-    assert kinds == sorted(part.split(":")[0] for part in QUICK.faults.split(","))
+    planned = parse_spec(QUICK.faults)
+    assert kinds == sorted(f.kind for f in planned if f.kind not in NOT_FAILURES)  # a straggler fails nothing
+    # ... it is found and named: its rank, on node 0 (the one pod), with policy report (nothing evicted)
+    (slow,) = [f for f in planned if f.kind == "slow"]
+    (straggler,) = m["stragglers"]
+    assert (straggler["rank"], straggler["node"], straggler["evicted"]) == (slow.rank, 0, False)
+    assert straggler["step"] > straggler["since_step"] >= slow.step
+    named = f"straggler: rank {slow.rank} on node 0, "
+    assert len([line for line in out.splitlines() if line.strip().startswith(named)]) == 1, out
     assert m["faults_recovered"] == len(kinds)
     assert all(f["recovery_s"] is not None and f["recovery_s"] > 0 for f in m["faults"])
     assert {f["detected_by"] for f in m["faults"] if f["kind"] == "hang"} == {"hang_detected"}
     assert m["steps_computed"] >= m["steps_completed"]  # replays after resumes, never fewer steps
     assert ref["metrics"]["faults"] == [] and ref["metrics"]["steps_completed"] == QUICK.steps
+    assert ref["metrics"]["stragglers"] == []  # the same detector, no slow rank: no false alarm
     # The guarantee: faults change nothing but time.
     assert kit["same_final_as"] == {"reference": True}
     assert Path(kit["timeline_png"]).read_bytes()[:8] == PNG_MAGIC

@@ -11,6 +11,7 @@ Without spares the lost pod is recreated, as the Job controller would, and the j
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,12 @@ def test_a_straggler_is_evicted_for_the_spare_with_no_lost_step(tmp_path: Path, 
     events = metrics.load_events(run_dir)
     assert {int(e["step"]) for e in events if e["kind"] == "drained"} == {s.step + 1}
     assert {e["step"] for e in events if e["kind"] == "resume" and e.get("attempt") == 1} == {s.step + 1}
+    # before it left, the slow pod tried to cordon its node: here there is no Kubernetes API, and it says so
+    (node,) = [e for e in events if e["kind"] == "straggler_node"]
+    assert (node["target_rank"], node["pod"], node["evict"], node["cordoned"]) == (1, 1, True, False)
+    assert node["node_name"] == socket.gethostname()  # spec.nodeName, as the local runner emulates it
+    slow_log = (tmp_path / run_id / "logs" / f"{run_id}-1-local.log").read_text()
+    assert "node not cordoned: not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST)" in slow_log
 
 
 @pytest.mark.parametrize("node", [0])  # pod 0, the one the study's baselines cannot lose; pod 1: with a spare

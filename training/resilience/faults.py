@@ -12,9 +12,12 @@ node (a pod: its Job completion index, else the launcher's group rank) instead o
 - sigstop: SIGSTOP itself (the whole process freezes, like a wedged host process).
 - exception: raises `InjectedFault` (a soft fault the in-process restart can catch).
 - slow: from then on the rank computes F times slower (`slow:step=20:rank=1:factor=2`), a straggler: before
-  each step's report it does (F - 1) times the step's compute again in real work (matrix products, timed by
-  the thread's CPU clock), so its peers wait for it in the report's all-reduce as they would for a throttled
-  GPU. It lasts as long as the process (a restart clears it, as a reset clears a throttled GPU).
+  each step's report it does (F - 1) times its own work again in real work, so its peers wait for it in the
+  report's all-reduce as they would for a throttled GPU. On CPU: matrix products timed by the thread's CPU
+  clock, (F - 1) x the step's compute so far; on CUDA: bf16 products on the device, counted by their time
+  (measured once), (F - 1) x the rank's own GPU work of the step before, inside the window the straggler
+  measure times (training/resilience/compute_timer.py). It lasts as long as the process (a restart clears
+  it, as a reset clears a throttled GPU).
 - oom: caps its own address space (RLIMIT_AS, current size + 256 MiB) and allocates until
   MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
   than the cap, so the machine is never exhausted.
@@ -61,10 +64,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from training import pod
 from training.events import EventLog
+
+if TYPE_CHECKING:
+    import torch
 
 FaultKind = Literal["kill", "hang", "sigstop", "exception", "oom", "slow", "node", "freeze", "drain"]
 RANK_KINDS: tuple[str, ...] = ("kill", "hang", "sigstop", "exception", "oom", "slow")
@@ -388,10 +394,15 @@ class FaultInjector:
             return [f for f in self._faults if f.key not in self._fired]
         return [f for f in self._plan if not (self._marker_dir / f.key).exists()]
 
-    def slow_down(self, compute_s: float) -> None:
-        """With a `slow` fault fired: (factor - 1) x `compute_s` of real work more (a slower GPU)."""
+    def slow_down(self, compute_s: float, device: torch.device | None = None) -> None:
+        """With a `slow` fault fired: (factor - 1) x `compute_s` of real work more (a slower GPU), on `device`
+        (the rank's; CPU when None)."""
         if self.slow_factor > 1.0 and compute_s > 0:
-            _burn((self.slow_factor - 1.0) * compute_s)
+            seconds = (self.slow_factor - 1.0) * compute_s
+            if device is not None and device.type == "cuda":
+                _burn_cuda(seconds, device)
+            else:
+                _burn(seconds)
 
     def close(self) -> None:
         """Stops the timer of time-based faults."""
@@ -461,6 +472,31 @@ def _burn(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         a = torch.mm(a, a).clamp_(max=1.0)
+
+
+_CUDA_PRODUCT_S: dict[torch.device, float] = {}
+"""Seconds of one `_burn_cuda` product per device, measured once (the slow rank's first slowed step)."""
+BURN_N = 2048
+
+
+def _burn_cuda(seconds: float, device: torch.device) -> None:
+    """`seconds` of the device's work in bf16 matrix products on the current stream, mirroring `_burn`: the
+    host only queues them (the count from their measured time), the GPU takes that much longer."""
+    import torch
+
+    a = torch.ones(BURN_N, BURN_N, device=device, dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    if device not in _CUDA_PRODUCT_S:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.mm(a, a, out=out)  # warm-up: the first product pays the kernel's selection
+        start.record()
+        for _ in range(16):
+            torch.mm(a, a, out=out)
+        end.record()
+        end.synchronize()
+        _CUDA_PRODUCT_S[device] = max(start.elapsed_time(end) / 1000.0 / 16, 1e-6)
+    for _ in range(round(seconds / _CUDA_PRODUCT_S[device])):
+        torch.mm(a, a, out=out)
 
 
 def _test_in_update_faults() -> list[Fault]:

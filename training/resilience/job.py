@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training import exitcodes, pod
+from training import exitcodes, k8s_node, pod
 from training.events import EventLog
+from training.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
 from training.resilience.faults import FaultInjector
 from training.resilience.gc_schedule import GcSchedule
 from training.resilience.heartbeat import HeartbeatClient
@@ -85,10 +86,10 @@ class Step:
         self.loss: float | None = None
         """The loss averaged over every rank, once `report` ran."""
         self.t_start = 0.0
-        self.t_cpu = 0.0
-        """The thread's CPU clock at the top of the step: its compute is the CPU time to the report."""
+        self.timer = job.compute_timer()
+        """Times this rank's own work in the step (compute_timer: CPU time on CPU, CUDA events on a GPU)."""
         self.compute_s: float | None = None
-        """This rank's compute in the step (the straggler detector's measure), once `report` ran."""
+        """This rank's own work in the step (the straggler detector's measure), once `report` ran."""
         self.duration_s = 0.0
         self._updated = False
         self._reported = False
@@ -96,11 +97,13 @@ class Step:
     @contextlib.contextmanager
     def update(self) -> Iterator[None]:
         """Around the optimizer step (and the schedule's): the live state is torn from its start until the
-        step is finished, so an in-process restart then falls back to a saved copy."""
+        step is finished, so an in-process restart then falls back to a saved copy. Keep collectives (the
+        gradient clipping's all-reduce) before it: on CUDA it opens the straggler measure's window."""
         if self._updated:
             raise RuntimeError(f"step {self.number}: step.update() entered twice; one update per step")
         state = self.session.state
         state.begin_update()
+        self.timer.update_starts()
         yield
         self.job.faults.maybe_inject_in_update(self.number)
         state.step += 1
@@ -113,11 +116,12 @@ class Step:
         if self._reported:  # a second all-reduce would hand the interval agreement a doubled value
             raise RuntimeError(f"step {self.number}: step.report() called twice; one report per step")
         job, checkpointer = self.job, self.session.checkpointer
-        job.faults.slow_down(time.thread_time() - self.t_cpu)  # a `slow` fault: the straggler's extra work
-        self.compute_s = time.thread_time() - self.t_cpu
-        job.stragglers.observe(self.compute_s)
-        shares = job.stragglers.own_slot() if job.stragglers.due(self.number) else []
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
+        job.faults.slow_down(self.timer.end_own_work(), device)  # a `slow` fault: the straggler's extra work
+        self.compute_s = self.timer.stop()  # None on CUDA until the all-reduce's result is back
+        if self.compute_s is not None:
+            job.stragglers.observe(self.compute_s)
+        shares = job.stragglers.own_slot() if job.stragglers.due(self.number) else []
         if isinstance(loss, torch.Tensor):
             value = loss.detach().float().reshape(1).to(device)
         else:
@@ -129,6 +133,9 @@ class Step:
         if world > 1:
             dist.all_reduce(reduced)
         agreed = reduced[1:].tolist()
+        if self.compute_s is None:  # the events came before the all-reduce, whose result the host now holds
+            self.compute_s = self.timer.read()
+            job.stragglers.observe(self.compute_s)
         if shares:
             job.on_stragglers(job.stragglers.judge(agreed[len(carried) :], self.number), self.number)
         job.drain.agreed = job.drain.agreed or agreed[0] > 0
@@ -178,6 +185,8 @@ class Job:
         )  # fmt: skip
         """Every rank's compute, shared every straggler.every steps; the same verdicts on every rank."""
         self._spares = _env_int(SPARES_ENV, 0)
+        self._timer: ThreadTimer | CudaEventTimer | None = None
+        self._timer_device: torch.device | None = None
         self.gc = GcSchedule(cfg.training.gc_every)
         self.step_fields: Callable[[float], dict[str, Any]] | None = None
         """Optional: more fields for each step event from the step's duration (the kit adds tokens/s, MFU)."""
@@ -189,14 +198,23 @@ class Job:
         """The step the run ends at: training.stop_at, else training.steps."""
         return self.cfg.training.stop_at or self.cfg.training.steps
 
+    def compute_timer(self) -> ThreadTimer | CudaEventTimer:
+        """The timer of this rank's own work, for the current group's device (kept across steps: its CUDA
+        events and probe are made once)."""
+        device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+        if self._timer is None or self._timer_device != device:
+            self._timer, self._timer_device = compute_timer(device), device
+        return self._timer
+
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[trainer] {message}", flush=True)
 
     def on_stragglers(self, found: list[Straggler], step: int) -> None:
         """Newly confirmed stragglers: rank 0 reports each (event, one line); with policy `replace` and a
-        hot spare, the slow node's local rank 0 drains its own pod, so every rank saves and commits the
-        agreed step and the spare takes the node's place (the drain path: 0 lost steps)."""
+        hot spare, the slow node's local rank 0 cordons and labels its Kubernetes node (training/k8s_node.py:
+        the Job's replacement pod must not land there again), then drains its own pod, so every rank saves
+        and commits the agreed step and the spare takes the node's place (the drain path: 0 lost steps)."""
         for s in found:
             evict = self.cfg.straggler.policy == "replace" and self._spares > 0
             if self.rank == 0:
@@ -219,16 +237,29 @@ class Job:
                 )
             here = self.rank // self.stragglers.ranks_per_node == s.node
             if here and _env_int("LOCAL_RANK", 0) == 0:  # the slow node names itself: pod and host
-                self.events.emit(
-                    "straggler_node", step=step, target_rank=s.rank, pod=pod.pod_index(), evict=evict
-                )
                 print(
                     f"[trainer] this node (pod {pod.pod_index()}, host {socket.gethostname()}) holds "
                     f"straggler rank {s.rank}" + ("; draining it for a hot spare" if evict else ""),
                     flush=True,
                 )
+                mark = self._mark_node(s, step) if evict else None
+                self.events.emit(
+                    "straggler_node", step=step, target_rank=s.rank, pod=pod.pod_index(), evict=evict,
+                    node_name=os.environ.get(k8s_node.NODE_NAME_ENV) or None,
+                    cordoned=mark is not None and mark.cordoned,
+                )  # fmt: skip
                 if evict:
                     pod.drain_pod(pod.grace_period_s())
+
+    def _mark_node(self, s: Straggler, step: int) -> k8s_node.NodeMark:
+        """Cordon and label this node before the drain; one line either way, never raises."""
+        reason = (
+            f"run {self.cfg.run.id}: rank {s.rank} (pod {os.environ.get(pod.POD_NAME_ENV, '?')}) computed "
+            f"{s.score:.2f}x slower than its peers from step ~{s.since_step}; evicted at step {step}"
+        )
+        mark = k8s_node.mark_straggler_node(reason, env=os.environ)
+        print(f"[trainer] {mark.line}", flush=True)
+        return mark
 
     def step(self, session: Session) -> contextlib.AbstractContextManager[Step]:
         """The bracket of the next step of `session` (see the module docstring)."""
@@ -239,7 +270,7 @@ class Job:
         step = Step(self, session)
         self.faults.maybe_inject(step.number)
         step.t_start = time.time()
-        step.t_cpu = time.thread_time()
+        step.timer.start()
         session.state.begin_step()
         yield step
         if not step._updated:

@@ -3,10 +3,11 @@
 FSDP's collectives are synchronous, so one slow rank makes every rank wait and nothing fails. What tells the
 slow rank apart is its own compute, not its step time (every rank's step takes as long as the slowest):
 
-- Each rank times its compute every step: the thread's CPU time from the top of the step to its report (the
-  step's one all-reduce). A rank waiting for its peers in a collective sleeps, so the wait is not counted.
-  On CPU (gloo) that is the whole compute; on GPU the host's CPU time is the kernel launches only, and the
-  GPU's own time would need CUDA events around the compute (not done yet: docs/runbook.md says so).
+- Each rank times its own work every step (training/resilience/compute_timer.py). On CPU (gloo): the
+  thread's CPU time from the top of the step to its report (the step's one all-reduce); a rank waiting for
+  its peers in a collective sleeps, so the wait is not counted. On CUDA: CUDA events around what the rank
+  does alone, its optimizer step and a fixed compute-bound probe (FSDP's collectives pace every rank's whole
+  step to the slowest, so the whole step cannot tell it); read after the report, one step later.
 - Every `every` steps each rank puts the median of its last `every` compute times in its own slot of a
   world-size vector that the step's all-reduce already carries (SUM): every rank then holds every rank's
   figure, with no collective of its own and O(world) floats once per `every` steps.

@@ -1,0 +1,141 @@
+"""Mark this pod's Kubernetes node as a straggler's: cordoned, labelled and annotated, so nothing lands there.
+
+When `STRAGGLER_POLICY=replace` evicts a slow node for a hot spare, the Job replaces the drained pod; without
+a cordon the scheduler may put that pod (the new spare) back on the same slow node. The slow node's local
+rank 0 therefore patches its own Node object before it drains its pod:
+
+    PATCH /api/v1/nodes/<KIT_NODE_NAME>     (application/merge-patch+json)
+    {"metadata": {"labels": {"kit.io/straggler": "true"}, "annotations": {"kit.io/straggler-reason": ...}},
+     "spec": {"unschedulable": true}}
+
+It calls the API server the way any in-cluster client does: KUBERNETES_SERVICE_HOST/PORT (the kubelet sets
+them in every container), the pod's service-account token and the cluster CA under SA_DIR (mounted only when
+the Job renders `replace` with spares, with the ClusterRole that allows `patch` on nodes: k8s/spec.py), and
+the node name from the downward API (`spec.nodeName` in KIT_NODE_NAME). Standard library only: workers
+import it without any client library.
+
+`mark_straggler_node` never raises and never blocks the drain for long: outside Kubernetes (the local runner
+sets no KUBERNETES_SERVICE_HOST), with no token, on a 403 or an unreachable server (TIMEOUT_S per socket
+operation) it returns one line saying the node is not cordoned, why, and the kubectl command that does it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+NODE_NAME_ENV = "KIT_NODE_NAME"
+"""The pod's node (downward API `spec.nodeName`), rendered by k8s/spec.py with STRAGGLER_POLICY=replace."""
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where Kubernetes mounts the service account's `token` and the cluster's `ca.crt`."""
+STRAGGLER_LABEL = "kit.io/straggler"
+"""Label on a node the kit evicted as a straggler ("true"): `kubectl get nodes -l kit.io/straggler`."""
+REASON_ANNOTATION = "kit.io/straggler-reason"
+"""Annotation on that node: which run, pod and rank, how much slower, at which step."""
+FIELD_MANAGER = "kit-trainer"
+"""The patch's field manager (shown in the Node's managedFields)."""
+TIMEOUT_S = 3.0
+"""Seconds per socket operation (connect, read): a slow or absent API server delays the drain this much."""
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """The outcome of one attempt: whether the node is cordoned, and the one line that says so."""
+
+    cordoned: bool
+    node: str | None
+    line: str
+
+
+def _kubectl(node: str) -> str:
+    return f"kubectl cordon {node} && kubectl label node {node} {STRAGGLER_LABEL}=true"
+
+
+def mark_straggler_node(
+    reason: str,
+    *,
+    env: Mapping[str, str],
+    sa_dir: Path = SA_DIR,
+    timeout_s: float = TIMEOUT_S,
+) -> NodeMark:
+    """Cordon this pod's node and label it a straggler's, with `reason` as the annotation; never raises."""
+    node = env.get(NODE_NAME_ENV, "")
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        return NodeMark(
+            False, node or None,
+            "node not cordoned: not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST); nothing to cordon here",
+        )  # fmt: skip
+    if not node:
+        return NodeMark(
+            False, None,
+            f"node not cordoned: {NODE_NAME_ENV} is not set (the Job renders it with "
+            "STRAGGLER_POLICY=replace and SPARES); find the pod's node with `kubectl get pod -o wide` and "
+            "cordon it by hand",
+        )  # fmt: skip
+    try:
+        token = (sa_dir / "token").read_text(encoding="utf-8").strip()
+        context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
+    except (OSError, ssl.SSLError) as exc:
+        return NodeMark(
+            False, node,
+            f"node {node} not cordoned: no service-account token or CA in {sa_dir} "
+            f"({exc.__class__.__name__}: the Job mounts them with STRAGGLER_POLICY=replace and SPARES); "
+            f"by hand: {_kubectl(node)}",
+        )  # fmt: skip
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    url = f"https://{netloc}/api/v1/nodes/{urllib.parse.quote(node, safe='')}?fieldManager={FIELD_MANAGER}"
+    body = {
+        "metadata": {"labels": {STRAGGLER_LABEL: "true"}, "annotations": {REASON_ANNOTATION: reason}},
+        "spec": {"unschedulable": True},
+    }
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/merge-patch+json",
+            "Accept": "application/json",
+        },
+    )
+    # Straight to the API server's service address: a proxy in the pod's env is for the outside world.
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        hint = (
+            " (the ServiceAccount needs `patch` on nodes: the kit-node-cordon ClusterRole, rendered with "
+            "STRAGGLER_POLICY=replace and SPARES)"
+            if exc.code == 403
+            else ""
+        )
+        return NodeMark(
+            False, node,
+            f"node {node} not cordoned: the API server answered {exc.code} {exc.reason}{hint}; by hand: "
+            f"{_kubectl(node)}",
+        )  # fmt: skip
+    except (
+        OSError,
+        ValueError,
+        http.client.HTTPException,
+    ) as exc:  # URLError, TLS, timeout, refused, garbage
+        cause = getattr(exc, "reason", None) or exc
+        return NodeMark(
+            False, node,
+            f"node {node} not cordoned: no usable answer from the API server at {netloc} ({cause}; "
+            f"{timeout_s:g} s allowed); by hand: {_kubectl(node)}",
+        )  # fmt: skip
+    return NodeMark(
+        True, node, f"node {node} cordoned and labelled {STRAGGLER_LABEL}=true: nothing new lands there"
+    )
