@@ -199,6 +199,7 @@ class LocalRunner:
         self.pods: list[PodRecord] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._store: subprocess.Popen[bytes] | None = None
+        self._store_starts = 0
         self._lock = threading.Lock()
 
     # -- volumes
@@ -312,13 +313,23 @@ class LocalRunner:
         """The rendezvous store's pod: its container's command with the local port, in its own group."""
         if self.job.store is None:
             return
-        name = f"{self.job.name}-rdzv-local"
-        record = PodRecord(name=name, index=-1, attempt=0, log=self.workdir / "logs" / f"{name}.log")
+        attempt = self._store_starts
+        self._store_starts += 1
+        name = f"{self.job.name}-rdzv-local" + (f"-r{attempt}" if attempt else "")
+        record = PodRecord(name=name, index=-1, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
         raw = list(self.job.store.get("command", [])) + list(self.job.store.get("args", []))
         argv = [re.sub(r"^--port=\d+$", f"--port={self.port}", a) for a in raw]
         argv[0] = self.python if argv[0] in ("python", "python3") else argv[0]
         self._store = self._popen(argv, self._host_env(), record)
+
+    def _restart_store_if_gone(self) -> bool:
+        """The store's Deployment recreates its pod when it ends (same Service: here, the same port)."""
+        if self._store is None or (code := self._store.poll()) is None:
+            return False
+        print(f"rendezvous store pod exited (code {code}); its Deployment recreates it", flush=True)
+        self._start_store()
+        return True
 
     def _popen(self, argv: list[str], env: dict[str, str], record: PodRecord) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -417,7 +428,7 @@ class LocalRunner:
             while len(done) < self.job.completions:
                 if deadline is not None and time.monotonic() > deadline:
                     return self._finish(False, f"timed out after {timeout_s:g} s", run_dir)
-                progressed = False
+                progressed = self._restart_store_if_gone()
                 for index, due in list(replace_at.items()):
                     if time.monotonic() >= due:
                         del replace_at[index]

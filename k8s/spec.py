@@ -301,7 +301,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             f"--nproc-per-node={nproc}",
             "--node-rank=$(NODE_RANK)",
             f"--spares={v.spares}",
-            "--rdzv-backend=c10d",
+            "--rdzv-backend=kit",
             f"--rdzv-endpoint={store_host}:{port}",
             f"--rdzv-id={v.run_id}",
             f"--rdzv-conf=is_host=0,join_timeout={v.replacement_wait_s},"

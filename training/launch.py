@@ -128,7 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--nnodes", type=_nnodes, default=(1, 1), help="nodes: N or MIN:MAX (default 1)")
     _add(p, "--nproc-per-node", type=_nonneg_int("--nproc-per-node"), default=1, help="workers per node")
     _add(p, "--node-rank", type=_nonneg_int("--node-rank"), default=0, help="node rank (static rendezvous)")
-    _add(p, "--rdzv-backend", choices=["c10d", "static"], default="c10d", help="rendezvous backend")
+    _add(
+        p,
+        "--rdzv-backend",
+        choices=["kit", "c10d", "static"],
+        default="kit",
+        help="rendezvous backend: kit (O(1) store traffic per node, training/launcher/rendezvous.py), "
+        "c10d (torch's, with the kit's spares), static",
+    )
     _add(p, "--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous store")
     _add(p, "--rdzv-id", default="", help="job id shared by all nodes")
     _add(p, "--rdzv-conf", default="", help="extra rendezvous settings, KEY=VALUE,... (e.g. is_host=1)")
@@ -287,15 +294,16 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     if a.standalone or (max_nodes == 1 and not endpoint):
         if max_nodes > 1:
             parser.error("--standalone runs one node; drop it or use --nnodes=1")
-        backend, endpoint, run_id = "c10d", "127.0.0.1:0", run_id or str(uuid.uuid4())
+        backend, endpoint, run_id = "kit", "127.0.0.1:0", run_id or str(uuid.uuid4())
+        a.rdzv_conf = ",".join(filter(None, ["is_host=1", a.rdzv_conf]))
     elif not endpoint:
         parser.error(f"--rdzv-endpoint HOST:PORT is required for {max_nodes} nodes (the host of node 0)")
     if not run_id:
         parser.error("--rdzv-id is required with --rdzv-endpoint (the same job id on every node)")
     if backend == "static" and min_nodes != max_nodes:
-        parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use c10d for MIN:MAX")
-    if a.spares and (backend != "c10d" or min_nodes != max_nodes):
-        parser.error("--spares needs the c10d rendezvous and a fixed --nnodes=N (the world never changes)")
+        parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use kit or c10d for MIN:MAX")
+    if a.spares and (backend == "static" or min_nodes != max_nodes):
+        parser.error("--spares needs the kit or c10d rendezvous and a fixed --nnodes=N (the world is fixed)")
     if a.node_rank >= max_nodes + a.spares:
         parser.error(f"--node-rank={a.node_rank} must be below --nnodes + --spares ({max_nodes + a.spares})")
     configs: dict[str, str] = {}
@@ -437,6 +445,9 @@ def _prepare_environment(workdir: str) -> None:
             os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"],
         )
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Every node runs --nproc-per-node workers of one role: torch then numbers them without a store round
+    # (group rank x local world + local rank, what its O(N) gather on node 0 computes anyway).
+    os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")
     from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")

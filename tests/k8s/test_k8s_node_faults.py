@@ -10,12 +10,17 @@ Without spares the lost pod is recreated, as the Job controller would, and the j
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from training import metrics
@@ -29,17 +34,49 @@ FAULT_STEP = 6
 
 
 def run_job(
-    tmp: Path, run_id: str, *overrides: str, job: list[str] = JOB, flags: tuple[str, ...] = ()
+    tmp: Path,
+    run_id: str,
+    *overrides: str,
+    job: list[str] = JOB,
+    flags: tuple[str, ...] = (),
+    during: Callable[[subprocess.Popen[str], Path], None] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`python -m k8s local` as a user runs it; returns the process and the run folder."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "k8s", "local", *job, *overrides, f"RUN_ID={run_id}",
-         "--workdir", str(tmp), "--timeout", "240", *flags],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
-        capture_output=True, text=True, timeout=280,
+    """`python -m k8s local` as a user runs it (`during(process, run folder)` on a thread while it runs);
+    returns the process and the run folder."""
+    run_dir = tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+    argv = [sys.executable, "-m", "k8s", "local", *job, *overrides, f"RUN_ID={run_id}",
+            "--workdir", str(tmp), "--timeout", "240", *flags]  # fmt: skip
+    popen = subprocess.Popen(
+        argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    if during is not None:
+        threading.Thread(target=during, args=(popen, run_dir), daemon=True).start()
+    out, err = popen.communicate(timeout=280)
+    proc = subprocess.CompletedProcess(argv, popen.returncode, out, err)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    return proc, tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+    return proc, run_dir
+
+
+def kill_the_store_at(step: int) -> Callable[[subprocess.Popen[str], Path], None]:
+    """SIGKILL the job's rendezvous store pod once the trainer reported `step` (its Deployment recreates it:
+    the local runner starts it again on the same port)."""
+
+    def act(job: subprocess.Popen[str], run_dir: Path) -> None:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and job.poll() is None:
+            with contextlib.suppress(metrics.MetricsError, OSError):
+                if any(
+                    e["kind"] == "step" and e.get("step", 0) >= step for e in metrics.load_events(run_dir)
+                ):
+                    break
+            time.sleep(0.05)
+        for child in psutil.Process(job.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "training.launcher.store" in child.cmdline():
+                    child.kill()
+
+    return act
 
 
 def assert_same_model(run_dir: Path, reference: Path) -> None:
@@ -66,8 +103,19 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
     tmp_path: Path, fault_free: Path, kind: str, node: int
 ) -> None:
     run_id = f"{kind}{node}"
-    proc, run_dir = run_job(tmp_path, run_id, "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}")
+    # The node-1 run also loses the rendezvous store at step 2 (its pod rescheduled): training goes on with
+    # no restart, the agents reach the new store, and the node loss's membership change works through it.
+    store_lost = (kind, node) == ("node", 1)
+    proc, run_dir = run_job(
+        tmp_path, run_id, "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}",
+        during=kill_the_store_at(2) if store_lost else None,
+    )  # fmt: skip
     assert_same_model(run_dir, fault_free)
+    if store_lost:
+        assert "rendezvous store pod exited" in proc.stdout
+        assert _launcher_events(run_dir, "rdzv_store_reconnected")
+        fault_ts = min(e["ts"] for e in metrics.load_events(run_dir) if e["kind"] == "fault")
+        assert all(e["ts"] > fault_ts for e in _launcher_events(run_dir, "restart"))  # none for the store
     m = metrics.load_run_metrics(run_dir)
     assert (m.world_size, m.steps_completed) == (2, 10)
     assert [(f.kind, f.step) for f in m.faults] == [(kind, FAULT_STEP)]

@@ -341,7 +341,7 @@ LAUNCH = [
             "--nproc-per-node=8",
             "--node-rank=$(NODE_RANK)",
             "--spares=0",
-            "--rdzv-backend=c10d",
+            "--rdzv-backend=kit",
             "--rdzv-endpoint=r1-rdzv.kit-training.svc.cluster.local:29500",
             "--rdzv-id=r1",
             "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.25,keep_alive_max_attempt=5",

@@ -63,7 +63,8 @@ def test_underscore_spellings_and_standalone() -> None:
     args = parse_args(
         ["--standalone", "--nproc_per_node", "2", "--max_restarts", "1", "--heartbeat-timeout", "4", "x.py"]
     )
-    assert args.rdzv_backend == "c10d" and args.rdzv_endpoint == "127.0.0.1:0" and args.rdzv_id
+    assert args.rdzv_backend == "kit" and args.rdzv_endpoint == "127.0.0.1:0" and args.rdzv_id
+    assert args.rdzv_configs["is_host"] == "1"
     assert args.nproc_per_node == 2 and args.max_restarts == 1 and args.heartbeat_timeout_s == 4.0
     assert args.argv == ["-u", "x.py"]
 
@@ -91,7 +92,7 @@ def test_underscore_spellings_and_standalone() -> None:
         (["--spares=-1", "-m", "t"], "--spares must be an integer >= 0, got '-1'"),
         (
             ["--nnodes=2:3", "--spares=1", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],
-            "--spares needs the c10d rendezvous and a fixed --nnodes=N",
+            "--spares needs the kit or c10d rendezvous and a fixed --nnodes=N",
         ),
         (
             ["--nnodes=2", "--spares=1", "--node-rank=3", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],

@@ -24,7 +24,7 @@ from training import exitcodes
 from training import torch_internals as internals
 from training.events import EventLog
 from training.launch import LaunchArgs
-from training.launcher import spares
+from training.launcher import rendezvous, spares
 from training.launcher.agent import KitElasticAgent, NodeFailures
 from training.launcher.blame import STACKS_DIR_ENV
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
@@ -126,7 +126,14 @@ def _run_agent(
     master_addr, master_port = internals.addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     try:  # hosts or joins the store now
-        if config.rdzv_backend == "c10d":
+        if config.rdzv_backend == "kit":
+            rdzv_handler = rendezvous.kit_handler(
+                params,
+                keep_alive_s=float(args.rdzv_configs["keep_alive_interval"]),
+                attempts=int(args.rdzv_configs["keep_alive_max_attempt"]),
+                spare=spares.is_spare(args.node_rank, args.max_nodes),
+            )
+        elif config.rdzv_backend == "c10d":
             rdzv_handler = spares.c10d_handler(
                 params,
                 keep_alive_s=float(args.rdzv_configs["keep_alive_interval"]),
@@ -134,6 +141,10 @@ def _run_agent(
             )
         else:
             rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+        if isinstance(rdzv_handler, rendezvous.KitRendezvous):
+            rdzv_handler.link.on_reconnect.append(
+                lambda: events.emit("rdzv_store_reconnected", endpoint=args.rdzv_endpoint)
+            )
     except (RendezvousError, RuntimeError, ValueError) as exc:
         message = rendezvous_setup_error(args.rdzv_endpoint, exc)
         log.error("kit-launch: error: %s", message)
@@ -175,12 +186,13 @@ def _run_agent(
     )
     close_rendezvous = True
     result = None
-    spare = args.rdzv_backend == "c10d" and spares.is_spare(args.node_rank, args.max_nodes)
+    spare = args.rdzv_backend != "static" and spares.is_spare(args.node_rank, args.max_nodes)
     try:
         if spare:
             log.info("kit-launch: node %d is a hot spare: waiting warm for a node to replace", args.node_rank)
             events.emit("spare_waiting", node_rank=args.node_rank)
-            spares.wait_for_first_round(rdzv_handler, join_timeout)
+            if args.rdzv_backend == "c10d":  # the kit's handler waits for the first round itself
+                spares.wait_for_first_round(rdzv_handler, join_timeout)
         result = agent.run()
     except SignalException as exc:
         close_rendezvous = False  # as torchrun: a signalled node must not close the job's rendezvous
@@ -202,6 +214,8 @@ def _run_agent(
             close_rendezvous = False  # the others go on (with a spare); closing would end them all
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
+        elif isinstance(spec.rdzv_handler, rendezvous.KitRendezvous):
+            spec.rdzv_handler.leave()  # drained, given up or signalled: the next round need not wait
     if result is None:  # agent.run() swallowed RendezvousGracefulExitError: a spare, never needed
         message = "hot spare not needed: the job finished (rendezvous closed)"
         log.info("kit-launch: %s; exiting 0", message)

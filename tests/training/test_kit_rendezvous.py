@@ -1,0 +1,250 @@
+"""The kit's rendezvous (training/launcher/rendezvous.py) against the kit's real store process: rounds, kept
+ranks, spares, silent and departed nodes, a flapping node, a lost leader, the store's restart, the job's end.
+
+Members run as handlers on threads of this process (the agent's calls: next_rendezvous, num_nodes_waiting);
+a node that must be lost the way a host is lost runs in its own process (tests/training/rdzv_node.py), so
+that SIGSTOP silences it with its socket open."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
+
+from training.launcher.rendezvous import KitRendezvous, Settings, StoreLink
+from training.ports import free_port_run
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = Path(__file__).with_name("rdzv_node.py")
+pytestmark = pytest.mark.timeout(120)
+WAIT_S = 30.0
+
+
+class Store:
+    """`python -m training.launcher.store` on a free port; `restart()` kills it and serves the port again."""
+
+    def __init__(self) -> None:
+        self.port = free_port_run(1)
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc = self._serve()
+
+    def _serve(self) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "training.launcher.store", "--host", "127.0.0.1",
+             "--port", str(self.port)],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None and "serving" in proc.stdout.readline()
+        return proc
+
+    def restart(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = self._serve()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    s = Store()
+    yield s
+    for member in Member.alive:  # their threads end; none reaches for the store once it is gone
+        member.handler.link.closed = True
+        member.handler.leave()
+    Member.alive.clear()
+    s.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+class Member:
+    """A handler on a thread: `join()` starts next_rendezvous, `result()` waits for its (round, rank)."""
+
+    alive: list[Member] = []
+
+    def __init__(self, store: Store, nodes: int, run_id: str = "t", *, spare: bool = False) -> None:
+        link = StoreLink("127.0.0.1", store.port, is_host=False)
+        self.handler = KitRendezvous(link, Settings(run_id, nodes, nodes, spare=spare))
+        self._out: queue.Queue[object] = queue.Queue()
+        Member.alive.append(self)
+
+    def join(self) -> Member:
+        def run() -> None:
+            try:
+                info = self.handler.next_rendezvous()
+                self._out.put((self.handler.round, info.rank, info.world_size))
+            except Exception as exc:  # handed to the test
+                self._out.put(exc)
+
+        threading.Thread(target=run, daemon=True).start()
+        return self
+
+    def result(self, timeout: float = WAIT_S) -> object:
+        return self._out.get(timeout=timeout)
+
+    def pending(self) -> bool:
+        return self._out.empty()
+
+
+class Remote:
+    """A node in its own process (tests/training/rdzv_node.py): `stop()` silences it like a lost host."""
+
+    def __init__(self, store: Store, nodes: int, run_id: str = "t", *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(NODE), store.endpoint, run_id, str(nodes), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[dict] = queue.Queue()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.put(json.loads(line))
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def next(self, timeout: float = WAIT_S) -> dict:
+        return self.lines.get(timeout=timeout)
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def cont(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def remotes() -> Iterator[list[Remote]]:
+    started: list[Remote] = []
+    yield started
+    for r in started:
+        if r.proc.poll() is None:
+            r.kill()
+
+
+def test_a_round_forms_and_a_rank_fault_reforms_on_the_same_nodes_with_the_same_ranks(store: Store) -> None:
+    a, b = Member(store, 2).join(), Member(store, 2).join()
+    spare = Member(store, 2, spare=True).join()
+    first = {a.result(), b.result()}
+    assert {r[1] for r in first} == {0, 1} and {r[0] for r in first} == {1}
+    ranks = {a: a.handler.members[a.handler.node], b: b.handler.members[b.handler.node]}
+    assert b.handler.num_nodes_waiting() == 0  # the waiting spare does not make the members restart
+    a.join()  # a's workers failed: it re-joins; b sees a node waiting and re-joins too (the agent's loop)
+    eventually(lambda: b.handler.num_nodes_waiting() == 1)
+    b.join()
+    assert a.result() == (2, ranks[a], 2) and b.result() == (2, ranks[b], 2)
+    assert spare.pending()  # both members were alive: no place for the spare
+
+
+def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
+    store: Store, remotes: list[Remote], caplog: pytest.LogCaptureFixture
+) -> None:
+    victim = Remote(store, 2)
+    remotes.append(victim)
+    a = Member(store, 2).join()
+    spare = Member(store, 2, spare=True).join()
+    assert victim.next()["round"] == 1
+    a.result()
+    lost_rank = 1 - a.handler.members[a.handler.node]
+    victim.stop()  # a lost host: its socket stays open, it never beats or answers again
+    with caplog.at_level(logging.WARNING, logger="kit.launch"):
+        a.join()  # a's collectives failed
+        assert spare.result() == (2, lost_rank, 2)
+        assert a.result()[:2] == (2, 1 - lost_rank)
+    assert "its last beat was" in caplog.text
+    # The host comes back (flaps): it is not in round 2, which is full, so it waits in the pool ...
+    victim.cont()
+    with pytest.raises(queue.Empty):
+        victim.next(timeout=2.0)
+    # ... and takes the place of the next member that leaves.
+    spare.handler.leave()
+    a.join()
+    back = victim.next()
+    assert (back["round"], back["rank"]) == (3, lost_rank) and a.result()[0] == 3
+
+
+def test_a_node_that_leaves_is_replaced_without_waiting_for_its_beat_to_expire(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b, c = Member(store, 3).join(), Member(store, 3).join(), Member(store, 3).join()
+    spare = Member(store, 3, spare=True).join()
+    a.result(), b.result(), c.result()
+    b_rank = b.handler.members[b.handler.node]
+    with caplog.at_level(logging.WARNING, logger="kit.launch"):
+        b.handler.leave()  # drained or given up
+        a.join(), c.join()
+        assert spare.result() == (2, b_rank, 3)
+        assert a.result()[0] == c.result()[0] == 2
+    assert "it left" in caplog.text
+
+
+def test_a_leader_lost_while_its_round_forms_is_replaced_and_a_joiner_that_never_wrote_is_skipped(
+    store: Store, remotes: list[Remote], caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = Remote(store, 3)
+    remotes.append(leader)
+    a, b = Member(store, 3).join(), Member(store, 3).join()
+    spare = Member(store, 3, spare=True).join()
+    assert leader.next()["round"] == 1
+    a.result(), b.result()
+    keys, link = a.handler.keys, a.handler.link
+    link.call("add", keys.round(2, "count"), 1)  # a joiner lost between taking its index and writing its name
+    # the remote node sees a node waiting, joins round 2 first and leads it
+    eventually(lambda: link.read(keys.round(2, "leader")) is not None)
+    leader.stop()  # lost while it leads
+    with caplog.at_level(logging.WARNING, logger="kit.launch"):
+        a.join(), b.join()
+        assert spare.result()[0] == 2
+        assert a.result()[0] == b.result()[0] == 2
+    assert "leader" in caplog.text and "is gone" in caplog.text
+
+
+def test_the_store_restarts_and_training_goes_on_then_the_next_change_works(
+    store: Store, remotes: list[Remote]
+) -> None:
+    a, b = Member(store, 2).join(), Member(store, 2).join()
+    spare = Member(store, 2, spare=True).join()
+    a.result(), b.result()
+    store.restart()  # the store's pod is rescheduled: every key is gone
+    # The agents' membership checks reach the new store and find nothing to do: no restart.
+    for m in (a, b):
+        m.handler._waiting_cache = (0.0, 0)
+        assert m.handler.num_nodes_waiting() == 0
+        assert not m.handler.is_closed()
+    # The next membership change: b leaves, a re-joins; the spare (registered again) takes b's place.
+    b.handler.leave()
+    a.join()
+    assert spare.result()[0] == 2 and a.result()[0] == 2
+
+
+def test_the_job_end_closes_the_rendezvous_a_waiting_spare_exits_gracefully(store: Store) -> None:
+    a = Member(store, 1).join()
+    spare = Member(store, 1, spare=True).join()
+    assert a.result() == (1, 0, 1)
+    assert a.handler.shutdown()
+    assert isinstance(spare.result(), RendezvousGracefulExitError)
+    late = Member(store, 1).join()
+    assert isinstance(late.result(), RendezvousClosedError)
