@@ -34,7 +34,8 @@ spread. The cases behind the doc's other claims run min(3, reps) times, the base
 Last line: `RESULT kill_recovery_ratio=<kit / ft_launcher> inprocess_ratio=<kit-inproc / nvrx-wrapper>
 hang_detect_steps=<kit hang detection / median step time> false_restarts=<restarts in the fault-free run>
 node_recovery_ratio=<kit+spare node loss / kit single-rank kill> pod0_survived=<1 if every rep survived|0>
-drain_lost_steps=<most lost in a rep>`. Full mode writes docs/benchmarks/recovery.md (keeping its
+drain_lost_steps=<most lost in a rep> node_freeze_ratio=<kit+spare silent node loss (freeze) / kit
+kill>`. Full mode writes docs/benchmarks/recovery.md (keeping its
 hand-written notes); --quick (the RESULT cases only) only prints.
 """
 
@@ -111,7 +112,7 @@ class NodeCase:
     mechanism: str
     """kit+spare, kit, torchrun or ft_launcher."""
     fault: str
-    """node or drain."""
+    """node (every process of the pod SIGKILLed), freeze (SIGSTOPped: a silent host) or drain."""
     node: int
 
     @property
@@ -359,12 +360,14 @@ class Figure:
         return f"{self.low:.{digits}f}-{self.high:.{digits}f}"
 
 
-RATIO_KEYS = ("kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "node_recovery_ratio")
+RATIO_KEYS = (
+    "kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "node_recovery_ratio", "node_freeze_ratio",
+)  # fmt: skip
 """RESULT figures compared by relative spread across runs (--check-stability)."""
 COUNT_KEYS = ("false_restarts", "pod0_survived", "drain_lost_steps")
 """RESULT figures that are whole numbers: runs agree only if they are equal."""
 RESULT_KEYS = ("kill_recovery_ratio", "inprocess_ratio", "hang_detect_steps", "false_restarts",
-               "node_recovery_ratio", "pod0_survived", "drain_lost_steps")  # fmt: skip
+               "node_recovery_ratio", "pod0_survived", "drain_lost_steps", "node_freeze_ratio")  # fmt: skip
 """The RESULT line's figures, in its order (bench/goodput.py and the docs read them by name)."""
 
 
@@ -424,6 +427,7 @@ def plan(quick: bool, *, reps: int, nvrx: bool) -> list[tuple[Case | NodeCase, i
         Case(mechanism="kit-inproc", fault="exception"),
         Case(mechanism="nvrx-wrapper", fault="exception"),
         NodeCase(mechanism="kit+spare", fault="node", node=1),
+        NodeCase(mechanism="kit+spare", fault="freeze", node=1),
     ]
     planned = [(c, reps) for c in ratio_cases]
     # pod0_survived and drain_lost_steps: the worst repetition counts
@@ -496,6 +500,9 @@ def figures(results: Results) -> dict[str, Figure]:
         "false_restarts": _worst(restarts, max),
         "node_recovery_ratio": paired_ratio(
             [node_recovery(o) for o in results.node("kit+spare", "node", 1)], rec("kit", "kill")
+        ),
+        "node_freeze_ratio": paired_ratio(
+            [node_recovery(o) for o in results.node("kit+spare", "freeze", 1)], rec("kit", "kill")
         ),
         "pod0_survived": _worst(survived, min),
         "drain_lost_steps": _worst(lost, max),

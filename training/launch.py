@@ -1,10 +1,10 @@
 """The kit's heartbeat launcher: `python -m training.launch [FLAGS] -m training.train ARGS...`.
 
-torchrun's engine (torch.distributed.elastic: c10d rendezvous, worker groups, restart budget,
-multi-node restarts) with what the kit adds: hang detection from per-step heartbeats, a never-retry exit
-code, SIGKILL restarts of a broken group, and warm workers forked from a zygote that already imported
-torch (a restart does not pay the 2-2.6 s import again). Flags keep torchrun's names where they mean the
-same thing; see docs/launcher.md.
+torchrun's engine (torch.distributed.elastic: worker groups, restart budget, multi-node restarts; the kit's
+rendezvous by default, training/launcher/rendezvous.py) with what the kit adds: hang detection from
+per-step heartbeats, a never-retry exit code, SIGKILL restarts of a broken group, and warm workers forked
+from a zygote that already imported torch (a restart does not pay the 2-2.6 s import again). Flags keep
+torchrun's names where they mean the same thing; see docs/launcher.md.
 
 Exit codes (training/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart left is 75);
 75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never retried), or

@@ -22,6 +22,7 @@ STABLE = {
     "node_recovery_ratio": 2.0,
     "pod0_survived": 1.0,
     "drain_lost_steps": 0.0,
+    "node_freeze_ratio": 2.5,
 }
 
 
@@ -113,12 +114,12 @@ def test_every_ratio_case_runs_reps_times_and_quick_keeps_only_the_result_cases(
     ratio_cases = [c for c, r in full.items() if r == 7]
     assert {(c.mechanism, c.fault) for c in ratio_cases} == {
         ("kit", "kill"), ("ft_launcher", "kill"), ("kit", "hang"), ("kit-inproc", "exception"),
-        ("nvrx-wrapper", "exception"), ("kit+spare", "node"),
+        ("nvrx-wrapper", "exception"), ("kit+spare", "node"), ("kit+spare", "freeze"),
     }  # fmt: skip
     assert set(full.values()) == {7, 3, 1}
     quick = dict(recovery.plan(True, reps=2, nvrx=False))
     assert all(c.mechanism not in recovery.NVRX_MECHANISMS for c in quick)
-    assert len([c for c, r in quick.items() if r == 2]) == 4 and len(quick) == 6
+    assert len([c for c, r in quick.items() if r == 2]) == 5 and len(quick) == 7
     empty = recovery.figures(recovery.Results())
     assert recovery.result_line(empty) == "RESULT " + " ".join(f"{k}=nan" for k in recovery.RESULT_KEYS)
 

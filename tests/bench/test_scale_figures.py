@@ -1,7 +1,8 @@
 """bench.scale's arithmetic on hand-made rows: the fitted growth exponent, the projection along it, the table
 and the RESULT line. The runs themselves are the benchmark's (real store, real rendezvous handlers); the
 handler's semantics (join, spare promotion, expiry, re-form, stable ranks) are tested with real stores in
-tests/training/test_launch_spares_rdzv.py."""
+tests/training/test_launch_spares_rdzv.py (c10d) and
+tests/training/test_kit_rendezvous.py (kit)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bench import scale
 
 def _row(nodes: int, **figures: float) -> dict[str, float]:
     base = {
+        "design": "kit",
         "nodes": nodes,
         "formation_s": 0.4,
         "store_cpu": 0.001 * nodes,
@@ -57,13 +59,17 @@ def test_result_line_and_table() -> None:
     expected = 1.3 + 0.1 * 1024**0.5
     assert float(figures["projected_control_1024_s"]) == pytest.approx(expected, rel=0.15)
     text = scale.table(sorted(rows, key=lambda r: r["nodes"]))
-    assert text.splitlines()[2].startswith("| 4 | 0.40 | 0.004 | 0.02 |")
+    assert text.splitlines()[2].startswith("| kit | 4 | 0.40 | 0.004 | 0.02 |")
     assert len(text.splitlines()) == 5
+    both = scale.result_line(rows + [_row(n, design="c10d", store_bytes_s=500.0 * n**1.5) for n in (4, 64)])
+    figures = dict(item.split("=") for item in both.removeprefix("RESULT ").split())
+    assert float(figures["store_bytes_growth"]) == pytest.approx(2.0)  # the kit's rows alone
+    assert float(figures["c10d_store_bytes_growth"]) == pytest.approx(1.5)
 
 
 def test_the_section_says_whether_the_design_holds_from_the_fitted_growth() -> None:
-    quadratic = [_row(n) for n in (4, 16, 64)]
+    quadratic = [_row(n, design="c10d") for n in (4, 16, 64)]
     linear = [_row(n, store_bytes_s=1000.0 * n) for n in (4, 16, 64)]
-    result = scale.result_line([dict(r) for r in quadratic])
-    assert "does not hold at 1,024 nodes" in scale.section(quadratic, result, "python -m bench.scale")
-    assert "the design holds on this count" in scale.section(linear, result, "python -m bench.scale")
+    text = scale.section(quadratic + linear, scale.result_line(quadratic + linear), "python -m bench.scale")
+    kit, c10d = (line for line in text.splitlines() if line.startswith(("- **kit**", "- **c10d**")))
+    assert "the design holds on this count" in kit and "does not hold at 1,024 nodes" in c10d

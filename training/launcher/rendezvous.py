@@ -69,7 +69,14 @@ log = logging.getLogger("kit.launch")
 
 BACKEND = "kit"
 POLL_S = 0.05
-"""Seconds between a waiting node's polls of its one key (the result, its invite, the joiner count)."""
+"""Seconds between the round leader's polls of the joiner count."""
+FOLLOWER_POLL_S = 0.05
+"""Seconds between a joiner's checks of its round's result (one small round trip)."""
+SPARE_POLL_S = 0.1
+"""Seconds between a waiting spare's checks of its invite key: in steady training, S spares cost the store
+S / SPARE_POLL_S small round trips a second (64 spares: 640), and an invite waits at most this long."""
+WAIT_S = 0.5
+"""A spare's wait for its invite between its looks at the job's end."""
 LEFT = "left"
 """A beat's value once its node left for good (drained, given up, finished)."""
 STORE_TIMEOUT_S = 60.0
@@ -194,6 +201,16 @@ class StoreLink:
         for hook in self.on_reconnect:
             hook()
 
+    def wait_for(self, key: str, timeout_s: float, poll_s: float) -> bool:
+        """Whether `key` exists within `timeout_s`, one `check` (a round trip, a few bytes) every `poll_s`.
+        Not TCPStore's blocking wait: torch logs two warning lines at each of its timeouts."""
+        deadline = time.monotonic() + timeout_s
+        while not self.call("check", [key]):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
     def read(self, key: str) -> str | None:
         """The key's value, or None (never blocks: TCPStore's get waits for a missing key)."""
         if not self.call("check", [key]):
@@ -219,17 +236,22 @@ class _Formation:
     previous: dict[str, int]
     joined: dict[str, str] = field(default_factory=dict)
     """Joiner -> its address, in arrival order."""
+    joined_at: dict[str, float] = field(default_factory=dict)
+    """When the leader read each joiner's name: a node that joined within the expiry is alive by that."""
     read_upto: int = 0
     dead: set[str] = field(default_factory=set)
     missing_since: dict[str, float] = field(default_factory=dict)
     invited: dict[str, float] = field(default_factory=dict)
     passed_over: set[str] = field(default_factory=set)
+    suspects: set[str] = field(default_factory=set)
+    """Joiners seen gone before (a lost leader): their beat is read even right after they joined."""
     dropped: set[str] = field(default_factory=set)
     """Joiners that are gone (their beat expired or says `left`): not chosen unless they beat again."""
     pool_seen: int = 0
     pool: list[str] = field(default_factory=list)
     min_reached_at: float | None = None
     beats_read_at: float = float("-inf")
+    alive_read_at: float = float("-inf")
 
 
 def _names_this_machine(host: str) -> bool:
@@ -429,19 +451,18 @@ class KitRendezvous(RendezvousHandler):
         while True:
             if self._pool_index is None and self._last_round() > 0:
                 self._register_in_pool()  # a spare by index: the first round is complete
-            if self._call("check", [key]):
+            if self.link.wait_for(key, WAIT_S, SPARE_POLL_S):
                 value = self._call("read", key)
                 self._call("delete_key", key)
                 if value:
                     return int(value)
             checks += 1
-            if checks % 10 == 0:  # twice a second: the job's end, or a round that no longer is full
+            if checks % 2 == 0:  # once a second: the job's end, or a round that no longer is full
                 self._raise_if_closed()
                 if self._pool_index is not None:
                     now_last = self._last_round()
                     if not self._is_outsider(now_last, self._members_of(now_last) if now_last else {}):
                         return None
-            time.sleep(POLL_S)
 
     def _join(self, t: int, deadline: float) -> RendezvousInfo | None:
         """Join round `t`; its info if this node is in it, None if it completed without this node."""
@@ -453,8 +474,11 @@ class KitRendezvous(RendezvousHandler):
         formation: _Formation | None = None
         lost_leaders: set[str] = set()
         last_leader_check = time.monotonic()
+        result_key = self.keys.round(t, "result")
         while True:
-            raw = self._call("read", self.keys.round(t, "result"))
+            if leader != self.node:  # a follower: polls the result key until its leader's next check
+                self.link.wait_for(result_key, self.settings.beat_s, FOLLOWER_POLL_S)
+            raw = self._call("read", result_key)
             if self.link.generation != generation:
                 raise StoreReset  # the store restarted: round t's joiners and leader are gone
             if raw is not None:
@@ -464,6 +488,7 @@ class KitRendezvous(RendezvousHandler):
                 if formation is None:
                     formation = _Formation(t=t, previous=self._members_of(t - 1) if t > 1 else {})
                     formation.dropped |= lost_leaders
+                    formation.suspects |= lost_leaders
                 if self._lead(formation):
                     continue
             elif now - last_leader_check >= self.settings.beat_s:
@@ -480,7 +505,8 @@ class KitRendezvous(RendezvousHandler):
                 raise RendezvousTimeoutError(
                     f"round {t} did not complete within join_timeout={self.settings.join_timeout_s:g} s"
                 )
-            time.sleep(POLL_S)
+            if leader == self.node:
+                time.sleep(POLL_S)
 
     def _is_dead(self, node: str, now: float, missing_since: dict[str, float]) -> bool:
         beat = self._call("read", self.keys.beat(node))
@@ -508,6 +534,7 @@ class KitRendezvous(RendezvousHandler):
             else:
                 name, addr = json.loads(raw)
                 f.joined.setdefault(name, addr)
+                f.joined_at.setdefault(name, now)
             f.read_upto += 1
         absent = [m for m in f.previous if m not in f.joined and m not in f.dead]
         if absent and now - f.beats_read_at >= s.beat_s / 2:  # O(absent) reads, twice a beat at most
@@ -518,6 +545,8 @@ class KitRendezvous(RendezvousHandler):
                     f.dead.add(member)
                     log.warning("kit-launch: round %d: node %s is gone (%s)", f.t, member, _why_dead(beat))
         coming = [m for m in absent if m not in f.dead]
+        if f.dropped:  # look again (half a beat apart): a dropped joiner that beats again is taken back
+            self._all_alive(f, [], now)
         members = [n for n in f.joined if n in f.previous and n not in f.dropped]
         outsiders = [n for n in f.joined if n not in f.previous and n not in f.dropped]
         places = s.max_nodes - len(members) - len(coming)
@@ -543,8 +572,17 @@ class KitRendezvous(RendezvousHandler):
     def _all_alive(self, f: _Formation, chosen: list[str], now: float) -> bool:
         """Whether every chosen node still beats, once the round is full: the beats of every joiner are
         read (O(N), once a round unless one is gone) and `dropped` becomes the joiners that are gone now (a
-        joiner that died while the round formed, or a lost leader; one that beats again is taken back)."""
-        others = [n for n in f.joined if n != self.node]  # the leader is alive: it is running this
+        joiner that died while the round formed, or a lost leader; one that beats again is taken back).
+        The beats are read at most twice a beat; in between, the last reading answers."""
+        if now - f.alive_read_at < self.settings.beat_s / 2:
+            return not f.dropped & set(chosen)
+        f.alive_read_at = now
+        expiry = self.settings.expiry_s  # the leader is alive (it runs this), and so is a recent joiner
+        others = [
+            n
+            for n in f.joined
+            if n != self.node and (n in f.suspects or now - f.joined_at.get(n, now) > expiry)
+        ]
         beats = dict(zip(others, self._call("read_many", [self.keys.beat(n) for n in others]), strict=True))
         gone = {n for n, beat in beats.items() if self._beat_dead(n, beat, now, {})}
         for node in gone - f.dropped:
@@ -600,8 +638,12 @@ class KitRendezvous(RendezvousHandler):
         master_key = self.keys.round(t, "master")
         if rank == 0:
             self._call("set", master_key, f"{self.addr} {free_port_run()}")
-        while (master := self._call("read", master_key)) is None:
-            time.sleep(POLL_S / 5)
+        give_up = time.monotonic() + self.settings.join_timeout_s
+        while not self.link.wait_for(master_key, self.settings.beat_s, POLL_S / 5):
+            self._raise_if_closed()
+            if time.monotonic() > give_up:  # rank 0 was lost before it named its port
+                raise RendezvousTimeoutError(f"round {t}: rank 0 never named the workers' store port")
+        master = self._call("read", master_key)
         addr, port = master.rsplit(" ", 1)
         self.round, self.members, self._member_addrs = t, dict(ranks), dict(result["addrs"])
         self._pool_index = None  # a member now: a later pool entry is a new one

@@ -5,10 +5,10 @@ host serves (pod 0): lose pod 0's node and every launcher loses the rendezvous. 
 trains nothing serves it instead (a Deployment on the system node group behind its own Service, rendered by
 k8s/; the local runner starts it as its own pod), and every agent is a client (`--rdzv-conf is_host=0`).
 
-If the store itself restarts, its state is gone: the workers' own store lives in the group's rank-0 worker,
-but every agent's next rendezvous call (a keep-alive, a membership check) fails within a second; the agent
-stops its workers with SIGTERM (the drain path: the current step is committed), the launchers exit 75, and
-the Job's replacement pods meet in the new, empty store and resume from that step. See docs/launcher.md.
+If the store itself restarts, its state is gone; with the kit's rendezvous (training/launcher/rendezvous.py)
+every node reconnects and publishes its state again, and training goes on (the workers' own store lives in
+the group's rank-0 worker). With torch's c10d handler every agent's next call fails, the workers drain and
+the Job replaces the pods. See docs/launcher.md.
 """
 
 from __future__ import annotations
