@@ -31,7 +31,9 @@ RUNS_ROOT = f"{FSX_MOUNT}/runs"
 KEEP_ALIVE_S_RANGE = (0.1, 60.0)
 KEEP_ALIVE_ATTEMPTS_MAX = 100
 KEEP_ALIVE_STALL_MIN_S = 1.0
-"""The kit launcher's keep-alive bounds (training/launch.py says why), checked here before a Job starts."""
+RDZV_TIMEOUT_MAX_S = 7 * 24 * 3600
+"""The kit launcher's keep-alive and rendezvous timeout bounds (training/launch.py says why), checked here
+before a Job starts."""
 PLACEHOLDER = "PLACEHOLDER"
 """Prefix of the values a dry run fills in when no stack outputs exist; `apply` refuses them."""
 

@@ -36,6 +36,7 @@ from k8s.model import (
     KEEP_ALIVE_S_RANGE,
     KEEP_ALIVE_STALL_MIN_S,
     PLACEHOLDER,
+    RDZV_TIMEOUT_MAX_S,
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
     RUN_ID_MAX,
@@ -111,8 +112,8 @@ def check_fields(v: JobValues) -> None:
         _fail("NODES", v.nodes, "must be at least 1")
     if v.spares < 0:
         _fail("SPARES", v.spares, "must be 0 or more")
-    if v.replacement_wait_s < 1:
-        _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, "must be at least 1 second")
+    if not 1 <= v.replacement_wait_s <= RDZV_TIMEOUT_MAX_S:
+        _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, f"must be 1 to {RDZV_TIMEOUT_MAX_S} seconds")
     _check_keep_alive(v)
     if v.node_failure_limit is not None and v.node_failure_limit < 0:
         _fail("NODE_FAILURE_LIMIT", v.node_failure_limit, "must be 0 (never give a node up) or more")

@@ -263,6 +263,23 @@ class LaunchArgs:
     """Where the launcher's live metrics go (training.telemetry.settings: the pod's environment)."""
 
 
+RDZV_TIMEOUT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout")
+RDZV_TIMEOUT_MAX_S = 7 * 24 * 3600
+BOOLEAN_SPELLINGS = ("1", "0", "true", "false", "t", "f", "yes", "no", "y", "n")
+"""What torch's RendezvousParameters.get_as_bool reads (any case)."""
+
+
+def rdzv_conf_problem(configs: dict[str, str]) -> str:
+    """One line naming a rendezvous timeout that is not whole seconds in range, or an is_host that is not a
+    boolean; empty when they are fine (torch would read 0 as its default, or fail at start-up)."""
+    for key in RDZV_TIMEOUT_KEYS:
+        if key in configs and not (configs[key].isdigit() and 1 <= int(configs[key]) <= RDZV_TIMEOUT_MAX_S):
+            return f"{key}={configs[key]!r} must be whole seconds in [1, {RDZV_TIMEOUT_MAX_S}]"
+    if configs.get("is_host", "1").lower() not in BOOLEAN_SPELLINGS:
+        return f"is_host={configs['is_host']!r} must be 1 or 0 (true/false, yes/no)"
+    return ""
+
+
 def keep_alive_problem(interval: str, attempts: str) -> str:
     """What is wrong with a keep-alive setting, in one line naming the keys; empty when it is fine."""
     lo, hi = KEEP_ALIVE_S_RANGE
@@ -291,11 +308,11 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         parser.error("--nproc-per-node must be >= 1")
     min_nodes, max_nodes = a.nnodes
     backend, endpoint, run_id = a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id
-    if a.standalone or (max_nodes == 1 and not endpoint):
+    standalone = a.standalone or (max_nodes == 1 and not endpoint)
+    if standalone:
         if max_nodes > 1:
             parser.error("--standalone runs one node; drop it or use --nnodes=1")
         backend, endpoint, run_id = "kit", "127.0.0.1:0", run_id or str(uuid.uuid4())
-        a.rdzv_conf = ",".join(filter(None, ["is_host=1", a.rdzv_conf]))
     elif not endpoint:
         parser.error(f"--rdzv-endpoint HOST:PORT is required for {max_nodes} nodes (the host of node 0)")
     if not run_id:
@@ -311,10 +328,17 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             parser.error(f"--rdzv-conf item {item!r} is not KEY=VALUE")
+        if key.strip() in configs:
+            parser.error(f"--rdzv-conf gives {key.strip()} twice; give each key once")
         configs[key.strip()] = value.strip()
+    if standalone:
+        if "is_host" in configs:
+            parser.error("--rdzv-conf is_host: --standalone hosts the rendezvous store itself; drop is_host")
+        configs["is_host"] = "1"
     for key, value in RDZV_DEFAULTS.items():
         configs.setdefault(key, value)
     problem = keep_alive_problem(configs["keep_alive_interval"], configs["keep_alive_max_attempt"])
+    problem = problem or rdzv_conf_problem(configs)
     if problem:
         parser.error(f"--rdzv-conf {problem}")
     if backend == "static":

@@ -304,7 +304,8 @@ BAD_VALUES = [
         "SPARES=1: hot spares need LAUNCHER=kit (torchrun is a "
         "baseline and keeps its own set-up); use SPARES=0 or LAUNCHER=kit",
     ),
-    (["REPLACEMENT_WAIT_S=0", *LOCAL], "REPLACEMENT_WAIT_S=0: must be at least 1 second"),
+    (["REPLACEMENT_WAIT_S=0", *LOCAL], "REPLACEMENT_WAIT_S=0: must be 1 to 604800 seconds"),
+    (["REPLACEMENT_WAIT_S=604801", *LOCAL], "REPLACEMENT_WAIT_S=604801: must be 1 to 604800 seconds"),
     (["RDZV_KEEP_ALIVE_S=nan", *LOCAL], "RDZV_KEEP_ALIVE_S='nan': must be a finite number"),
     (
         ["RDZV_KEEP_ALIVE_S=0", *LOCAL],

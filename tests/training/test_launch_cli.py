@@ -88,6 +88,20 @@ def test_underscore_spellings_and_standalone() -> None:
         (["--hang-interrupt-grace=-1", "-m", "t"], "(0: off), got '-1'"),
         (["--standalone", "--nnodes=2", "-m", "t"], "--standalone runs one node"),
         (["--rdzv-conf=oops", "--standalone", "-m", "t"], "--rdzv-conf item 'oops' is not KEY=VALUE"),
+        (["--rdzv-conf=join_timeout=0", "-m", "t"], "join_timeout='0' must be whole seconds in [1, 604800]"),
+        (["--rdzv-conf=last_call_timeout=nan", "-m", "t"], "last_call_timeout='nan' must be whole seconds"),
+        (
+            ["--nnodes=2", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--rdzv-conf=is_host=maybe", "-m", "t"],
+            "is_host='maybe' must be 1 or 0",
+        ),
+        (
+            ["--rdzv-conf=join_timeout=5,join_timeout=9", "-m", "t"],
+            "--rdzv-conf gives join_timeout twice; give each key once",
+        ),
+        (
+            ["--standalone", "--rdzv-conf=is_host=0", "-m", "t"],
+            "--standalone hosts the rendezvous store itself",
+        ),
         (["--rdzv-backend=etcd", "-m", "t"], "invalid choice: 'etcd'"),
         (["--spares=-1", "-m", "t"], "--spares must be an integer >= 0, got '-1'"),
         (

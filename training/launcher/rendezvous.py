@@ -43,9 +43,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -274,9 +276,6 @@ def _why_dead(beat: str | None) -> str:
 
 def node_id(addr: str) -> str:
     """A name unique to this launcher process: a restarted pod is a new node."""
-    import os
-    import uuid
-
     return f"{addr}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
@@ -315,10 +314,10 @@ class KitRendezvous(RendezvousHandler):
         return self.settings.run_id
 
     def is_closed(self) -> bool:
-        return bool(self._call("check", [self.keys.closed]))
+        return bool(self.link.call("check", [self.keys.closed]))
 
     def set_closed(self) -> None:
-        self._call("set", self.keys.closed, "1")
+        self.link.call("set", self.keys.closed, "1")
 
     def shutdown(self) -> bool:
         """Close the rendezvous (the job is over: spares exit 0) and stop beating."""
@@ -336,7 +335,7 @@ class KitRendezvous(RendezvousHandler):
         now = time.monotonic()
         if now - at < self.settings.beat_s:
             return value
-        value = self._call("counter", self.keys.round(self.round + 1, "count")) if self.round else 0
+        value = self.link.counter(self.keys.round(self.round + 1, "count")) if self.round else 0
         self._waiting_cache = (now, value)
         return value
 
@@ -370,17 +369,12 @@ class KitRendezvous(RendezvousHandler):
         self._left = True
         self._stop.set()
         with contextlib.suppress(RendezvousConnectionError, RuntimeError):
-            self._call("set", self.keys.beat(self.node), LEFT)  # else the beat expires
+            self.link.call("set", self.keys.beat(self.node), LEFT)  # else the beat expires
 
     def first_round_complete(self) -> bool:
         return self._last_round() > 0 or self.is_closed()
 
     # --- internals ----------------------------------------------------------------------------------------
-
-    def _call(self, method: str, *args: Any) -> Any:
-        if method in ("read", "read_many", "counter"):
-            return getattr(self.link, method)(*args)
-        return self.link.call(method, *args)
 
     def _beat(self) -> None:
         if not self._left:
@@ -417,13 +411,13 @@ class KitRendezvous(RendezvousHandler):
             raise RendezvousClosedError("the rendezvous is closed (the job finished or was stopped)")
 
     def _last_round(self) -> int:
-        value = self._call("read", self.keys.last)
+        value = self.link.read(self.keys.last)
         return int(value) if value else 0
 
     def _members_of(self, t: int) -> dict[str, int]:
         if t == self.round and self.members:
             return dict(self.members)
-        raw = self._call("read", self.keys.round(t, "result"))
+        raw = self.link.read(self.keys.round(t, "result"))
         return json.loads(raw)["ranks"] if raw else {}
 
     def _is_outsider(self, last: int, members: dict[str, int]) -> bool:
@@ -437,8 +431,8 @@ class KitRendezvous(RendezvousHandler):
 
     def _register_in_pool(self) -> None:
         if self._pool_index is None:
-            index = self._call("add", self.keys.pool_count, 1)
-            self._call("set", self.keys.pool(index), self.node)
+            index = self.link.call("add", self.keys.pool_count, 1)
+            self.link.call("set", self.keys.pool(index), self.node)
             self._pool_index = index
 
     def _wait_for_invite(self, last: int) -> int | None:
@@ -452,8 +446,8 @@ class KitRendezvous(RendezvousHandler):
             if self._pool_index is None and self._last_round() > 0:
                 self._register_in_pool()  # a spare by index: the first round is complete
             if self.link.wait_for(key, WAIT_S, SPARE_POLL_S):
-                value = self._call("read", key)
-                self._call("delete_key", key)
+                value = self.link.read(key)
+                self.link.call("delete_key", key)
                 if value:
                     return int(value)
             checks += 1
@@ -467,10 +461,10 @@ class KitRendezvous(RendezvousHandler):
     def _join(self, t: int, deadline: float) -> RendezvousInfo | None:
         """Join round `t`; its info if this node is in it, None if it completed without this node."""
         generation = self.link.generation
-        index = self._call("add", self.keys.round(t, "count"), 1)
-        self._call("set", self.keys.round(t, f"j{index}"), json.dumps([self.node, self.addr]))
+        index = self.link.call("add", self.keys.round(t, "count"), 1)
+        self.link.call("set", self.keys.round(t, f"j{index}"), json.dumps([self.node, self.addr]))
         leader_key = self.keys.round(t, "leader")
-        leader = bytes(self._call("compare_set", leader_key, "", self.node)).decode()
+        leader = bytes(self.link.call("compare_set", leader_key, "", self.node)).decode()
         formation: _Formation | None = None
         lost_leaders: set[str] = set()
         last_leader_check = time.monotonic()
@@ -478,7 +472,7 @@ class KitRendezvous(RendezvousHandler):
         while True:
             if leader != self.node:  # a follower: polls the result key until its leader's next check
                 self.link.wait_for(result_key, self.settings.beat_s, FOLLOWER_POLL_S)
-            raw = self._call("read", result_key)
+            raw = self.link.read(result_key)
             if self.link.generation != generation:
                 raise StoreReset  # the store restarted: round t's joiners and leader are gone
             if raw is not None:
@@ -495,7 +489,7 @@ class KitRendezvous(RendezvousHandler):
                 last_leader_check = now
                 if self._is_dead(leader, now, {}):
                     lost_leaders.add(leader)
-                    won = bytes(self._call("compare_set", leader_key, leader, self.node)).decode()
+                    won = bytes(self.link.call("compare_set", leader_key, leader, self.node)).decode()
                     if won == self.node:
                         log.warning("kit-launch: round %d's leader %s is gone; this node leads", t, leader)
                     leader = won
@@ -509,7 +503,7 @@ class KitRendezvous(RendezvousHandler):
                 time.sleep(POLL_S)
 
     def _is_dead(self, node: str, now: float, missing_since: dict[str, float]) -> bool:
-        beat = self._call("read", self.keys.beat(node))
+        beat = self.link.read(self.keys.beat(node))
         return self._beat_dead(node, beat, now, missing_since)
 
     def _beat_dead(self, node: str, beat: str | None, now: float, missing_since: dict[str, float]) -> bool:
@@ -523,9 +517,9 @@ class KitRendezvous(RendezvousHandler):
         """One step of forming round f.t; True once the result is published."""
         s = self.settings
         now = time.monotonic()
-        count = self._call("counter", self.keys.round(f.t, "count"))
+        count = self.link.counter(self.keys.round(f.t, "count"))
         fresh = range(f.read_upto + 1, count + 1)
-        names = self._call("read_many", [self.keys.round(f.t, f"j{i}") for i in fresh])
+        names = self.link.read_many([self.keys.round(f.t, f"j{i}") for i in fresh])
         for index, raw in zip(fresh, names, strict=True):
             if raw is None:  # written right after its index was taken: read it on the next poll, unless
                 since = f.missing_since.setdefault(f"j{index}", now)  # its node died in between
@@ -539,7 +533,7 @@ class KitRendezvous(RendezvousHandler):
         absent = [m for m in f.previous if m not in f.joined and m not in f.dead]
         if absent and now - f.beats_read_at >= s.beat_s / 2:  # O(absent) reads, twice a beat at most
             f.beats_read_at = now
-            beats = self._call("read_many", [self.keys.beat(m) for m in absent])
+            beats = self.link.read_many([self.keys.beat(m) for m in absent])
             for member, beat in zip(absent, beats, strict=True):
                 if self._beat_dead(member, beat, now, f.missing_since):
                     f.dead.add(member)
@@ -583,7 +577,7 @@ class KitRendezvous(RendezvousHandler):
             for n in f.joined
             if n != self.node and (n in f.suspects or now - f.joined_at.get(n, now) > expiry)
         ]
-        beats = dict(zip(others, self._call("read_many", [self.keys.beat(n) for n in others]), strict=True))
+        beats = dict(zip(others, self.link.read_many([self.keys.beat(n) for n in others]), strict=True))
         gone = {n for n, beat in beats.items() if self._beat_dead(n, beat, now, {})}
         for node in gone - f.dropped:
             why = _why_dead(beats[node])
@@ -597,8 +591,8 @@ class KitRendezvous(RendezvousHandler):
                 del f.invited[node]
                 f.passed_over.add(node)
                 log.warning("kit-launch: round %d: invited node %s did not join; passing it over", f.t, node)
-        count = self._call("counter", self.keys.pool_count)
-        names = self._call("read_many", [self.keys.pool(i) for i in range(f.pool_seen + 1, count + 1)])
+        count = self.link.counter(self.keys.pool_count)
+        names = self.link.read_many([self.keys.pool(i) for i in range(f.pool_seen + 1, count + 1)])
         for raw in names:
             if raw is None:
                 break
@@ -606,14 +600,14 @@ class KitRendezvous(RendezvousHandler):
             f.pool_seen += 1
         skip = set(f.previous) | set(f.joined) | set(f.invited) | f.passed_over | f.dead | f.dropped
         candidates = [n for n in f.pool if n not in skip]
-        beats = self._call("read_many", [self.keys.beat(n) for n in candidates])
+        beats = self.link.read_many([self.keys.beat(n) for n in candidates])
         for node, beat in zip(candidates, beats, strict=True):
             if wanted <= 0:
                 break
             if self._beat_dead(node, beat, now, f.missing_since):
                 f.passed_over.add(node)
                 continue
-            self._call("set", self.keys.invite(node), str(f.t))
+            self.link.call("set", self.keys.invite(node), str(f.t))
             f.invited[node] = now
             wanted -= 1
             log.info("kit-launch: round %d: inviting node %s to take a free place", f.t, node)
@@ -621,8 +615,8 @@ class KitRendezvous(RendezvousHandler):
     def _publish(self, f: _Formation, chosen: list[str]) -> None:
         ranks = stable_ranks(f.previous, sorted(chosen))
         addrs = {n: f.joined[n] for n in chosen}
-        self._call("set", self.keys.round(f.t, "result"), self._result_bytes(ranks, addrs))
-        self._call("set", self.keys.last, str(f.t))
+        self.link.call("set", self.keys.round(f.t, "result"), self._result_bytes(ranks, addrs))
+        self.link.call("set", self.keys.last, str(f.t))
 
     @staticmethod
     def _result_bytes(ranks: dict[str, int], addrs: dict[str, str]) -> str:
@@ -637,13 +631,13 @@ class KitRendezvous(RendezvousHandler):
         rank, world = ranks[self.node], len(ranks)
         master_key = self.keys.round(t, "master")
         if rank == 0:
-            self._call("set", master_key, f"{self.addr} {free_port_run()}")
+            self.link.call("set", master_key, f"{self.addr} {free_port_run()}")
         give_up = time.monotonic() + self.settings.join_timeout_s
         while not self.link.wait_for(master_key, self.settings.beat_s, POLL_S / 5):
             self._raise_if_closed()
             if time.monotonic() > give_up:  # rank 0 was lost before it named its port
                 raise RendezvousTimeoutError(f"round {t}: rank 0 never named the workers' store port")
-        master = self._call("read", master_key)
+        master = self.link.read(master_key)
         addr, port = master.rsplit(" ", 1)
         self.round, self.members, self._member_addrs = t, dict(ranks), dict(result["addrs"])
         self._pool_index = None  # a member now: a later pool entry is a new one
@@ -667,8 +661,8 @@ def kit_handler(
         max_nodes=params.max_nodes,
         beat_s=keep_alive_s,
         attempts=attempts,
-        join_timeout_s=float(params.get_as_int("join_timeout", 600) or 600),
-        last_call_s=float(params.get_as_int("last_call_timeout", 30) or 30),
+        join_timeout_s=float(params.get_as_int("join_timeout", 600)),  # checked by training/launch.py
+        last_call_s=float(params.get_as_int("last_call_timeout", 30)),
         spare=spare,
     )
     return KitRendezvous(link, settings, local_addr=params.local_addr)
