@@ -50,6 +50,9 @@ Kinds and their own fields:
                   beat again while a rank was busy on a CPU (a restart the busy check saved)
     launcher_start node_rank, nodes, spares (a pod with node_rank >= nodes starts as a hot spare)
     spare_waiting node_rank: a spare waits warm for the first round to form
+    rdzv_round    round, rank, world, asked_at, wait_s: this node is in a complete round of the kit's
+                  rendezvous (asked at `asked_at`, epoch seconds; waited `wait_s` for the round)
+    rdzv_store_reconnected endpoint: the rendezvous store was lost and reached again (kit rendezvous)
     group_started attempt, ranks (global ranks of this node's workers): a worker group starts
     restart       attempt, reason, remaining (restart budget left)
     node_given_up node, failures, window_s, reason: the node failed by itself too often

@@ -53,18 +53,23 @@ class Internal:
     fields: tuple[str, ...] = ()
     """Attributes an instance or an enum must have (read from the class: annotations, members, slots)."""
     why: str = ""
+    c10d_rendezvous: bool = False
+    """Used only by torch's c10d rendezvous with the kit's spares (--rdzv-backend=c10d): a launcher on the
+    kit's own rendezvous (the default) does not need it, and is not refused when torch changed it."""
 
 
 DR = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 INTERNALS: tuple[Internal, ...] = (
-    # --- the launcher's rendezvous (training/launcher/spares.py) --------------------------------------------
+    # --- torch's c10d rendezvous with the kit's spares (training/launcher/spares.py, --rdzv-backend=c10d) ---
     Internal(
+        c10d_rendezvous=True,
         module=DR,
         name="_RendezvousJoinOp.__call__",
         params=("self", "ctx", "deadline"),
         why="spare join rules",
     ),
     Internal(
+        c10d_rendezvous=True,
         module=DR,
         name="_DistributedRendezvousOpExecutor",
         params=("self", "node", "state_holder", "settings"),
@@ -72,14 +77,26 @@ INTERNALS: tuple[Internal, ...] = (
         why="stable ranks across rounds",
     ),
     Internal(
+        c10d_rendezvous=True,
         module=DR,
         name="DynamicRendezvousHandler",
         fields=("_this_node", "_state_holder", "_settings", "_op_executor"),
         why="the kit's executor and state cache",
     ),
-    Internal(module=DR, name="_Action", fields=("KEEP_ALIVE", "SYNC", "REMOVE_FROM_WAIT_LIST")),
-    Internal(module=DR, name="_RendezvousContext", params=("self", "node", "state", "settings")),
     Internal(
+        c10d_rendezvous=True,
+        module=DR,
+        name="_Action",
+        fields=("KEEP_ALIVE", "SYNC", "REMOVE_FROM_WAIT_LIST"),
+    ),
+    Internal(
+        c10d_rendezvous=True,
+        module=DR,
+        name="_RendezvousContext",
+        params=("self", "node", "state", "settings"),
+    ),
+    Internal(
+        c10d_rendezvous=True,
         module=DR,
         name="_RendezvousState",
         fields=(
@@ -88,12 +105,31 @@ INTERNALS: tuple[Internal, ...] = (
         ),
         why="the membership the join rules read",
     ),
-    Internal(module=DR, name="_delay", params=("seconds",), why="the 1 s state poll"),
-    Internal(module=DR, name="_should_keep_alive", params=("ctx",), why="keep-alive due at half an interval"),
-    Internal(module=DR, name="get_method_name", params=("depth",), why="inspect.stack() per rendezvous step"),
-    Internal(module=DR, name="_BackendRendezvousStateHolder", fields=("_cache_duration",), why="state cache"),
-    Internal(module=DR, name="_BackendRendezvousStateHolder.sync", params=("self",)),
+    Internal(c10d_rendezvous=True, module=DR, name="_delay", params=("seconds",), why="the 1 s state poll"),
     Internal(
+        c10d_rendezvous=True,
+        module=DR,
+        name="_should_keep_alive",
+        params=("ctx",),
+        why="keep-alive due at half an interval",
+    ),
+    Internal(
+        c10d_rendezvous=True,
+        module=DR,
+        name="get_method_name",
+        params=("depth",),
+        why="inspect.stack() per rendezvous step",
+    ),
+    Internal(
+        c10d_rendezvous=True,
+        module=DR,
+        name="_BackendRendezvousStateHolder",
+        fields=("_cache_duration",),
+        why="state cache",
+    ),
+    Internal(c10d_rendezvous=True, module=DR, name="_BackendRendezvousStateHolder.sync", params=("self",)),
+    Internal(
+        c10d_rendezvous=True,
         module="torch.distributed.elastic.rendezvous.api",
         name="get_free_port",
         why="MASTER_PORT with the NVRx store ports free",
@@ -256,9 +292,11 @@ def _zip_round_trip_problem() -> str | None:
     return None
 
 
-def problems(overrides: tuple[type, ...] = ()) -> list[str]:
-    """Every problem with this torch's private names: each name, each override, the zip shortcut."""
-    found = [p for item in INTERNALS if (p := internal_problem(item)) is not None]
+def problems(overrides: tuple[type, ...] = (), *, c10d_rendezvous: bool = True) -> list[str]:
+    """Every problem with this torch's private names: each name, each override, the zip shortcut (the c10d
+    rendezvous' names only with `c10d_rendezvous`)."""
+    wanted = [item for item in INTERNALS if c10d_rendezvous or not item.c10d_rendezvous]
+    found = [p for item in wanted if (p := internal_problem(item)) is not None]
     for klass in overrides:
         found += override_problems(klass)
     if not found and (problem := _zip_round_trip_problem()) is not None:
@@ -276,11 +314,11 @@ def describe(found: list[str]) -> str:
 
 
 @functools.cache
-def check(overrides: tuple[type, ...] = ()) -> str | None:
+def check(overrides: tuple[type, ...] = (), *, c10d_rendezvous: bool = False) -> str | None:
     """One line if this torch cannot run the kit, else None (checked once per process and set of classes)."""
     if (problem := version_problem(torch.__version__)) is not None:
         return problem
-    found = problems(overrides=overrides)
+    found = problems(overrides=overrides, c10d_rendezvous=c10d_rendezvous)
     return describe(found) if found else None
 
 

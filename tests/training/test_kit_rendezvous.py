@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
-from training.launcher.rendezvous import KitRendezvous, Settings, StoreLink
+from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
 from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +146,10 @@ def remotes() -> Iterator[list[Remote]]:
 
 
 def test_a_round_forms_and_a_rank_fault_reforms_on_the_same_nodes_with_the_same_ranks(store: Store) -> None:
-    a, b = Member(store, 2).join(), Member(store, 2).join()
+    a, b = Member(store, 2), Member(store, 2)
+    told: list[Joined] = []
+    a.handler.on_round.append(told.append)  # the launcher's rdzv_round event
+    a.join(), b.join()
     spare = Member(store, 2, spare=True).join()
     first = {a.result(), b.result()}
     assert {r[1] for r in first} == {0, 1} and {r[0] for r in first} == {1}
@@ -157,6 +160,8 @@ def test_a_round_forms_and_a_rank_fault_reforms_on_the_same_nodes_with_the_same_
     b.join()
     assert a.result() == (2, ranks[a], 2) and b.result() == (2, ranks[b], 2)
     assert spare.pending()  # both members were alive: no place for the spare
+    assert [(j.round, j.rank, j.world) for j in told] == [(1, ranks[a], 2), (2, ranks[a], 2)]
+    assert all(0 <= j.formed_at - j.asked_at < WAIT_S for j in told) and told[0].formed_at <= told[1].asked_at
 
 
 def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(

@@ -113,10 +113,28 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_the_launcher_refuses_a_torch_whose_rendezvous_internals_changed(tmp_path: Path) -> None:
+def test_torchs_rendezvous_internals_are_needed_only_on_its_rendezvous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous as dynamic
+
+    monkeypatch.delattr(dynamic, "_delay")
+    assert internals.problems(overrides=(KitElasticAgent,), c10d_rendezvous=False) == []
+    found = internals.problems(overrides=KIT_CLASSES, c10d_rendezvous=True)
+    assert found == [f"torch {torch.__version__}: {dynamic.__name__}._delay is gone"]
+
+
+def test_the_launcher_on_c10d_refuses_a_torch_whose_rendezvous_internals_changed(tmp_path: Path) -> None:
     change = "import torch.distributed.elastic.rendezvous.dynamic_rendezvous as d\ndel d._delay"
     argv = [
-        "--standalone",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:29400",
+        "--rdzv-id",
+        "internals",
+        "--nnodes",
+        "1",
         "--worker-start",
         "exec",
         "--run-dir",

@@ -110,6 +110,17 @@ class Settings:
         return max(2.0 * self.expiry_s, 2.0)
 
 
+@dataclass(frozen=True)
+class Joined:
+    """This node in a complete round: when it asked (`next_rendezvous`) and when the round had it."""
+
+    round: int
+    rank: int
+    world: int
+    asked_at: float
+    formed_at: float
+
+
 class Keys:
     """The store's keys of one run (one prefix: runs sharing a store never meet)."""
 
@@ -297,6 +308,8 @@ class KitRendezvous(RendezvousHandler):
         self._stop = threading.Event()
         self._left = False
         self._beat_thread: threading.Thread | None = None
+        self.on_round: list[Any] = []
+        """Called with a `Joined` each time this node is in a complete round (the launcher's event)."""
         link.on_reconnect.append(self._republish)
         self._beat()
         self._start_beat()
@@ -340,6 +353,7 @@ class KitRendezvous(RendezvousHandler):
         return value
 
     def next_rendezvous(self) -> RendezvousInfo:
+        called = time.time()
         deadline = time.monotonic() + self.settings.join_timeout_s
         invited_to: int | None = None
         while True:
@@ -356,6 +370,9 @@ class KitRendezvous(RendezvousHandler):
             except StoreReset:
                 continue
             if info is not None:
+                joined = Joined(self.round, info.rank, info.world_size, called, time.time())
+                for callback in self.on_round:
+                    callback(joined)
                 return info
             if time.monotonic() > deadline and not self._in_pool():
                 raise RendezvousTimeoutError(

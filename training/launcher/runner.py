@@ -37,7 +37,9 @@ log = logging.getLogger("kit.launch")
 
 def run(args: LaunchArgs, *, workdir: str) -> int:
     """Start the zygote (if any), run the agent, and return the launcher's exit code."""
-    problem = internals.check(overrides=(KitElasticAgent, spares.KitOpExecutor))
+    c10d = args.rdzv_backend == "c10d"  # torch's rendezvous internals matter only on its rendezvous
+    overrides = (KitElasticAgent, spares.KitOpExecutor) if c10d else (KitElasticAgent,)
+    problem = internals.check(overrides=overrides, c10d_rendezvous=c10d)
     if problem is not None:  # before any store, zygote or worker: the same on every pod, never retried
         log.error("kit-launch: error: %s", problem)
         return exitcodes.FATAL_CONFIG
@@ -144,6 +146,16 @@ def _run_agent(
         if isinstance(rdzv_handler, rendezvous.KitRendezvous):
             rdzv_handler.link.on_reconnect.append(
                 lambda: events.emit("rdzv_store_reconnected", endpoint=args.rdzv_endpoint)
+            )
+            rdzv_handler.on_round.append(
+                lambda j: events.emit(
+                    "rdzv_round",
+                    round=j.round,
+                    rank=j.rank,
+                    world=j.world,
+                    asked_at=round(j.asked_at, 4),
+                    wait_s=round(j.formed_at - j.asked_at, 4),
+                )
             )
     except (RendezvousError, RuntimeError, ValueError) as exc:
         message = rendezvous_setup_error(args.rdzv_endpoint, exc)
