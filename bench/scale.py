@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import scale_launchers
 from ops.plan.calibration import growth, project, write_section
 
 REPO = Path(__file__).resolve().parents[1]
@@ -376,7 +377,7 @@ def figures(rows: list[dict[str, float]]) -> dict[str, float]:
         r["control_plane_s"] = r["detect_s"] + r["reform_s"]
     return {
         "nodes_light_max": max(r["nodes"] for r in rows),
-        "formation_growth": round(growth(rows, "formation_s"), 2),
+        "light_formation_growth": round(growth(rows, "formation_s"), 2),
         "store_bytes_growth": round(growth(rows, "store_bytes_s"), 2),
         "store_cpu_growth": round(growth(rows, "store_cpu"), 2),
         "recovery_growth": round(growth(rows, "control_plane_s"), 2),
@@ -390,13 +391,37 @@ def figures(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def result_line(rows: list[dict[str, float]]) -> str:
-    """The kit design's figures; torch's c10d design's beside them with a `c10d_` prefix."""
+def launcher_figures(real: list[dict[str, float]], light: dict[str, float]) -> dict[str, float]:
+    """The real launchers' figures, and the whole node-loss recovery projected at 1,024 nodes: the control
+    plane along the light nodes' fits (detection + re-forming) plus the workers' start and first step as
+    measured at the largest real N (on 2 cores that phase grows with the CPU N launchers share, not with
+    the design: an over-estimate for 1,024 hosts; NCCL's own start at 8,192 GPUs is not in it)."""
+    real = sorted(real, key=lambda r: r["nodes"])
+    largest = real[-1]
+    out = {
+        "nodes_max": largest["nodes"],
+        "formation_growth": round(growth(real, "formation_s"), 2),
+        "launcher_false_expiries": sum(int(r["false_expiries"]) for r in real),
+        "false_restarts": sum(int(r["false_restarts"]) for r in real),
+        "beat_gap_max_s": round(max(r["beat_gap_max_s"] for r in real), 2),
+    }
+    if "projected_control_1024_s" in light:
+        start = largest["first_step_s"] - largest["reform_s"]
+        out["projected_recovery_1024_s"] = round(light["projected_control_1024_s"] + start, 2)
+    return out
+
+
+def result_line(rows: list[dict[str, float]], real: list[dict[str, float]] = ()) -> str:
+    """The kit design's figures (real launchers' and light nodes'); torch's c10d design's beside them with a
+    `c10d_` prefix."""
     out: dict[str, float] = {}
     for design, prefix in (("kit", ""), ("c10d", "c10d_")):
         mine = [r for r in rows if r["design"] == design]
         if len(mine) >= 2:
             out.update({f"{prefix}{k}": v for k, v in figures(mine).items()})
+    if len(real) >= 2:
+        out.update(launcher_figures(list(real), out))
+        out["false_expiries"] = out.get("false_expiries", 0) + out.pop("launcher_false_expiries")
     return "RESULT " + " ".join(f"{k}={v}" for k, v in out.items())
 
 
@@ -411,7 +436,13 @@ def verdict(rows: list[dict[str, float]]) -> str:
     return f"grows no faster than N^{BYTES_GROWTH_GOAL}: the design holds on this count"
 
 
-def section(rows: list[dict[str, float]], result: str, command: str, failures: Sequence[str] = ()) -> str:
+def section(
+    rows: list[dict[str, float]],
+    result: str,
+    command: str,
+    failures: Sequence[str] = (),
+    real: Sequence[dict[str, float]] = (),
+) -> str:
     """docs/benchmarks/scale.md: the table, the fits, the projections and what they say about each design."""
     rows = sorted(rows, key=lambda r: (r["design"] != "kit", r["nodes"]))
     notes = []
@@ -456,17 +487,61 @@ kit's figures, c10d's with the prefix `c10d_`:
   not grow in either design.
 - The clients' CPU (the machine, not the design) is printed per node; on 2 cores many light nodes slow each
   other's beats, so the largest N are the machine's limit, not the store's.
-{"".join(f"- Did not complete: {f}{chr(10)}" for f in failures)}"""
+{"".join(f"- Did not complete: {f}{chr(10)}" for f in failures)}{launchers_section(list(real))}"""
+
+
+def launchers_section(real: list[dict[str, float]]) -> str:
+    """The real launchers' table and what it shows (docs/benchmarks/scale.md)."""
+    if not real:
+        return ""
+    return f"""
+### Real launchers (`bench/scale_launchers.py`)
+
+N kit launchers (`python -m training.launch`, the kit's rendezvous, zygote workers) + 1 hot spare on this
+machine, one trivial worker each (bench/scale_worker.py: an all-reduce of one number and a beat per
+{scale_launchers.STEP_S:g} s step), against the kit's store process. Start-up: all launchers started at once
+to the first round (the machine's cost, with its CPU seconds per node). Formation: the last member's join
+call to the last member's complete round (`rdzv_round` events). Steady: {scale_launchers.STEADY_S:g} s of
+training. Node loss: node N-1's launcher, zygote and worker SIGSTOPped together (a silent host); detection is
+the first survivor launcher that sees its group hang (the heartbeat monitor), the round with the spare is
+its last member's `rdzv_round`, the first step is rank 0's first step in the new group, each from the loss.
+The longest beat gap is each node's own (the rendezvous' beat thread), from its first round to its join of
+the second: how near a live node came to the expiry.
+
+{scale_launchers.table(real)}
+"""
+
+
+def _sizes(parser: argparse.ArgumentParser, flag: str, text: str | None, most: int) -> list[int] | None:
+    """A comma-separated list of N from the command line (None: not given; 0: none)."""
+    if text is None:
+        return None
+    try:
+        sizes = [int(n) for n in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. 4,16")
+    if sizes == [0]:
+        return []
+    if any(n < 2 or n > most for n in sizes):
+        parser.error(f"{flag} {text!r}: each N must be in [2, {most}] (or 0 for none)")
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 4, 16, 64")
-    parser.add_argument("--nodes", help="comma-separated N (default 4,8,16,32,64,128,256)")
+    parser.add_argument(
+        "--nodes", help="comma-separated N for light nodes (default 4,8,16,32,64,128; quick 4,16,64; 0: none)"
+    )
     parser.add_argument(
         "--rendezvous", dest="design", choices=["both", "kit", "c10d"], default="both",
         help="the design(s) measured: the kit's (the launcher's default) and torch's c10d (default both)",
     )  # fmt: skip
+    parser.add_argument(
+        "--launchers",
+        help="comma-separated N for real launchers with trivial workers (default 4,8,16,32; quick 4,16; "
+        "0: none)",
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
@@ -476,15 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.client:
         return _client(args.endpoint, args.run_id, args.job_nodes, args.count, args.role, args.design)
-    if args.nodes:
-        try:
-            sizes = [int(n) for n in args.nodes.split(",")]
-        except ValueError:
-            parser.error(f"--nodes {args.nodes!r}: expected whole numbers separated by commas, e.g. 4,16,64")
-        if any(n < 2 or n > 2048 for n in sizes):
-            parser.error(f"--nodes {args.nodes!r}: each N must be in [2, 2048]")
-    else:
-        sizes = [4, 16, 64] if args.quick else [4, 8, 16, 32, 64, 128, 256]
+    sizes = _sizes(parser, "--nodes", args.nodes, 2048)
+    if sizes is None:
+        sizes = [4, 16, 64] if args.quick else [4, 8, 16, 32, 64, 128]
+    launchers = _sizes(parser, "--launchers", args.launchers, 64)
+    if launchers is None:
+        launchers = [4, 16] if args.quick else [4, 8, 16, 32]
     designs = ["kit", "c10d"] if args.design == "both" else [args.design]
     rows, failures = [], []
     for nodes in sizes:
@@ -500,11 +572,24 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
                 flush=True,
             )
+    real = []
+    for nodes in launchers:
+        try:
+            row = scale_launchers.measure(nodes)
+        except RuntimeError as exc:  # said, not fitted
+            failures.append(f"{nodes} launchers: {exc}")
+            print(f"{nodes} launchers: {exc}", flush=True)
+            continue
+        real.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     print(table(rows))
-    result = result_line(rows)
-    command = "python -m bench.scale" + (f" --nodes {args.nodes}" if args.nodes else "")
+    if real:
+        print(scale_launchers.table(real))
+    result = result_line(rows, real)
+    given = (("--nodes", args.nodes), ("--launchers", args.launchers))
+    command = "python -m bench.scale" + "".join(f" {flag} {value}" for flag, value in given if value)
     if not args.quick and len(designs) == 2:
-        DOC.write_text(section(rows, result, command, failures), encoding="utf-8")
+        DOC.write_text(section(rows, result, command, failures, real), encoding="utf-8")
         print(f"wrote {DOC.relative_to(REPO)}")
     kit_rows = sorted((r for r in rows if r["design"] == "kit"), key=lambda r: r["nodes"])
     if not args.quick and len(kit_rows) >= 2:  # the plan's detection and re-forming per N (ops/plan)

@@ -50,8 +50,9 @@ Kinds and their own fields:
                   beat again while a rank was busy on a CPU (a restart the busy check saved)
     launcher_start node_rank, nodes, spares (a pod with node_rank >= nodes starts as a hot spare)
     spare_waiting node_rank: a spare waits warm for the first round to form
-    rdzv_round    round, rank, world, asked_at, wait_s: this node is in a complete round of the kit's
-                  rendezvous (asked at `asked_at`, epoch seconds; waited `wait_s` for the round)
+    rdzv_round    round, rank, world, asked_at, wait_s, beat_gap_max_s: this node is in a complete round of
+                  the kit's rendezvous (asked at `asked_at`, epoch seconds; waited `wait_s`); its longest
+                  gap between two rendezvous beats since its previous round
     rdzv_store_reconnected endpoint: the rendezvous store was lost and reached again (kit rendezvous)
     group_started attempt, ranks (global ranks of this node's workers): a worker group starts
     restart       attempt, reason, remaining (restart budget left)

@@ -73,3 +73,45 @@ def test_the_section_says_whether_the_design_holds_from_the_fitted_growth() -> N
     text = scale.section(quadratic + linear, scale.result_line(quadratic + linear), "python -m bench.scale")
     kit, c10d = (line for line in text.splitlines() if line.startswith(("- **kit**", "- **c10d**")))
     assert "the design holds on this count" in kit and "does not hold at 1,024 nodes" in c10d
+
+
+def _launchers(nodes: int, **figures: float) -> dict[str, float]:
+    base = {
+        "nodes": nodes,
+        "startup_s": 2.0 * nodes,
+        "startup_cpu_per_node": 3.5,
+        "formation_s": 0.05 * nodes**0.25,
+        "store_cpu": 0.001,
+        "store_bytes_s": 500.0 * nodes,
+        "machine_cpu_per_node": 0.015,
+        "memory_mb_per_node": 110.0,
+        "steps_s": 3.0,
+        "false_restarts": 0,
+        "false_expiries": 0,
+        "beat_gap_max_s": 0.25 + 0.01 * nodes,
+        "detect_s": 0.6,
+        "reform_s": 1.4,
+        "first_step_s": 1.4 + 0.03 * nodes,
+        "event_cpu_per_node": 0.1,
+    }
+    return {**base, **figures}
+
+
+def test_the_real_launchers_give_nodes_max_formation_growth_and_the_whole_recovery_projected() -> None:
+    light = [_row(n) for n in (4, 16, 64)]
+    real = [_launchers(n) for n in (16, 4, 32, 8)]
+    real[0]["false_expiries"] = 2
+    figures = dict(item.split("=") for item in scale.result_line(light, real).removeprefix("RESULT ").split())
+    assert figures["nodes_max"] == "32" and figures["nodes_light_max"] == "64"
+    assert float(figures["formation_growth"]) == pytest.approx(0.25)  # the real launchers' fit
+    assert float(figures["light_formation_growth"]) == pytest.approx(0.0, abs=1e-9)
+    assert figures["false_expiries"] == "2" and figures["beat_gap_max_s"] == "0.57"
+    # the light nodes' control plane at 1,024 + the workers' start and first step at 32 real launchers
+    start = 0.03 * 32
+    assert float(figures["projected_recovery_1024_s"]) == pytest.approx(
+        float(figures["projected_control_1024_s"]) + start, abs=0.011
+    )
+    assert "projected_recovery_1024_s" not in scale.result_line([], real)  # no light fit: not projected
+    text = scale.launchers_section(sorted(real, key=lambda r: r["nodes"]))
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 5 and rows[1].startswith("| 4 | 8.0 (3.5) | 0.071 |")

@@ -15,9 +15,11 @@ steady costs more than O(1) per node (NVRx's barrier rendezvous takes the same t
   EKS: under a millisecond), as they must for torch's own keep-alives.
 - **Membership check** (`num_nodes_waiting`, the agent's every monitor interval): one counter, the number
   of nodes that joined the next round. O(1), cached for a beat.
-- **A round** `t`: each joiner takes an index (`add`) and writes its name; the first becomes the round's
+- **A round** `t`: each joiner takes an index (`add`) and writes its name and the endpoint its workers' store
+  would take as rank 0 (its address, a free port); the first becomes the round's
   leader (`compare_set`), polls the joiner count (O(1)), reads the new names (each once) and the beats of
-  the absent members, and publishes the result (node -> rank) once the round is full: the last round's
+  the absent members, and publishes the result (node -> rank, the endpoints: rank 0's is the workers'
+  store, so no node waits for another after the result) once the round is full: the last round's
   members first (a live member, restarting its workers, is waited for: a rank fault re-forms on the same
   nodes), then nodes that joined on their own (the first round, a grow with --nnodes MIN:MAX), then
   invited spares, only for places of members that are gone. Followers poll the result key (O(1)) and watch
@@ -119,6 +121,8 @@ class Joined:
     world: int
     asked_at: float
     formed_at: float
+    beat_gap_max_s: float
+    """The longest gap between two of this node's beats since its previous round."""
 
 
 class Keys:
@@ -248,7 +252,7 @@ class _Formation:
     t: int
     previous: dict[str, int]
     joined: dict[str, str] = field(default_factory=dict)
-    """Joiner -> its address, in arrival order."""
+    """Joiner -> "ADDR PORT", its address and a free port for the workers' store, in arrival order."""
     joined_at: dict[str, float] = field(default_factory=dict)
     """When the leader read each joiner's name: a node that joined within the expiry is alive by that."""
     read_upto: int = 0
@@ -308,6 +312,9 @@ class KitRendezvous(RendezvousHandler):
         self._stop = threading.Event()
         self._left = False
         self._beat_thread: threading.Thread | None = None
+        self.beat_gap_max_s = 0.0
+        """The longest time between two of this node's beats since its last round: how close a live node
+        came to being judged gone (the expiry's margin on this host); reset at each round."""
         self.on_round: list[Any] = []
         """Called with a `Joined` each time this node is in a complete round (the launcher's event)."""
         link.on_reconnect.append(self._republish)
@@ -370,7 +377,10 @@ class KitRendezvous(RendezvousHandler):
             except StoreReset:
                 continue
             if info is not None:
-                joined = Joined(self.round, info.rank, info.world_size, called, time.time())
+                joined = Joined(
+                    self.round, info.rank, info.world_size, called, time.time(), self.beat_gap_max_s
+                )
+                self.beat_gap_max_s = 0.0
                 for callback in self.on_round:
                     callback(joined)
                 return info
@@ -399,11 +409,17 @@ class KitRendezvous(RendezvousHandler):
 
     def _start_beat(self) -> None:
         def run() -> None:
+            last = time.monotonic()
             while not self._stop.wait(self.settings.beat_s):
                 try:
                     self._beat()
                 except (RendezvousConnectionError, RuntimeError) as exc:
                     log.warning("kit-launch: rendezvous beat failed: %s", exc)
+                    last = time.monotonic()  # the store was away, not this node
+                    continue
+                now = time.monotonic()
+                self.beat_gap_max_s = max(self.beat_gap_max_s, now - last)
+                last = now
 
         self._beat_thread = threading.Thread(target=run, name="kit-rdzv-beat", daemon=True)
         self._beat_thread.start()
@@ -479,7 +495,8 @@ class KitRendezvous(RendezvousHandler):
         """Join round `t`; its info if this node is in it, None if it completed without this node."""
         generation = self.link.generation
         index = self.link.call("add", self.keys.round(t, "count"), 1)
-        self.link.call("set", self.keys.round(t, f"j{index}"), json.dumps([self.node, self.addr]))
+        endpoint = f"{self.addr} {free_port_run()}"  # the workers' store, should this node be rank 0
+        self.link.call("set", self.keys.round(t, f"j{index}"), json.dumps([self.node, endpoint]))
         leader_key = self.keys.round(t, "leader")
         leader = bytes(self.link.call("compare_set", leader_key, "", self.node)).decode()
         formation: _Formation | None = None
@@ -646,16 +663,8 @@ class KitRendezvous(RendezvousHandler):
                 log.warning("kit-launch: round %d formed without this node (late): waiting as a spare", t)
             return None
         rank, world = ranks[self.node], len(ranks)
-        master_key = self.keys.round(t, "master")
-        if rank == 0:
-            self.link.call("set", master_key, f"{self.addr} {free_port_run()}")
-        give_up = time.monotonic() + self.settings.join_timeout_s
-        while not self.link.wait_for(master_key, self.settings.beat_s, POLL_S / 5):
-            self._raise_if_closed()
-            if time.monotonic() > give_up:  # rank 0 was lost before it named its port
-                raise RendezvousTimeoutError(f"round {t}: rank 0 never named the workers' store port")
-        master = self.link.read(master_key)
-        addr, port = master.rsplit(" ", 1)
+        rank0 = next(node for node, r in ranks.items() if r == 0)
+        addr, port = result["addrs"][rank0].rsplit(" ", 1)  # rank 0's endpoint, named when it joined
         self.round, self.members, self._member_addrs = t, dict(ranks), dict(result["addrs"])
         self._pool_index = None  # a member now: a later pool entry is a new one
         self._waiting_cache = (0.0, 0)

@@ -155,6 +155,7 @@ def _run_agent(
                     world=j.world,
                     asked_at=round(j.asked_at, 4),
                     wait_s=round(j.formed_at - j.asked_at, 4),
+                    beat_gap_max_s=round(j.beat_gap_max_s, 4),
                 )
             )
     except (RendezvousError, RuntimeError, ValueError) as exc:
