@@ -46,10 +46,14 @@ from pathlib import Path
 
 from bench import scale_launchers
 from ops.plan.calibration import growth, project, write_section
+from training.launch import RDZV_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
-KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 0.25, 5
-"""The launcher's defaults (training.launch.RDZV_DEFAULTS)."""
+KEEP_ALIVE = {
+    design: (float(conf["keep_alive_interval"]), int(conf["keep_alive_max_attempt"]))
+    for design, conf in RDZV_DEFAULTS.items()
+}
+"""Each design's keep-alive interval and attempts: the launcher's defaults."""
 MONITOR_S = 0.1
 """The launcher's --monitor-interval: how often the agent asks whether a node waits."""
 NODES_PER_PROCESS = 32
@@ -118,10 +122,14 @@ def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, desig
         kit = design == "kit"
         if kit:
             handler: object = rendezvous.kit_handler(
-                params, keep_alive_s=KEEP_ALIVE_S, attempts=KEEP_ALIVE_ATTEMPTS, spare=role == "spare"
+                params,
+                keep_alive_s=KEEP_ALIVE["kit"][0],
+                attempts=KEEP_ALIVE["kit"][1],
+                spare=role == "spare",
             )
         else:
-            handler = spares.c10d_handler(params, keep_alive_s=KEEP_ALIVE_S, attempts=KEEP_ALIVE_ATTEMPTS)
+            interval, attempts = KEEP_ALIVE["c10d"]
+            handler = spares.c10d_handler(params, keep_alive_s=interval, attempts=attempts)
             if role == "spare":
                 spares.wait_for_first_round(handler, FORM_TIMEOUT_S)
         name = f"{role}{index}@{os.getpid()}"
@@ -345,6 +353,13 @@ def measure(nodes: int, design: str) -> dict[str, float]:
             store.kill()
 
 
+def _keep_alive_text() -> str:
+    return "; ".join(
+        f"{design} {interval:g} s x {attempts} = {interval * attempts:g} s"
+        for design, (interval, attempts) in KEEP_ALIVE.items()
+    )
+
+
 def table(rows: list[dict[str, float]]) -> str:
     head = (
         "| design | N | formation s | store CPU (cores) | store MB/s | store syscalls/s | CAS writes/s "
@@ -464,7 +479,7 @@ def section(
     return f"""## The control plane as the job grows (`bench.scale`)
 
 `{command}`: for N light nodes + 1 hot spare against the kit's store process, both rendezvous designs side
-by side at each N (keep-alive {KEEP_ALIVE_S} s x {KEEP_ALIVE_ATTEMPTS}): a node is a handler and the agent's
+by side at each N (the launcher's keep-alive: {_keep_alive_text()}): a node is a handler and the agent's
 membership check every {MONITOR_S} s, no workers; the victim is SIGSTOPped (a silent host). Steady figures
 over {STEADY_S:g} s of fault-free membership; store CPU and bytes from its /proc stat and io.
 Detection: c10d, the first member that sees the spare waiting (the victim's keep-alive expired); kit, the
@@ -483,8 +498,8 @@ kit's figures, c10d's with the prefix `c10d_`:
 - c10d: every beat of every node is a compare-and-set of the whole state (a pickle of every node). kit: a
   beat is one small set of the node's own key and a membership check one counter read; only a membership
   change reads O(N) (the round's leader).
-- Detection is the expiry ({KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS:g} s) after the victim's last beat and does
-  not grow in either design.
+- Detection does not grow in either design: c10d's is the expiry after the victim's last beat; the kit's
+  is 3x the victim's own recent beat gap (at least 3 beats, at most the expiry) after its last beat.
 - The clients' CPU (the machine, not the design) is printed per node; on 2 cores many light nodes slow each
   other's beats, so the largest N are the machine's limit, not the store's.
 {"".join(f"- Did not complete: {f}{chr(10)}" for f in failures)}{launchers_section(list(real))}"""

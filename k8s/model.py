@@ -180,13 +180,13 @@ class JobValues:
     replacement_wait_s: int = 600
     """Seconds the surviving nodes wait for the group to re-form after a node is lost (a spare joins at
     once; without one, the Job's replacement pod) before they give up (rendezvous join_timeout)."""
-    rdzv_keep_alive_s: float = 0.25
-    """Seconds between the kit launcher's rendezvous keep-alive beats (`--rdzv-conf keep_alive_interval`).
-    A node that stops beating is dropped after RDZV_KEEP_ALIVE_S x RDZV_KEEP_ALIVE_ATTEMPTS (1.25 s), which
-    bounds how long a silently lost node holds up the group. Each beat is a compare-and-set of the whole
-    rendezvous state on the store pod: NODES+SPARES / RDZV_KEEP_ALIVE_S writes a second (272 for 64+4
-    nodes). Between 0.1 and 60. torchrun and ft_launcher keep their own set-up."""
-    rdzv_keep_alive_attempts: int = 5
+    rdzv_keep_alive_s: float = 0.1
+    """Seconds between the kit launcher's rendezvous beats (`--rdzv-conf keep_alive_interval`): each is one
+    small write of the node's own key on the store pod (NODES+SPARES / RDZV_KEEP_ALIVE_S a second: 680 for
+    64+4 nodes). A silent node is judged gone after 3x its own recent beat gap (0.36 s on a quiet host),
+    never later than RDZV_KEEP_ALIVE_S x RDZV_KEEP_ALIVE_ATTEMPTS (1.2 s), which bounds how long a silently
+    lost node holds up the group. Between 0.1 and 60. torchrun and ft_launcher keep their own set-up."""
+    rdzv_keep_alive_attempts: int = 12
     """Keep-alive intervals a node may miss before it is dropped (`keep_alive_max_attempt`, 2-100).
     (RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S must be at least 1 s: how long a live launcher's
     keep-alive may stall (a busy node, a slow store) before the group restarts without it."""

@@ -92,7 +92,7 @@ def _check_keep_alive(v: JobValues) -> None:
             v.rdzv_keep_alive_attempts,
             f"(RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S ({v.rdzv_keep_alive_s:g}) must be at least "
             f"{KEEP_ALIVE_STALL_MIN_S:g} s, or a live node whose keep-alive stalls that long (a busy node, a "
-            f"slow store) is dropped and the group restarts (e.g. 0.25 x 5)",
+            f"slow store) is dropped and the group restarts (e.g. 0.1 x 12)",
         )
 
 

@@ -33,9 +33,15 @@ from training.resilience.checkpoint.tier import TIER_DIR_ENV
 from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 log = logging.getLogger("kit.launch")
-RDZV_DEFAULTS = {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
-"""torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node; 0.25 s x 5 take 1.25 s and
-still let a live node's keep-alive stall for 1 s (training/launcher/spares.py). Override with --rdzv-conf."""
+RDZV_DEFAULTS = {
+    "kit": {"keep_alive_interval": "0.1", "keep_alive_max_attempt": "12"},
+    "c10d": {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"},
+}
+"""Per backend. torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node. The kit's: a
+beat of a few bytes every 0.1 s; a silent node is gone after 3x its own recent beat gap (0.36 s on a quiet
+host), never after more than 1.2 s (training/launcher/rendezvous.py). c10d: every keep-alive writes the
+whole state, so 0.25 s x 5 (1.25 s; a live node's keep-alive may stall 1 s; training/launcher/spares.py).
+Override with --rdzv-conf."""
 KEEP_ALIVE_S_RANGE = (0.1, 60.0)
 """Allowed keep_alive_interval, seconds: below 0.1 s 64 nodes would write the whole rendezvous state over
 640 times a second; above 60 s a dead node holds the job for minutes."""
@@ -296,7 +302,7 @@ def keep_alive_problem(interval: str, attempts: str) -> str:
         return (
             f"keep_alive_interval={interval} x (keep_alive_max_attempt={attempts} - 1) must be at least "
             f"{KEEP_ALIVE_STALL_MIN_S:g} s, or a live node whose keep-alive stalls that long is dropped "
-            f"(e.g. 0.25 x 5)"
+            f"(e.g. 0.1 x 12, or 0.25 x 5)"
         )
     return ""
 
@@ -335,7 +341,7 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         if "is_host" in configs:
             parser.error("--rdzv-conf is_host: --standalone hosts the rendezvous store itself; drop is_host")
         configs["is_host"] = "1"
-    for key, value in RDZV_DEFAULTS.items():
+    for key, value in RDZV_DEFAULTS["c10d" if backend == "c10d" else "kit"].items():
         configs.setdefault(key, value)
     problem = keep_alive_problem(configs["keep_alive_interval"], configs["keep_alive_max_attempt"])
     problem = problem or rdzv_conf_problem(configs)

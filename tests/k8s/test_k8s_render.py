@@ -115,7 +115,7 @@ def test_k8s_rank_discovery(nodes: int, tmp_path: Path) -> None:
     cmd = _container(manifests)["command"]
     assert f"--nnodes={nodes}" in cmd and "--nproc-per-node=8" in cmd and "--node-rank=$(NODE_RANK)" in cmd
     assert "--rdzv-endpoint=llama-rdzv.team-a.svc.cluster.local:29500" in cmd  # not pod 0: the store pod
-    assert "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.25,keep_alive_max_attempt=5" in cmd
+    assert "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.1,keep_alive_max_attempt=12" in cmd
     # What each pod sees, as the kubelet would resolve the env and $(VAR)s for completion index i.
     runner = LocalRunner(load_job(_render_local(nodes)), workdir=tmp_path)
     ranks: list[int] = []
@@ -344,7 +344,7 @@ LAUNCH = [
             "--rdzv-backend=kit",
             "--rdzv-endpoint=r1-rdzv.kit-training.svc.cluster.local:29500",
             "--rdzv-id=r1",
-            "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.25,keep_alive_max_attempt=5",
+            "--rdzv-conf=is_host=0,join_timeout=600,keep_alive_interval=0.1,keep_alive_max_attempt=12",
             "--max-restarts=4",
             "--monitor-interval=0.5",
             "--heartbeat-timeout=120",

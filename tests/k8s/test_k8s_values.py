@@ -320,7 +320,7 @@ BAD_VALUES = [
         ["RDZV_KEEP_ALIVE_S=0.2", "RDZV_KEEP_ALIVE_ATTEMPTS=5", *LOCAL],
         "RDZV_KEEP_ALIVE_ATTEMPTS=5: (RDZV_KEEP_ALIVE_ATTEMPTS - 1) x RDZV_KEEP_ALIVE_S (0.2) must be at least 1 s, "
         "or a live node whose keep-alive stalls that long (a busy node, a slow store) is dropped and the group "
-        "restarts (e.g. 0.25 x 5)",
+        "restarts (e.g. 0.1 x 12)",
     ),
     (["NODE_FAILURE_LIMIT=-2", *LOCAL], "NODE_FAILURE_LIMIT=-2: must be 0 (never give a node up) or more"),
     (["CHECKPOINT_WRITE_MIB_S=0", *LOCAL], "CHECKPOINT_WRITE_MIB_S=0.0: must be above 0 MiB/s"),

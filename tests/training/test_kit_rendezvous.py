@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
-from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
+from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink, beat_value, parse_beat
 from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,6 +164,16 @@ def test_a_round_forms_and_a_rank_fault_reforms_on_the_same_nodes_with_the_same_
     assert all(0 <= j.formed_at - j.asked_at < WAIT_S for j in told) and told[0].formed_at <= told[1].asked_at
 
 
+def test_a_silent_node_is_judged_by_its_own_recent_beat_gaps() -> None:
+    settings = Settings("t", 2, 2, beat_s=0.1, attempts=12)
+    assert settings.verdict_s(0.105) == pytest.approx(0.315)  # a quiet host: 3x its longest recent gap
+    assert settings.verdict_s(0.05) == pytest.approx(0.3)  # at least 3 beats
+    assert settings.verdict_s(0.87) == pytest.approx(1.2)  # a host whose beats stalled keeps the expiry
+    assert settings.verdict_s(float("inf")) == pytest.approx(1.2)  # too little history: the expiry
+    assert parse_beat(beat_value(1765000000.25, 0.104)) == (1765000000.25, 0.104)
+    assert parse_beat("1765000000.250") == (1765000000.25, float("inf"))  # a beat without its stall
+
+
 def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
     store: Store, remotes: list[Remote], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,6 +190,9 @@ def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
         assert spare.result() == (2, lost_rank, 2)
         assert a.result()[:2] == (2, 1 - lost_rank)
     assert "its last beat was" in caplog.text
+    gone = next(r.getMessage() for r in caplog.records if "is gone" in r.getMessage())
+    limit = float(gone.split("its limit ")[1].split(" s")[0])
+    assert 0.3 <= limit <= 1.2  # the victim's own limit (3x its recent beat gap), at most the expiry
     # The host comes back (flaps): it is not in round 2, which is full, so it waits in the pool ...
     victim.cont()
     with pytest.raises(queue.Empty):

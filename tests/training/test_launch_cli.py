@@ -53,7 +53,9 @@ def test_spares_and_the_kits_rendezvous_defaults() -> None:
          "--rdzv-conf=is_host=0", "-m", "training.train"]
     )  # fmt: skip
     assert (args.spares, args.node_rank, args.max_nodes) == (1, 2, 2)
-    assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
+    assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.1", "keep_alive_max_attempt": "12"}
+    c10d = parse_args(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=s:1", "--rdzv-id=j", "x.py"])
+    assert c10d.rdzv_configs == {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
     assert (args.node_failure_limit, args.node_failure_window_s) == (3, 600.0)
     given = parse_args(["--standalone", "--rdzv-conf=keep_alive_interval=2", "x.py"])
     assert given.rdzv_configs["keep_alive_interval"] == "2"

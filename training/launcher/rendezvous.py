@@ -10,9 +10,13 @@ steady costs more than O(1) per node (NVRx's barrier rendezvous takes the same t
   keep-alive interval. Nobody reads the beats while the job trains: a lost node is found by its peers'
   workers (a failed collective, or a hang the heartbeat monitor sees), whose agents then re-join. The beats
   are read only while a round forms, and only for the members that did not come back: dead once the beat
-  is older than the expiry (interval x attempts), or at once when it reads `left` (a drained or given-up
-  node, `leave()`). The nodes' clocks must agree to well under the expiry (chrony and Amazon Time Sync on
-  EKS: under a millisecond), as they must for torch's own keep-alives.
+  is older than the node's own limit, or at once when it reads `left` (a drained or given-up node,
+  `leave()`). The limit adapts to the host, as an accrual failure detector does (Hayashibara et al.; Akka,
+  Cassandra): each beat carries the longest gap the node saw between its own beats over the last 30 s,
+  and the limit is 3x that, at least 3 beats and at most the expiry (interval x attempts). A quiet host
+  (gaps ~0.1 s at the default 0.1 s interval) is judged gone 0.36 s after its last beat; a host whose
+  beats stalled under load keeps the expiry's margin (1.2 s). The nodes' clocks must agree to well under
+  the limit (chrony and Amazon Time Sync on EKS: under a millisecond).
 - **Membership check** (`num_nodes_waiting`, the agent's every monitor interval): one counter, the number
   of nodes that joined the next round. O(1), cached for a beat.
 - **A round** `t`: each joiner takes an index (`add`) and writes its name and the endpoint its workers' store
@@ -42,6 +46,7 @@ reads once, plus one result (O(N) bytes) read by each node.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -76,6 +81,18 @@ POLL_S = 0.05
 """Seconds between the round leader's polls of the joiner count."""
 FOLLOWER_POLL_S = 0.05
 """Seconds between a joiner's checks of its round's result (one small round trip)."""
+WAITING_CACHE_S = 0.25
+"""How long the membership check's answer is reused (the agent asks every monitor interval), and how often
+at most a follower looks at its round leader's beat."""
+STALL_WINDOW_S = 30.0
+"""How far back a node remembers its own longest gap between two beats (its stall, sent with each beat)."""
+STALL_HISTORY_BEATS = 10
+"""Beats a node must have behind it before its stall counts: a node with less history is judged at the
+expiry."""
+VERDICT_STALLS = 3.0
+VERDICT_BEATS = 3
+"""A silent node is gone once its last beat is older than VERDICT_STALLS x its own recent stall and at least
+VERDICT_BEATS beats, never later than the expiry (Settings.verdict_s)."""
 SPARE_POLL_S = 0.1
 """Seconds between a waiting spare's checks of its invite key: in steady training, S spares cost the store
 S / SPARE_POLL_S small round trips a second (64 spares: 640), and an invite waits at most this long."""
@@ -95,8 +112,8 @@ class Settings:
     run_id: str
     min_nodes: int
     max_nodes: int
-    beat_s: float = 0.25
-    attempts: int = 5
+    beat_s: float = 0.1
+    attempts: int = 12
     join_timeout_s: float = 600.0
     last_call_s: float = 30.0
     spare: bool = False
@@ -105,6 +122,12 @@ class Settings:
     @property
     def expiry_s(self) -> float:
         return self.beat_s * self.attempts
+
+    def verdict_s(self, stall_s: float) -> float:
+        """How old a silent node's last beat may be before it is gone: VERDICT_STALLS x the longest gap it
+        saw between its own beats lately (a quiet host: ~0.1 s -> 0.36 s; one whose beats stall under load
+        waits longer), at least VERDICT_BEATS beats, at most the expiry (interval x attempts)."""
+        return min(self.expiry_s, max(VERDICT_BEATS * self.beat_s, VERDICT_STALLS * stall_s))
 
     @property
     def invite_timeout_s(self) -> float:
@@ -281,12 +304,28 @@ def _names_this_machine(host: str) -> bool:
     return any(addr.startswith("127.") or addr == "::1" or addr in ours for addr in theirs)
 
 
-def _why_dead(beat: str | None) -> str:
+def beat_value(at: float, stall_s: float) -> str:
+    """A beat: the node's wall clock and its own recent stall (seconds)."""
+    return f"{at:.3f} {stall_s:.3f}"
+
+
+def parse_beat(beat: str) -> tuple[float, float]:
+    """(when, stall) of a beat; a beat without a stall (none yet) has an infinite one: the expiry rules."""
+    at, _, stall = beat.partition(" ")
+    return float(at), float(stall) if stall else float("inf")
+
+
+def _why_dead(beat: str | None, settings: Settings) -> str:
     if beat == LEFT:
         return "it left"
     if beat is None:
         return "no beat since the store restarted"
-    return f"its last beat was {time.time() - float(beat):.2f} s ago"
+    at, stall = parse_beat(beat)
+    return (
+        f"its last beat was {time.time() - at:.2f} s ago; its limit {settings.verdict_s(stall):.2f} s "
+        f"(its longest recent beat gap {stall:.2f} s x {VERDICT_STALLS:g}, at most the expiry "
+        f"{settings.expiry_s:g} s)"
+    )
 
 
 def node_id(addr: str) -> str:
@@ -313,6 +352,9 @@ class KitRendezvous(RendezvousHandler):
         self._left = False
         self._beat_thread: threading.Thread | None = None
         self.beat_gap_max_s = 0.0
+        self._gaps: collections.deque[tuple[float, float]] = collections.deque()
+        """(when, gap) of this node's recent beats, for the stall it publishes."""
+        self._beats = 0
         """The longest time between two of this node's beats since its last round: how close a live node
         came to being judged gone (the expiry's margin on this host); reset at each round."""
         self.on_round: list[Any] = []
@@ -353,7 +395,7 @@ class KitRendezvous(RendezvousHandler):
         """Nodes that joined the next round (a spare in the pool does not count: it waits to be invited)."""
         at, value = self._waiting_cache
         now = time.monotonic()
-        if now - at < self.settings.beat_s:
+        if now - at < WAITING_CACHE_S:
             return value
         value = self.link.counter(self.keys.round(self.round + 1, "count")) if self.round else 0
         self._waiting_cache = (now, value)
@@ -405,7 +447,16 @@ class KitRendezvous(RendezvousHandler):
 
     def _beat(self) -> None:
         if not self._left:
-            self.link.call("set", self.keys.beat(self.node), lambda: f"{time.time():.3f}")
+            self.link.call("set", self.keys.beat(self.node), lambda: beat_value(time.time(), self._stall()))
+
+    def _stall(self) -> float:
+        """This node's longest gap between two beats over the last STALL_WINDOW_S (inf: too few yet)."""
+        horizon = time.monotonic() - STALL_WINDOW_S
+        while self._gaps and self._gaps[0][0] < horizon:
+            self._gaps.popleft()
+        if self._beats < STALL_HISTORY_BEATS:
+            return float("inf")
+        return max((gap for _, gap in self._gaps), default=self.settings.beat_s)
 
     def _start_beat(self) -> None:
         def run() -> None:
@@ -419,6 +470,8 @@ class KitRendezvous(RendezvousHandler):
                     continue
                 now = time.monotonic()
                 self.beat_gap_max_s = max(self.beat_gap_max_s, now - last)
+                self._gaps.append((now, now - last))
+                self._beats += 1
                 last = now
 
         self._beat_thread = threading.Thread(target=run, name="kit-rdzv-beat", daemon=True)
@@ -519,7 +572,7 @@ class KitRendezvous(RendezvousHandler):
                     formation.suspects |= lost_leaders
                 if self._lead(formation):
                     continue
-            elif now - last_leader_check >= self.settings.beat_s:
+            elif now - last_leader_check >= max(self.settings.beat_s, WAITING_CACHE_S):
                 last_leader_check = now
                 if self._is_dead(leader, now, {}):
                     lost_leaders.add(leader)
@@ -545,7 +598,8 @@ class KitRendezvous(RendezvousHandler):
             return True
         if beat is None:  # no beat yet (the store restarted and the node has not published again)
             return now - missing_since.setdefault(node, now) > self.settings.expiry_s
-        return time.time() - float(beat) > self.settings.expiry_s
+        at, stall = parse_beat(beat)
+        return time.time() - at > self.settings.verdict_s(stall)
 
     def _lead(self, f: _Formation) -> bool:
         """One step of forming round f.t; True once the result is published."""
@@ -571,7 +625,12 @@ class KitRendezvous(RendezvousHandler):
             for member, beat in zip(absent, beats, strict=True):
                 if self._beat_dead(member, beat, now, f.missing_since):
                     f.dead.add(member)
-                    log.warning("kit-launch: round %d: node %s is gone (%s)", f.t, member, _why_dead(beat))
+                    log.warning(
+                        "kit-launch: round %d: node %s is gone (%s)",
+                        f.t,
+                        member,
+                        _why_dead(beat, self.settings),
+                    )
         coming = [m for m in absent if m not in f.dead]
         if f.dropped:  # look again (half a beat apart): a dropped joiner that beats again is taken back
             self._all_alive(f, [], now)
@@ -614,7 +673,7 @@ class KitRendezvous(RendezvousHandler):
         beats = dict(zip(others, self.link.read_many([self.keys.beat(n) for n in others]), strict=True))
         gone = {n for n, beat in beats.items() if self._beat_dead(n, beat, now, {})}
         for node in gone - f.dropped:
-            why = _why_dead(beats[node])
+            why = _why_dead(beats[node], self.settings)
             log.warning("kit-launch: round %d: joined node %s is gone (%s)", f.t, node, why)
         f.dropped = gone
         return not gone & set(chosen)
