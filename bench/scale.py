@@ -1,31 +1,37 @@
-"""The control plane as the job grows: the kit's rendezvous driven by many light nodes against its store.
+"""The control plane as the job grows: the kit's rendezvous (and torch's c10d beside it) at many nodes.
 
-`python -m bench.scale [--quick] [--nodes 4,16,64]` runs, for each N, the kit's real rendezvous code (the
-c10d handler of training/launcher/spares.py, with the launcher's keep-alive defaults) for N member nodes and
-one hot spare against the kit's real store process (`python -m training.launcher.store`). A node here is a
+`python -m bench.scale [--quick] [--nodes 4,16,64] [--launchers 4,16]` runs two parts in one run:
+
+Light nodes, for each N and each design (the kit's, training/launcher/rendezvous.py, and torch's c10d with
+the kit's spares, training/launcher/spares.py; each with the launcher's keep-alive defaults): N member nodes
+and one hot spare against the kit's real store process (`python -m training.launcher.store`). A node is a
 handler and a thread that does what the kit's agent does with it (`next_rendezvous`, then a membership check
 every monitor interval, re-joining when a node waits), without workers: many nodes share a client process so
 that 2 cores hold hundreds of them. The victim node has a process of its own, so that it can be lost the way
 a host is lost: SIGSTOP (silent: its socket stays open, nothing answers), then SIGKILL at the end.
-
-Per N, phases in one run:
   formation  from the last member's join call to the last member's complete round
   steady     STEADY_S of fault-free membership: the store process' CPU and bytes (its /proc stat and io:
              every byte it read or wrote on its sockets), the compare-and-set writes of the rendezvous state
              and how many failed (another node wrote first), the client processes' CPU, and false expiries
              (a live member dropped from the round)
-  node loss  the victim stopped: detection (the first member that sees the spare waiting to replace it,
-             which torch allows once the victim's keep-alive expired) and re-forming (the last member back in
-             a complete round with the spare)
+  node loss  the victim stopped, in steady training (kit: once the start-up's stalls are out of the
+             victim's 30 s beat-gap window, which sets its limit): detection (c10d: the first member that
+             sees the spare waiting, which torch allows once the victim's keep-alive expired; kit: the round
+             leader's verdict) and re-forming (the last member back in a complete round with the spare)
+
+Real launchers (bench/scale_launchers.py): N kit launchers with trivial workers + 1 spare, up to 32.
+
 The growth of each figure is a least-squares fit of log(figure) on log(N) (`growth`); the projection to
 1,024 nodes extends that fit. The clients' CPU is the machine's, not the design's: on 2 cores it slows the
 beats of many nodes at once, so it is printed apart (CPU seconds per node per second), never folded into the
 store's figures.
-RESULT nodes_light_max=<largest N> formation_growth=<exponent> store_bytes_growth=<exponent>
-store_cpu_growth=<exponent> recovery_growth=<exponent of detection + re-forming> false_expiries=<count>
-projected_store_cpu_1024=<cores the store needs at 1,024 + 64 nodes> projected_control_1024_s=<detection +
-re-forming at 1,024 nodes, each along its own fit>. Real launchers with trivial workers at 4-32 nodes are
-not in this benchmark yet (issue 32).
+RESULT nodes_light_max=<largest light N> light_formation_growth=<exponent> store_bytes_growth=<exponent>
+store_cpu_growth=<exponent> recovery_growth=<exponent of detection + re-forming> false_expiries=<count, light
+and real> projected_store_cpu_1024=<cores the store needs at 1,024 + 64 nodes> projected_control_1024_s=
+<detection + re-forming at 1,024 nodes, each along its own fit> nodes_max=<largest real N>
+formation_growth=<exponent, real launchers> false_restarts=<count> beat_gap_max_s=<longest gap of a live
+node's beats> projected_recovery_1024_s=<whole node-loss recovery with a spare at 1,024 nodes>, and the c10d
+design's figures with the prefix c10d_.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from pathlib import Path
 from bench import scale_launchers
 from ops.plan.calibration import growth, project, write_section
 from training.launch import RDZV_DEFAULTS
+from training.launcher.rendezvous import STALL_WINDOW_S
 
 REPO = Path(__file__).resolve().parents[1]
 KEEP_ALIVE = {
@@ -307,6 +314,8 @@ def measure(nodes: int, design: str) -> dict[str, float]:
         sets1, failed1, ccpu1 = _cas_at(processes, t1)
         dropped = {e["node"] for e in events if e["event"] in ("member_dropped", "waiting_seen")}
         span = t1 - t0
+        if design == "kit":  # a loss in steady training: the start-up's stalls are out of the victim's window
+            time.sleep(max(0.0, max(e["ts"] for e in joined) + STALL_WINDOW_S + 1.0 - time.time()))
         os.killpg(victim.popen.pid, signal.SIGSTOP)  # a silent host: its socket open, no beat, no answer
         lost = time.time()
         if design == "kit":  # its peers' workers fail or hang: their agents re-join (c10d: they wait for

@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from training.events import read_events
+from training.launcher.rendezvous import STALL_WINDOW_S
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.3
@@ -151,7 +152,7 @@ def measure(nodes: int) -> dict[str, float]:
                     if e["kind"] == "step" and e["world"] == world and e["ts"] > after
                 ]  # fmt: skip
 
-            _until(lambda: steps_of(nodes, formed), FORM_TIMEOUT_S, "the first step")
+            trained = _until(lambda: steps_of(nodes, formed), FORM_TIMEOUT_S, "the first step")[0]["ts"]
             time.sleep(2.0)  # the heartbeat monitors learn the step time
             t0 = time.time()
             store0, cpu0 = proc_stat(store.pid), _cpu(launchers)
@@ -161,6 +162,8 @@ def measure(nodes: int) -> dict[str, float]:
             memory_mb = _rss_mb(launchers)
             span = t1 - t0
             steady_steps = len([e for e in steps_of(nodes, t0) if e["ts"] <= t1])
+            # a loss in steady training: the start-up's stalls are out of every node's beat-gap window
+            time.sleep(max(0.0, trained + STALL_WINDOW_S + 1.0 - time.time()))
             restarts_before = [e for e in read_events(run_dir) if e["kind"] == "restart"]
 
             victim = _tree(launchers[nodes - 1].pid)  # node N-1: launcher, zygote, worker
