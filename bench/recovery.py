@@ -768,6 +768,7 @@ def render_nodes(results: Results) -> list[str]:
             f"{', '.join(lost) or '-'} | {notes} |"
         )
     phased = [o.phases for o in results.node("kit+spare", "node", 1) if o.phases]
+    frozen = [o.phases for o in results.node("kit+spare", "freeze", 1) if o.phases]
     kills = [o.phases for o in results.of("kit", "kill") if o.phases]
     if phased:
         lines += [
@@ -780,7 +781,11 @@ def render_nodes(results: Results) -> list[str]:
             f"| case | n | {' | '.join(PHASES)} | total |",
             "|---|---|" + "---|" * (len(PHASES) + 1),
         ]
-        for label, rows in (("kit+spare node@pod1", phased), ("kit kill rank 1", kills)):
+        for label, rows in (
+            ("kit+spare node@pod1", phased),
+            ("kit+spare freeze@pod1", frozen),
+            ("kit kill rank 1", kills),
+        ):
             if rows:
                 cells = [fmt(median([r[p] for r in rows])) for p in PHASES]
                 total = fmt(median([sum(r.values()) for r in rows]))
