@@ -89,10 +89,13 @@ STALL_WINDOW_S = 30.0
 STALL_HISTORY_BEATS = 10
 """Beats a node must have behind it before its stall counts: a node with less history is judged at the
 expiry."""
+LOAD_WINDOW_S = 5.0
+"""How far back the leader's own beat gaps count as the load now (a burst: every node restarting workers)."""
 VERDICT_STALLS = 3.0
 VERDICT_BEATS = 3
-"""A silent node is gone once its last beat is older than VERDICT_STALLS x its own recent stall and at least
-VERDICT_BEATS beats, never later than the expiry (Settings.verdict_s)."""
+"""A silent node is gone once its last beat is older than VERDICT_STALLS x the larger of its own recent stall
+and the load now (the leader's own beat gaps of the last LOAD_WINDOW_S, the joiners' median stall), and at
+least VERDICT_BEATS beats, never later than the expiry (Settings.verdict_s)."""
 SPARE_POLL_S = 0.1
 """Seconds between a waiting spare's checks of its invite key: in steady training, S spares cost the store
 S / SPARE_POLL_S small round trips a second (64 spares: 640), and an invite waits at most this long."""
@@ -315,17 +318,26 @@ def parse_beat(beat: str) -> tuple[float, float]:
     return float(at), float(stall) if stall else float("inf")
 
 
-def _why_dead(beat: str | None, settings: Settings) -> str:
+def _why_dead(beat: str | None, settings: Settings, load: float) -> str:
     if beat == LEFT:
         return "it left"
     if beat is None:
         return "no beat since the store restarted"
     at, stall = parse_beat(beat)
+    limit = settings.verdict_s(max(stall, load))
     return (
-        f"its last beat was {time.time() - at:.2f} s ago; its limit {settings.verdict_s(stall):.2f} s "
-        f"(its longest recent beat gap {stall:.2f} s x {VERDICT_STALLS:g}, at most the expiry "
-        f"{settings.expiry_s:g} s)"
+        f"its last beat was {time.time() - at:.2f} s ago; its limit {limit:.2f} s ({VERDICT_STALLS:g}x the "
+        f"larger of its longest recent beat gap, {stall:.2f} s, and the load now, {load:.2f} s; at most "
+        f"the expiry {settings.expiry_s:g} s)"
     )
+
+
+def _median_stall(beats: list[str | None]) -> float:
+    """The median of the stalls these beats carry (0 if none has one): a burst every node feels."""
+    stalls = sorted(
+        stall for b in beats if b is not None and b != LEFT and (stall := parse_beat(b)[1]) != float("inf")
+    )
+    return stalls[len(stalls) // 2] if stalls else 0.0
 
 
 def node_id(addr: str) -> str:
@@ -355,6 +367,8 @@ class KitRendezvous(RendezvousHandler):
         self._gaps: collections.deque[tuple[float, float]] = collections.deque()
         """(when, gap) of this node's recent beats, for the stall it publishes."""
         self._beats = 0
+        self._beat_at = time.monotonic()
+        """When this node last beat (the beat thread's clock)."""
         """The longest time between two of this node's beats since its last round: how close a live node
         came to being judged gone (the expiry's margin on this host); reset at each round."""
         self.on_round: list[Any] = []
@@ -460,19 +474,19 @@ class KitRendezvous(RendezvousHandler):
 
     def _start_beat(self) -> None:
         def run() -> None:
-            last = time.monotonic()
+            last = self._beat_at
             while not self._stop.wait(self.settings.beat_s):
                 try:
                     self._beat()
                 except (RendezvousConnectionError, RuntimeError) as exc:
                     log.warning("kit-launch: rendezvous beat failed: %s", exc)
-                    last = time.monotonic()  # the store was away, not this node
+                    last = self._beat_at = time.monotonic()  # the store was away, not this node
                     continue
                 now = time.monotonic()
                 self.beat_gap_max_s = max(self.beat_gap_max_s, now - last)
                 self._gaps.append((now, now - last))
                 self._beats += 1
-                last = now
+                last = self._beat_at = now
 
         self._beat_thread = threading.Thread(target=run, name="kit-rdzv-beat", daemon=True)
         self._beat_thread.start()
@@ -591,15 +605,26 @@ class KitRendezvous(RendezvousHandler):
 
     def _is_dead(self, node: str, now: float, missing_since: dict[str, float]) -> bool:
         beat = self.link.read(self.keys.beat(node))
-        return self._beat_dead(node, beat, now, missing_since)
+        return self._beat_dead(node, beat, now, missing_since, self._load([]))
 
-    def _beat_dead(self, node: str, beat: str | None, now: float, missing_since: dict[str, float]) -> bool:
+    def _beat_dead(
+        self, node: str, beat: str | None, now: float, missing_since: dict[str, float], load: float
+    ) -> bool:
         if beat == LEFT:
             return True
         if beat is None:  # no beat yet (the store restarted and the node has not published again)
             return now - missing_since.setdefault(node, now) > self.settings.expiry_s
         at, stall = parse_beat(beat)
-        return time.time() - at > self.settings.verdict_s(stall)
+        return time.time() - at > self.settings.verdict_s(max(stall, load))
+
+    def _load(self, others: list[str | None]) -> float:
+        """The load now: this node's longest beat gap of the last LOAD_WINDOW_S (the one in progress too)
+        and the median stall the other nodes' beats carry. On a real cluster each host has its own cores
+        and this stays small; when every node restarts its workers on shared, busy cores, it grows, and a
+        late beat then waits longer before its node is judged gone."""
+        now = time.monotonic()
+        mine = max((gap for at, gap in self._gaps if at >= now - LOAD_WINDOW_S), default=0.0)
+        return max(mine, now - self._beat_at, _median_stall(others))
 
     def _lead(self, f: _Formation) -> bool:
         """One step of forming round f.t; True once the result is published."""
@@ -619,17 +644,19 @@ class KitRendezvous(RendezvousHandler):
                 f.joined_at.setdefault(name, now)
             f.read_upto += 1
         absent = [m for m in f.previous if m not in f.joined and m not in f.dead]
-        if absent and now - f.beats_read_at >= s.beat_s / 2:  # O(absent) reads, twice a beat at most
+        if absent and now - f.beats_read_at >= s.beat_s / 2:  # O(N) reads, twice a beat at most
             f.beats_read_at = now
-            beats = self.link.read_many([self.keys.beat(m) for m in absent])
-            for member, beat in zip(absent, beats, strict=True):
-                if self._beat_dead(member, beat, now, f.missing_since):
+            others = [n for n in f.joined if n != self.node]
+            beats = self.link.read_many([self.keys.beat(m) for m in [*absent, *others]])
+            load = self._load(beats[len(absent) :])
+            for member, beat in zip(absent, beats[: len(absent)], strict=True):
+                if self._beat_dead(member, beat, now, f.missing_since, load):
                     f.dead.add(member)
                     log.warning(
                         "kit-launch: round %d: node %s is gone (%s)",
                         f.t,
                         member,
-                        _why_dead(beat, self.settings),
+                        _why_dead(beat, self.settings, load),
                     )
         coming = [m for m in absent if m not in f.dead]
         if f.dropped:  # look again (half a beat apart): a dropped joiner that beats again is taken back
@@ -671,9 +698,10 @@ class KitRendezvous(RendezvousHandler):
             if n != self.node and (n in f.suspects or now - f.joined_at.get(n, now) > expiry)
         ]
         beats = dict(zip(others, self.link.read_many([self.keys.beat(n) for n in others]), strict=True))
-        gone = {n for n, beat in beats.items() if self._beat_dead(n, beat, now, {})}
+        load = self._load(list(beats.values()))
+        gone = {n for n, beat in beats.items() if self._beat_dead(n, beat, now, {}, load)}
         for node in gone - f.dropped:
-            why = _why_dead(beats[node], self.settings)
+            why = _why_dead(beats[node], self.settings, load)
             log.warning("kit-launch: round %d: joined node %s is gone (%s)", f.t, node, why)
         f.dropped = gone
         return not gone & set(chosen)
@@ -697,7 +725,7 @@ class KitRendezvous(RendezvousHandler):
         for node, beat in zip(candidates, beats, strict=True):
             if wanted <= 0:
                 break
-            if self._beat_dead(node, beat, now, f.missing_since):
+            if self._beat_dead(node, beat, now, f.missing_since, self._load([])):
                 f.passed_over.add(node)
                 continue
             self.link.call("set", self.keys.invite(node), str(f.t))
