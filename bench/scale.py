@@ -205,20 +205,6 @@ class Process:
         threading.Thread(target=read, daemon=True).start()
 
 
-def _proc_stat(pid: int) -> tuple[float, int, int]:
-    """CPU seconds, bytes read + written, read + write syscalls of a process (its /proc stat and io)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return cpu, int(io["rchar"]) + int(io["wchar"]), int(io["syscr"]) + int(io["syscw"])
-
-
-def _free_port() -> int:
-    from training.ports import free_port_run
-
-    return free_port_run()
-
-
 def _start(args: list[str], role: str) -> Process:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     popen = subprocess.Popen(
@@ -265,101 +251,94 @@ def _cas_at(processes: list[Process], ts: float) -> tuple[int, int, float]:
 
 def measure(nodes: int, design: str) -> dict[str, float]:
     """One N and one rendezvous design: formation, steady, node loss (see the module docstring)."""
-    port = _free_port()
     run_id = f"scale{nodes}{design}"
-    store = subprocess.Popen(
-        [sys.executable, "-m", "training.launcher.store", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
     processes: list[Process] = []
-    try:
-        assert store.stdout is not None
-        store.stdout.readline()  # "serving"
-        endpoint = f"127.0.0.1:{port}"
-        common = ["--client", "--endpoint", endpoint, "--run-id", run_id, "--job-nodes", str(nodes),
-                  "--rendezvous", design]  # fmt: skip
-        victim = _start([*common, "--count", "1", "--role", "victim"], "victim")
-        processes.append(victim)
-        left = nodes - 1
-        while left > 0:
-            count = min(NODES_PER_PROCESS, left)
-            processes.append(_start([*common, "--count", str(count), "--role", "member"], "member"))
-            left -= count
-        processes.append(_start([*common, "--count", "1", "--role", "spare"], "spare"))
-
-        def members_joined(events: list[dict]) -> bool:
-            return (
-                sum(1 for e in events if e["event"] == "joined" and not e["node"].startswith("spare"))
-                >= nodes
-            )
-
-        events = _drain(processes, time.time() + FORM_TIMEOUT_S, members_joined)
-        joined = [e for e in events if e["event"] == "joined"]
-        if len(joined) < nodes:
-            raise RuntimeError(f"N={nodes}: only {len(joined)} of {nodes} nodes formed a round")
-        first_round = max(e["round"] for e in joined)
-        formation_s = max(e["ts"] for e in joined) - max(e["called"] for e in joined)
-        time.sleep(2.0)  # the spare parks on the redundancy list
-        t0 = time.time()
-        cpu0, bytes0, calls0 = _proc_stat(store.pid)
-        events += _drain(processes, t0 + STEADY_S, lambda _: False)
-        t1 = time.time()
-        cpu1, bytes1, calls1 = _proc_stat(store.pid)
-        time.sleep(1.2)  # the clients' counters of t1 arrive
-        sets0, failed0, ccpu0 = _cas_at(processes, t0)
-        sets1, failed1, ccpu1 = _cas_at(processes, t1)
-        dropped = {e["node"] for e in events if e["event"] in ("member_dropped", "waiting_seen")}
-        span = t1 - t0
-        if design == "kit":  # a loss in steady training: the start-up's stalls are out of the victim's window
-            time.sleep(max(0.0, max(e["ts"] for e in joined) + STALL_WINDOW_S + 1.0 - time.time()))
-        os.killpg(victim.popen.pid, signal.SIGSTOP)  # a silent host: its socket open, no beat, no answer
-        lost = time.time()
-        if design == "kit":  # its peers' workers fail or hang: their agents re-join (c10d: they wait for
-            for process in processes:  # the victim's keep-alive to expire and a spare to wait)
-                if process is not victim:
-                    os.kill(process.popen.pid, signal.SIGUSR1)
-
-        def reformed(events: list[dict]) -> bool:
-            back = {e["node"] for e in events if e["event"] == "joined" and e["round"] > first_round}
-            return len(back) >= nodes  # the survivors and the spare
-
-        after = _drain(processes, lost + RECOVERY_TIMEOUT_S, reformed)
-        seen = [e["ts"] for e in after if e["event"] == ("dead_seen" if design == "kit" else "waiting_seen")]
-        back = [e["ts"] for e in after if e["event"] == "joined" and e["round"] > first_round]
-        if not seen or len(back) < nodes:
-            raise RuntimeError(
-                f"N={nodes}: the round did not re-form with the spare within {RECOVERY_TIMEOUT_S} s"
-            )
-        detect_s = min(seen) - lost
-        return {
-            "design": design,
-            "nodes": nodes,
-            "formation_s": formation_s,
-            "store_cpu": (cpu1 - cpu0) / span,
-            "store_bytes_s": (bytes1 - bytes0) / span,
-            "store_calls_s": (calls1 - calls0) / span,
-            "cas_s": (sets1 - sets0) / span,
-            "cas_failed": (failed1 - failed0) / max(sets1 - sets0, 1),
-            "client_cpu_per_node": (ccpu1 - ccpu0) / span / (nodes + 1),
-            "false_expiries": len(dropped),
-            "detect_s": detect_s,
-            "reform_s": max(back) - min(seen),
-            "control_s": max(back) - lost,
-        }
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.popen.pid, signal.SIGKILL)
-            process.popen.wait()
-        store.send_signal(signal.SIGTERM)
+    with scale_launchers.store_process() as (store, endpoint):
         try:
-            store.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            store.kill()
+            return _measure_on(store, endpoint, run_id, nodes, design, processes)
+        finally:
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.popen.pid, signal.SIGKILL)
+                process.popen.wait()
+
+
+def _measure_on(
+    store: subprocess.Popen[str],
+    endpoint: str,
+    run_id: str,
+    nodes: int,
+    design: str,
+    processes: list[Process],
+) -> dict[str, float]:
+    """`measure` against a running store; the client processes it starts go into `processes`."""
+    common = ["--client", "--endpoint", endpoint, "--run-id", run_id, "--job-nodes", str(nodes),
+              "--rendezvous", design]  # fmt: skip
+    victim = _start([*common, "--count", "1", "--role", "victim"], "victim")
+    processes.append(victim)
+    left = nodes - 1
+    while left > 0:
+        count = min(NODES_PER_PROCESS, left)
+        processes.append(_start([*common, "--count", str(count), "--role", "member"], "member"))
+        left -= count
+    processes.append(_start([*common, "--count", "1", "--role", "spare"], "spare"))
+
+    def members_joined(events: list[dict]) -> bool:
+        return sum(1 for e in events if e["event"] == "joined" and not e["node"].startswith("spare")) >= nodes
+
+    events = _drain(processes, time.time() + FORM_TIMEOUT_S, members_joined)
+    joined = [e for e in events if e["event"] == "joined"]
+    if len(joined) < nodes:
+        raise RuntimeError(f"N={nodes}: only {len(joined)} of {nodes} nodes formed a round")
+    first_round = max(e["round"] for e in joined)
+    formation_s = max(e["ts"] for e in joined) - max(e["called"] for e in joined)
+    time.sleep(2.0)  # the spare parks on the redundancy list
+    t0 = time.time()
+    cpu0, bytes0, calls0 = scale_launchers.proc_stat(store.pid)
+    events += _drain(processes, t0 + STEADY_S, lambda _: False)
+    t1 = time.time()
+    cpu1, bytes1, calls1 = scale_launchers.proc_stat(store.pid)
+    time.sleep(1.2)  # the clients' counters of t1 arrive
+    sets0, failed0, ccpu0 = _cas_at(processes, t0)
+    sets1, failed1, ccpu1 = _cas_at(processes, t1)
+    dropped = {e["node"] for e in events if e["event"] in ("member_dropped", "waiting_seen")}
+    span = t1 - t0
+    if design == "kit":  # a loss in steady training: the start-up's stalls are out of the victim's window
+        time.sleep(max(0.0, max(e["ts"] for e in joined) + STALL_WINDOW_S + 1.0 - time.time()))
+    os.killpg(victim.popen.pid, signal.SIGSTOP)  # a silent host: its socket open, no beat, no answer
+    lost = time.time()
+    if design == "kit":  # its peers' workers fail or hang: their agents re-join (c10d: they wait for
+        for process in processes:  # the victim's keep-alive to expire and a spare to wait)
+            if process is not victim:
+                os.kill(process.popen.pid, signal.SIGUSR1)
+
+    def reformed(events: list[dict]) -> bool:
+        back = {e["node"] for e in events if e["event"] == "joined" and e["round"] > first_round}
+        return len(back) >= nodes  # the survivors and the spare
+
+    after = _drain(processes, lost + RECOVERY_TIMEOUT_S, reformed)
+    seen = [e["ts"] for e in after if e["event"] == ("dead_seen" if design == "kit" else "waiting_seen")]
+    back = [e["ts"] for e in after if e["event"] == "joined" and e["round"] > first_round]
+    if not seen or len(back) < nodes:
+        raise RuntimeError(
+            f"N={nodes}: the round did not re-form with the spare within {RECOVERY_TIMEOUT_S} s"
+        )
+    detect_s = min(seen) - lost
+    return {
+        "design": design,
+        "nodes": nodes,
+        "formation_s": formation_s,
+        "store_cpu": (cpu1 - cpu0) / span,
+        "store_bytes_s": (bytes1 - bytes0) / span,
+        "store_calls_s": (calls1 - calls0) / span,
+        "cas_s": (sets1 - sets0) / span,
+        "cas_failed": (failed1 - failed0) / max(sets1 - sets0, 1),
+        "client_cpu_per_node": (ccpu1 - ccpu0) / span / (nodes + 1),
+        "false_expiries": len(dropped),
+        "detect_s": detect_s,
+        "reform_s": max(back) - min(seen),
+        "control_s": max(back) - lost,
+    }
 
 
 def _keep_alive_text() -> str:
@@ -415,11 +394,13 @@ def figures(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def launcher_figures(real: list[dict[str, float]], light: dict[str, float]) -> dict[str, float]:
-    """The real launchers' figures, and the whole node-loss recovery projected at 1,024 nodes: the control
-    plane along the light nodes' fits (detection + re-forming) plus the workers' start and first step as
-    measured at the largest real N (on 2 cores that phase grows with the CPU N launchers share, not with
-    the design: an over-estimate for 1,024 hosts; NCCL's own start at 8,192 GPUs is not in it)."""
+def launcher_figures(real: list[dict[str, float]], light: list[dict[str, float]]) -> dict[str, float]:
+    """The real launchers' figures, and the whole node-loss recovery projected at 1,024 nodes: the real
+    launchers' whole recovery at their largest N (the survivors' detection, the rendezvous, the workers'
+    start and first step), plus what the control plane (the rendezvous' verdict + re-forming) adds from
+    that N to 1,024 along the light nodes' fits. On 2 cores the workers' start grows with the CPU N
+    launchers share, not with the design: an over-estimate for 1,024 hosts; NCCL's own start at 8,192 GPUs
+    is not in it."""
     real = sorted(real, key=lambda r: r["nodes"])
     largest = real[-1]
     out = {
@@ -429,9 +410,13 @@ def launcher_figures(real: list[dict[str, float]], light: dict[str, float]) -> d
         "false_restarts": sum(int(r["false_restarts"]) for r in real),
         "beat_gap_max_s": round(max(r["beat_gap_max_s"] for r in real), 2),
     }
-    if "projected_control_1024_s" in light:
-        start = largest["first_step_s"] - largest["reform_s"]
-        out["projected_recovery_1024_s"] = round(light["projected_control_1024_s"] + start, 2)
+    if len(light) >= 2:
+
+        def control(nodes: int) -> float:
+            return sum(project(light, phase, nodes) for phase in ("detect_s", "reform_s"))
+
+        grown = max(0.0, control(1024) - control(int(largest["nodes"])))
+        out["projected_recovery_1024_s"] = round(largest["first_step_s"] + grown, 2)
     return out
 
 
@@ -444,7 +429,7 @@ def result_line(rows: list[dict[str, float]], real: list[dict[str, float]] = ())
         if len(mine) >= 2:
             out.update({f"{prefix}{k}": v for k, v in figures(mine).items()})
     if len(real) >= 2:
-        out.update(launcher_figures(list(real), out))
+        out.update(launcher_figures(list(real), [r for r in rows if r["design"] == "kit"]))
         out["false_expiries"] = out.get("false_expiries", 0) + out.pop("launcher_false_expiries")
     return "RESULT " + " ".join(f"{k}={v}" for k, v in out.items())
 
