@@ -13,10 +13,12 @@ steady costs more than O(1) per node (NVRx's barrier rendezvous takes the same t
   is older than the node's own limit, or at once when it reads `left` (a drained or given-up node,
   `leave()`). The limit adapts to the host, as an accrual failure detector does (Hayashibara et al.; Akka,
   Cassandra): each beat carries the longest gap the node saw between its own beats over the last 30 s,
-  and the limit is 3x that, at least 3 beats and at most the expiry (interval x attempts). A quiet host
-  (gaps ~0.1 s at the default 0.1 s interval) is judged gone 0.36 s after its last beat; a host whose
-  beats stalled under load keeps the expiry's margin (1.2 s). The nodes' clocks must agree to well under
-  the limit (chrony and Amazon Time Sync on EKS: under a millisecond).
+  and the limit is 3x the larger of that and the load now (the leader's own beat gaps of the last 5 s and
+  the joiners' median stall: a burst every node feels, like all of them restarting workers on shared
+  cores), at least 3 beats and at most the expiry (interval x attempts). A quiet host (gaps ~0.1 s at the
+  default 0.1 s interval) is judged gone 0.3-0.4 s after its last beat; a host whose beats stalled keeps
+  the expiry's margin (1.2 s). The nodes' clocks must agree to well under the limit (chrony and Amazon
+  Time Sync on EKS: under a millisecond).
 - **Membership check** (`num_nodes_waiting`, the agent's every monitor interval): one counter, the number
   of nodes that joined the next round. O(1), cached for a beat.
 - **A round** `t`: each joiner takes an index (`add`) and writes its name and the endpoint its workers' store
