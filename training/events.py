@@ -54,6 +54,8 @@ Kinds and their own fields:
                   the kit's rendezvous (asked at `asked_at`, epoch seconds; waited `wait_s`); its longest
                   gap between two rendezvous beats since its previous round
     rdzv_store_reconnected endpoint: the rendezvous store was lost and reached again (kit rendezvous)
+    peer_gone     node, reason: a node of the last round whose rendezvous beat stopped while a local rank
+                  waited (the group restarts to re-form without it)
     group_started attempt, ranks (global ranks of this node's workers): a worker group starts
     restart       attempt, reason, remaining (restart budget left)
     node_given_up node, failures, window_s, reason: the node failed by itself too often

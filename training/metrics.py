@@ -32,7 +32,7 @@ from training.events import events_dir
 
 Event = Mapping[str, Any]
 
-DETECTION_KINDS = ("worker_failed", "hang_detected")
+DETECTION_KINDS = ("worker_failed", "hang_detected", "peer_gone")
 """Launcher events that mean "the launcher noticed a fault"."""
 RESUME_KINDS = ("resume", "inprocess_restart")
 RESTORE_SOURCES = ("none", "live", "memory", "peer", "shared")
@@ -74,7 +74,7 @@ class FaultMetrics:
     """Seconds from the fault to the end of the first training step after the matching resume; None if the run
     never resumed."""
     detected_by: str | None = None
-    """`worker_failed`, `hang_detected`, `inprocess` or None."""
+    """`worker_failed`, `hang_detected`, `peer_gone` (a silent node's beat), `inprocess` or None."""
     blamed_rank: int | None = None
     """The rank the launcher named as the first to fail (None for in-process or undetected faults)."""
     downtime_s: float | None = None

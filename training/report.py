@@ -165,7 +165,12 @@ def comparison_table(
     return table
 
 
-DETECTED_BY = {"worker_failed": "its exit", "hang_detected": "the heartbeat", "inprocess": "the trainer"}
+DETECTED_BY = {
+    "worker_failed": "its exit",
+    "hang_detected": "the heartbeat",
+    "peer_gone": "its rendezvous beat",
+    "inprocess": "the trainer",
+}
 """How each detection reads in a fault's line."""
 
 

@@ -184,7 +184,11 @@ def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
     assert victim.next()["round"] == 1
     a.result()
     lost_rank = 1 - a.handler.members[a.handler.node]
+    victim_node = next(n for n in a.handler.members if n != a.handler.node)
+    assert a.handler.gone_neighbour() is None  # it beats
     victim.stop()  # a lost host: its socket stays open, it never beats or answers again
+    eventually(lambda: a.handler.gone_neighbour() is not None, timeout=5.0)  # what a's agent asks
+    assert a.handler.gone_neighbour()[0] == victim_node
     with caplog.at_level(logging.WARNING, logger="kit.launch"):
         a.join()  # a's collectives failed
         assert spare.result() == (2, lost_rank, 2)

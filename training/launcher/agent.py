@@ -39,6 +39,7 @@ from typing import Any, Literal
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
+from torch.distributed.elastic.rendezvous import RendezvousError
 from typing_extensions import override
 
 from training import exitcodes
@@ -47,6 +48,7 @@ from training.events import EventLog
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
+from training.launcher.rendezvous import KitRendezvous
 from training.launcher.zygote import Zygote
 from training.resilience.error_file import held_parse_failures, set_aside_if_torn
 from training.resilience.hang_interrupt import INTERRUPT_SIGNAL
@@ -59,6 +61,9 @@ WORKER_EXIT_NOTICE_S = 0.5
 `_await_zygote_workers`)."""
 BUSY_WINDOW_TICKS = 2
 """A training thread is busy if it ran (or waited for a CPU) during the last this many monitor intervals."""
+PEER_CHECK_SHARE = 0.5
+"""A local rank silent for this share of its timeout makes the launcher read its ring neighbours' rendezvous
+beats (`KitRendezvous.gone_neighbour`), at most once a beat."""
 
 
 ExitState = Literal["running", "clean", "failed", "reaped"]
@@ -160,6 +165,7 @@ class KitElasticAgent(LocalElasticAgent):
         self.activity = CpuActivity(window_s=BUSY_WINDOW_TICKS * spec.monitor_interval)
         self._extended: tuple[Stale, list[int]] | None = None  # the silence given more time, who was busy
         self._interrupted: _Interrupted | None = None  # a hung rank interrupted in place, not yet beaten
+        self._peer_checked_at = 0.0
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -179,6 +185,8 @@ class KitElasticAgent(LocalElasticAgent):
             return waiting
         if stale is None:
             self._end_extension()
+            if (gone := self._gone_peer(worker_group, now)) is not None:
+                return self._restart_for_gone_peer(*gone)
             return result
         busy = self.activity.busy_ranks()
         if busy and stale.stale_s <= self.monitor.busy_cap_s(stale.timeout_s):
@@ -191,6 +199,35 @@ class KitElasticAgent(LocalElasticAgent):
             return result
         self._declare_hang(stale, probes, now, extension_s, action="restart")
         self._restart_for_hang(stale, probes, now)
+        return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _gone_peer(self, worker_group: WorkerGroup, now: float) -> tuple[str, str] | None:
+        """A node of the last round whose rendezvous beat stopped, looked for while a local rank has been
+        silent for PEER_CHECK_SHARE of its timeout (at most once a beat): a host that went silent hangs its
+        peers' collectives without closing a socket, and its beat tells it at 3x its own beat gap, where
+        the hang is seen at 1.5x the slowest step."""
+        handler = worker_group.spec.rdzv_handler
+        if not isinstance(handler, KitRendezvous) or now - self._peer_checked_at < handler.settings.beat_s:
+            return None
+        if not any(s.stale_s >= PEER_CHECK_SHARE * s.timeout_s for s in self.monitor.silent(now)):
+            return None
+        self._peer_checked_at = now
+        try:
+            return handler.gone_neighbour()
+        except (RendezvousError, RuntimeError) as exc:  # the store is away: the hang check still runs
+            log.warning("kit-launch: could not read the neighbours' rendezvous beats: %s", exc)
+            return None
+
+    def _restart_for_gone_peer(self, node: str, why: str) -> RunResult:
+        """Break the group at once (not this node's failure): the round re-forms without the lost node."""
+        log.warning(
+            "kit-launch: node %s of the last round is gone (%s) while a local rank waits: restarting the "
+            "group to re-form without it",
+            node,
+            why,
+        )
+        self.events.emit("peer_gone", node=node, reason=why)
+        self._mark_broken(f"node {node} is gone")
         return RunResult(state=WorkerState.UNHEALTHY)
 
     def _declare_hang(

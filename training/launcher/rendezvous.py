@@ -98,6 +98,9 @@ VERDICT_BEATS = 3
 """A silent node is gone once its last beat is older than VERDICT_STALLS x the larger of its own recent stall
 and the load now (the leader's own beat gaps of the last LOAD_WINDOW_S, the joiners' median stall), and at
 least VERDICT_BEATS beats, never later than the expiry (Settings.verdict_s)."""
+RING_NEIGHBOURS = 3
+"""How many of the last round's nodes after this one (by rank, around the ring) `gone_neighbour` reads: a lost
+node is read by as many of its predecessors, O(1) each."""
 SPARE_POLL_S = 0.1
 """Seconds between a waiting spare's checks of its invite key: in steady training, S spares cost the store
 S / SPARE_POLL_S small round trips a second (64 spares: 640), and an invite waits at most this long."""
@@ -455,6 +458,24 @@ class KitRendezvous(RendezvousHandler):
         self._stop.set()
         with contextlib.suppress(RendezvousConnectionError, RuntimeError):
             self.link.call("set", self.keys.beat(self.node), LEFT)  # else the beat expires
+
+    def gone_neighbour(self, count: int = RING_NEIGHBOURS) -> tuple[str, str] | None:
+        """(name, why) of a node among the next `count` of the last round after this one whose beat says it
+        is gone (the round leader's rule), else None. O(count) reads: the agent asks only while a local
+        rank is silent (a peer that hangs a collective may be a host that went silent)."""
+        if self.node not in self.members:
+            return None
+        by_rank = {rank: node for node, rank in self.members.items()}
+        mine, world = self.members[self.node], len(self.members)
+        nodes = [by_rank[(mine + i) % world] for i in range(1, min(count, world - 1) + 1)]
+        if not nodes:
+            return None
+        beats = self.link.read_many([self.keys.beat(n) for n in nodes])
+        load, now = self._load([]), time.monotonic()
+        for node, beat in zip(nodes, beats, strict=True):
+            if beat is not None and self._beat_dead(node, beat, now, {}, load):
+                return node, _why_dead(beat, self.settings, load)
+        return None
 
     def first_round_complete(self) -> bool:
         return self._last_round() > 0 or self.is_closed()
