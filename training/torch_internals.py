@@ -59,75 +59,64 @@ class Internal:
 
 
 DR = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+def _c10d(name: str, **fields: Any) -> Internal:
+    """A name of torch's c10d dynamic rendezvous, needed only with --rdzv-backend=c10d."""
+    return Internal(c10d_rendezvous=True, module=DR, name=name, **fields)
+
+
 INTERNALS: tuple[Internal, ...] = (
     # --- torch's c10d rendezvous with the kit's spares (training/launcher/spares.py, --rdzv-backend=c10d) ---
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_RendezvousJoinOp.__call__",
+    _c10d(
+        "_RendezvousJoinOp.__call__",
         params=("self", "ctx", "deadline"),
         why="spare join rules",
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_DistributedRendezvousOpExecutor",
+    _c10d(
+        "_DistributedRendezvousOpExecutor",
         params=("self", "node", "state_holder", "settings"),
         fields=("_node", "_state"),
         why="stable ranks across rounds",
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="DynamicRendezvousHandler",
+    _c10d(
+        "DynamicRendezvousHandler",
         fields=("_this_node", "_state_holder", "_settings", "_op_executor"),
         why="the kit's executor and state cache",
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_Action",
+    _c10d(
+        "_Action",
         fields=("KEEP_ALIVE", "SYNC", "REMOVE_FROM_WAIT_LIST"),
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_RendezvousContext",
+    _c10d(
+        "_RendezvousContext",
         params=("self", "node", "state", "settings"),
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_RendezvousState",
+    _c10d(
+        "_RendezvousState",
         fields=(
             *("round", "complete", "closed"),
             *("participants", "wait_list", "redundancy_list", "last_heartbeats"),
         ),
         why="the membership the join rules read",
     ),
-    Internal(c10d_rendezvous=True, module=DR, name="_delay", params=("seconds",), why="the 1 s state poll"),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_should_keep_alive",
+    _c10d("_delay", params=("seconds",), why="the 1 s state poll"),
+    _c10d(
+        "_should_keep_alive",
         params=("ctx",),
         why="keep-alive due at half an interval",
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="get_method_name",
+    _c10d(
+        "get_method_name",
         params=("depth",),
         why="inspect.stack() per rendezvous step",
     ),
-    Internal(
-        c10d_rendezvous=True,
-        module=DR,
-        name="_BackendRendezvousStateHolder",
+    _c10d(
+        "_BackendRendezvousStateHolder",
         fields=("_cache_duration",),
         why="state cache",
     ),
-    Internal(c10d_rendezvous=True, module=DR, name="_BackendRendezvousStateHolder.sync", params=("self",)),
+    _c10d("_BackendRendezvousStateHolder.sync", params=("self",)),
     Internal(
         c10d_rendezvous=True,
         module="torch.distributed.elastic.rendezvous.api",

@@ -369,13 +369,15 @@ class KitRendezvous(RendezvousHandler):
         self._left = False
         self._beat_thread: threading.Thread | None = None
         self.beat_gap_max_s = 0.0
+        """The longest time between two of this node's beats since its last round: how close a live node
+        came to being judged gone (the expiry's margin on this host); reset at each round."""
         self._gaps: collections.deque[tuple[float, float]] = collections.deque()
-        """(when, gap) of this node's recent beats, for the stall it publishes."""
+        """(when, gap) of this node's recent beats, for the stall it publishes; the beat thread appends,
+        the agent's thread reads: under `_gaps_lock`."""
+        self._gaps_lock = threading.Lock()
         self._beats = 0
         self._beat_at = time.monotonic()
         """When this node last beat (the beat thread's clock)."""
-        """The longest time between two of this node's beats since its last round: how close a live node
-        came to being judged gone (the expiry's margin on this host); reset at each round."""
         self.on_round: list[Any] = []
         """Called with a `Joined` each time this node is in a complete round (the launcher's event)."""
         link.on_reconnect.append(self._republish)
@@ -488,12 +490,15 @@ class KitRendezvous(RendezvousHandler):
 
     def _stall(self) -> float:
         """This node's longest gap between two beats over the last STALL_WINDOW_S (inf: too few yet)."""
-        horizon = time.monotonic() - STALL_WINDOW_S
-        while self._gaps and self._gaps[0][0] < horizon:
-            self._gaps.popleft()
         if self._beats < STALL_HISTORY_BEATS:
             return float("inf")
-        return max((gap for _, gap in self._gaps), default=self.settings.beat_s)
+        return self._longest_gap(STALL_WINDOW_S, default=self.settings.beat_s)
+
+    def _longest_gap(self, window_s: float, *, default: float) -> float:
+        """This node's longest gap between two beats that ended within the last `window_s`."""
+        horizon = time.monotonic() - window_s
+        with self._gaps_lock:
+            return max((gap for at, gap in self._gaps if at >= horizon), default=default)
 
     def _start_beat(self) -> None:
         def run() -> None:
@@ -507,7 +512,10 @@ class KitRendezvous(RendezvousHandler):
                     continue
                 now = time.monotonic()
                 self.beat_gap_max_s = max(self.beat_gap_max_s, now - last)
-                self._gaps.append((now, now - last))
+                with self._gaps_lock:
+                    self._gaps.append((now, now - last))
+                    while self._gaps[0][0] < now - STALL_WINDOW_S:
+                        self._gaps.popleft()
                 self._beats += 1
                 last = self._beat_at = now
 
@@ -645,9 +653,8 @@ class KitRendezvous(RendezvousHandler):
         and the median stall the other nodes' beats carry. On a real cluster each host has its own cores
         and this stays small; when every node restarts its workers on shared, busy cores, it grows, and a
         late beat then waits longer before its node is judged gone."""
-        now = time.monotonic()
-        mine = max((gap for at, gap in self._gaps if at >= now - LOAD_WINDOW_S), default=0.0)
-        return max(mine, now - self._beat_at, _median_stall(others))
+        mine = self._longest_gap(LOAD_WINDOW_S, default=0.0)
+        return max(mine, time.monotonic() - self._beat_at, _median_stall(others))
 
     def _lead(self, f: _Formation) -> bool:
         """One step of forming round f.t; True once the result is published."""
