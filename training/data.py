@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from training.seeds import mix
+
 if TYPE_CHECKING:
     from training.config import DataConfig
 
 MAGIC = b"KITTOK01"
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
-_GOLDEN = 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True)
@@ -189,20 +190,13 @@ class TokenShards:
         return out
 
 
-def _mix(seed: int, *values: int) -> int:
-    h = seed & (2**64 - 1)
-    for v in values:
-        h = ((h ^ v) * _GOLDEN + 0x632BE59BD9B4E019) & (2**64 - 1)
-    return h >> 1  # torch.Generator.manual_seed takes < 2**63 comfortably
-
-
 @functools.lru_cache(maxsize=8)  # one per epoch; it used to be recomputed for every sample
 def _affine_permutation(n: int, seed: int) -> tuple[int, int]:
     """(a, b) with gcd(a, n) == 1, so j -> (a*j + b) % n visits every window once per epoch."""
-    a = _mix(seed, 1) % n or 1
+    a = mix(seed, 1) % n or 1
     while math.gcd(a, n) != 1:
         a = (a + 1) % n or 1
-    return a, _mix(seed, 2) % n
+    return a, mix(seed, 2) % n
 
 
 class TokenLoader:
@@ -220,7 +214,7 @@ class TokenLoader:
 
     def _synthetic(self, index: int) -> torch.Tensor:
         # A random motif tiled along the sample: learnable (the loss falls), yet fully determined by index.
-        g = torch.Generator().manual_seed(_mix(self.seed, index))
+        g = torch.Generator().manual_seed(mix(self.seed, index))
         period = int(torch.randint(4, 33, (1,), generator=g))
         motif = torch.randint(0, self.vocab_size, (period,), generator=g)
         return motif.repeat(self.cfg.seq_len // period + 2)[: self.cfg.seq_len + 1]
@@ -228,7 +222,7 @@ class TokenLoader:
     def _from_shards(self, index: int) -> torch.Tensor:
         assert self.shards is not None
         epoch, j = divmod(index, self._windows)
-        a, b = _affine_permutation(self._windows, _mix(self.seed, epoch))
+        a, b = _affine_permutation(self._windows, mix(self.seed, epoch))
         window = (a * j + b) % self._windows
         width = self.cfg.seq_len + 1
         return torch.from_numpy(self.shards.read(window * width, width))

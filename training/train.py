@@ -50,6 +50,8 @@ class KitTrainer:
         self.shape = model_shape(cfg)
         self._flops_token: float | None = None
         self._peak: float | None = None
+        self._consumed: tuple[int, int] | None = None
+        """The last step's first global sample and how many samples it consumed (all ranks together)."""
 
     def build(self, job: resilience.Job, *, init_weights: bool = True) -> resilience.Session:
         """Model (initialised from the seed; `init_weights=False`: left as allocated, for a caller that
@@ -111,12 +113,14 @@ class KitTrainer:
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
         accum = cfg.training.grad_accum_steps
         with job.step(session) as step:
+            first = state.data.samples_consumed
             total = torch.zeros((), device=device)
             for _ in range(accum):
                 inputs, targets = state.data.next_batch()
                 loss = self.loss(session.model, inputs.to(device), targets.to(device)) / accum
                 loss.backward()
                 total += loss.detach()
+            self._consumed = (first, state.data.samples_consumed - first)
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(session.model.parameters(), cfg.optim.grad_clip)
             with step.update():
@@ -126,8 +130,10 @@ class KitTrainer:
             step.report(total)
         return step.loss
 
-    def step_fields(self, duration_s: float) -> dict[str, float | None]:
-        """Tokens/s of this rank (one GPU) and MFU for a step that took `duration_s` (the step event's)."""
+    def step_fields(self, duration_s: float) -> dict[str, float | int | None]:
+        """Tokens/s of this rank (one GPU) and MFU for a step that took `duration_s` (the step event's), and
+        the global samples the step consumed: the first one's index and how many (the global batch, the
+        same at every world size: `samples x data.seq_len` tokens per optimizer step)."""
         cfg, args = self.cfg, self.shape
         if self._flops_token is None:
             self._flops_token = throughput.flops_per_token(  # a tied output matrix still costs its matmul
@@ -143,7 +149,8 @@ class KitTrainer:
         rate = throughput.measure(
             tokens=tokens, duration_s=duration_s, flops_token=self._flops_token, peak=self._peak
         )
-        return {"tokens_per_s": rate.tokens_per_s, "mfu": rate.mfu}
+        first, count = self._consumed or (None, None)
+        return {"tokens_per_s": rate.tokens_per_s, "mfu": rate.mfu, "sample_first": first, "samples": count}
 
     def on_finish(self, job: resilience.Job, session: resilience.Session) -> None:
         if self.cfg.training.dump_final:
@@ -197,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     try:
+        batch = resilience.plan_batch(
+            cfg, micro_batch=cfg.data.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
+        )
+        cfg.training.global_batch, cfg.training.grad_accum_steps = batch.global_batch, batch.accum
         plan_line = check_memory(cfg)
         if cfg.model.hf_path and has_weights(cfg.model.hf_path):  # before any group: one line, not rank 37
             check_weights(cfg.model.hf_path)
@@ -205,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.FATAL_CONFIG
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[trainer] {plan_line}", flush=True)
+        print(f"[trainer] {batch.line()}", flush=True)
     trainer = KitTrainer(cfg)
     return resilience.run(
         cfg,

@@ -95,7 +95,14 @@ class TrainingConfig:
     NCCL may then run over TCP sockets, about ten times slower)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step: each rank runs forward and backward on data.batch_size samples this
-    many times, then steps (global batch = batch_size x grad_accum_steps x world size)."""
+    many times, then steps (global batch = batch_size x grad_accum_steps x world size). With
+    training.global_batch set, derived from it instead (leave this at 1)."""
+    global_batch: int = 0
+    """Samples per optimizer step over all ranks, kept when the world size changes (a restart on another
+    number of nodes, an elastic shrink or grow): each rank then runs global_batch / (world size x
+    data.batch_size) micro-batches per step, and a world size that does not divide it exactly is refused
+    (one line listing the sizes that do). 0: batch_size x grad_accum_steps x world size, or, resuming a
+    checkpoint of another world size, the global batch that checkpoint was trained with."""
     gc_every: int = 50
     """Python garbage collection on the loop's schedule: every rank collects at the same steps (young
     objects every N steps, all every 20 x N), with automatic collection off, so no rank pauses alone and
@@ -116,6 +123,17 @@ class TrainingConfig:
             )
         check_positive("training.collective_timeout_s", self.collective_timeout_s)
         check_positive("training.grad_accum_steps", self.grad_accum_steps)
+        if not 0 <= self.global_batch <= _MAX_GLOBAL_BATCH:
+            raise ConfigError(
+                f"training.global_batch must be in [0, {_MAX_GLOBAL_BATCH}] (samples per optimizer step; 0 = "
+                f"batch_size x grad_accum_steps x world size), got {self.global_batch}"
+            )
+        if self.global_batch and self.grad_accum_steps != 1:
+            raise ConfigError(
+                f"training.global_batch={self.global_batch} and training.grad_accum_steps="
+                f"{self.grad_accum_steps} are both set: set one (with global_batch the accumulation is "
+                "derived from the world size)"
+            )
         if not 0 <= self.gc_every <= _MAX_GC_EVERY:
             raise ConfigError(
                 f"training.gc_every must be in [0, {_MAX_GC_EVERY}] (steps between collections; 0 = "
@@ -146,6 +164,8 @@ class InprocessConfig:
         check_positive("inprocess.barrier_timeout_s", self.barrier_timeout_s)
 
 
+_MAX_GLOBAL_BATCH = 2**31
+"""More samples per optimizer step than any run has used (Llama 3 405B: 16M tokens = 2,048 x 8K)."""
 _MAX_GC_EVERY = 100_000
 """Beyond this many steps between collections the garbage would pile up for days: not a sane setting."""
 

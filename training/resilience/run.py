@@ -1,8 +1,8 @@
 """`run`: one training process's whole life under the resilience layer (public API).
 
-Checks that need no process group first (a checkpoint of another world size, the fault plan in the
-config), then the process group (and the EFA check on p5), then the script's `build`, the resume, its
-`train`, in-process restarts around it, the final save and the exit code:
+Checks that need no process group first (a checkpoint of another world size that cannot be resharded,
+the fault plan in the config), then the process group (and the EFA check on p5), then the script's
+`build`, the resume, its `train`, in-process restarts around it, the final save and the exit code:
   0   done (the final step committed);
   78  bad config or no verifiable checkpoint where some were committed (one line on stderr; never retried);
   143 drained (SIGTERM on some rank: the job saved and committed the agreed step first).
@@ -26,6 +26,7 @@ from training import efa, exitcodes
 from training import torch_internals as internals
 from training.distributed import DistContext, init_distributed, set_deterministic, shutdown
 from training.resilience.checkpoint.layout import checkpoints_dir
+from training.resilience.checkpoint.reshard import ReshardPolicy
 from training.resilience.checkpoint.resume import CheckpointError, check_world_size
 from training.resilience.config import ConfigError
 from training.resilience.error_file import AtomicErrorHandler
@@ -74,8 +75,12 @@ def _recorded(
         print(f"error: {problem}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     try:
-        if cfg.checkpoint.mode != "off":  # a checkpoint of another world size: refused before any group
-            check_world_size(checkpoints_dir(cfg.run.run_dir), int(os.environ.get("WORLD_SIZE", "1")))
+        if cfg.checkpoint.mode != "off":  # a checkpoint of another world size that cannot be resharded:
+            check_world_size(  # refused before any group
+                checkpoints_dir(cfg.run.run_dir),
+                int(os.environ.get("WORLD_SIZE", "1")),
+                ReshardPolicy(global_batch=cfg.training.global_batch or None),
+            )
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from training.resilience.checkpoint.checkpointer import Checkpointer
+from training.resilience.checkpoint.reshard import ReshardPolicy
 
 if TYPE_CHECKING:
     from training.resilience.job import Job
@@ -32,6 +33,7 @@ class Session:
                 "a Session is built inside run()'s build callback, once the process group exists"
             )
         self.state = state
+        state.seed = job.cfg.run.seed
         self.checkpointer = Checkpointer(
             job.cfg.checkpoint,
             run_dir=job.cfg.run.run_dir,
@@ -40,6 +42,9 @@ class Session:
             events=job.events,
             on_wait=job.heartbeat.checkpoint_wait,
             live=job.live_restart,
+            reshard=ReshardPolicy(
+                global_batch=job.cfg.training.global_batch or None, problem=state.reshard_problem()
+            ),
         )
 
     @property

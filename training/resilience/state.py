@@ -4,8 +4,10 @@ Keys: "model" and "optim" (sharded DTensors from torch.distributed.checkpoint.st
 writes only its shard), "scheduler" (LR schedule), "data" (the data loader's position: one copy when it is
 the same on every rank, as the kit's global sample cursor is; "data.rank<R>" with `data_per_rank`), "step",
 "rng.rank<R>" (this rank's RNG states) and "extra.<name>.rank<R>" (each user extra, per rank). DCP treats
-non-DTensor values as replicated and keeps one copy, so per-rank values carry the rank in their key; a
-checkpoint therefore resumes on the same world size.
+non-DTensor values as replicated and keeps one copy, so per-rank values carry the rank in their key.
+A checkpoint resumes on another world size (`resharding`: DCP splits model and optimizer anew) when the
+state has no per-rank data or extras (`reshard_problem`): the RNG keys are then left out of the load and
+every rank is seeded again from (run seed, step, rank) (training/resilience/checkpoint/reshard.py).
 
 In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
 `train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
@@ -25,6 +27,8 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from training.resilience.checkpoint.reshard import reseed
 
 
 def _rng_state() -> dict[str, Any]:
@@ -65,6 +69,12 @@ def _set_raw_rng(raw: tuple[Any, ...]) -> None:
     np.random.set_state(npy)
     if cuda is not None:
         torch.cuda.set_rng_state(cuda)
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)  # every device's generator too
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 def _to_tuple(value: Any) -> Any:
@@ -124,6 +134,10 @@ class TrainState(Stateful):
         self.data_key = f"data.rank{rank}" if data_per_rank else "data"
         self.extras = dict(extras or {})
         self.step = 0
+        self.seed = 0
+        """The run's seed (`run.seed`, set by Session): a resharded resume seeds every rank from it."""
+        self.resharding = False
+        """Set by the resume while it loads a checkpoint of another world size: no per-rank keys."""
         self.updating = False
         """True from the optimizer step of a step until that step is finished: the live state is torn."""
         self._step_start: tuple[Any, tuple[Any, ...]] | None = None
@@ -162,6 +176,14 @@ class TrainState(Stateful):
     def rng_key(self) -> str:
         return f"rng.rank{self.rank}"
 
+    def reshard_problem(self) -> str | None:
+        """Why a checkpoint of this state cannot load into another world size (per-rank state), or None."""
+        if self.data is not None and self.data_key != "data":
+            return "the data position is per rank (TrainState data_per_rank=True)"
+        if self.extras:
+            return f"per-rank extras {', '.join(sorted(self.extras))}"
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         _prime_adam_state(self.optimizer)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
@@ -171,6 +193,8 @@ class TrainState(Stateful):
         if self.data is not None:
             out[self.data_key] = self.data.state_dict()
         out["step"] = self.step
+        if self.resharding:  # the template of a resharded load: another world size has no such keys
+            return out
         out[self.rng_key] = _rng_state()
         for name, extra in self.extras.items():
             out[self._extra_key(name)] = extra.state_dict()
@@ -191,6 +215,9 @@ class TrainState(Stateful):
         if self.data is not None:
             self.data.load_state_dict(state_dict[self.data_key])
         self.step = int(state_dict["step"])
+        if self.resharding:
+            _seed_all(reseed(self.seed, self.step, self.rank))
+            return
         _set_rng_state(state_dict[self.rng_key])
         for name, extra in self.extras.items():
             extra.load_state_dict(state_dict[self._extra_key(name)])

@@ -18,6 +18,7 @@ from ckpt_worker import App, local_tensors
 from training.events import EventLog, read_events
 from training.resilience.checkpoint.checkpointer import Checkpointer
 from training.resilience.checkpoint.commit import (
+    CommitRecord,
     CommitRefused,
     FileEntry,
     expected_files,
@@ -28,6 +29,7 @@ from training.resilience.checkpoint.commit import (
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.checkpoint.layout import list_steps, step_dir
 from training.resilience.checkpoint.planner import cached_plan_keys
+from training.resilience.checkpoint.reshard import ReshardPolicy
 from training.resilience.checkpoint.resume import CheckpointError, check_world_size
 from training.resilience.checkpoint.retention import plan_deletions
 
@@ -240,15 +242,41 @@ def test_a_record_that_does_not_describe_the_whole_checkpoint_is_refused(
     assert why in line, line
 
 
-def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("record", "policy", "why"),
+    [
+        ({"reshard": None}, ReshardPolicy(global_batch=8), "it predates resharded resume"),
+        ({"reshard": "per-rank extras ema"}, ReshardPolicy(), "cannot be resharded (per-rank extras ema)"),
+        ({}, ReshardPolicy(global_batch=8, problem="per-rank extras ema"), "this job's state cannot be"),
+        ({}, ReshardPolicy(global_batch=8), "its run declared no global batch"),
+        ({"global_batch": 16}, ReshardPolicy(global_batch=8), "set training.global_batch=16 to keep it"),
+    ],
+)
+def test_a_checkpoint_of_another_world_size_that_cannot_be_resharded_is_refused_naming_both(
+    tmp_path: Path, record: dict[str, object], policy: ReshardPolicy, why: str
+) -> None:
     _train(tmp_path, steps=2)
-    _rewrite_record(tmp_path, 2, world_size=2)
-    message = r"written by 2 rank\(s\), this job has 1: resume it on 2 rank\(s\)"
-    with pytest.raises(CheckpointError, match=message):
-        check_world_size(tmp_path / "checkpoints", 1)
-    with pytest.raises(CheckpointError, match=message) as info:  # and again at load time
+    _rewrite_record(tmp_path, 2, world_size=2, **record)
+    with pytest.raises(CheckpointError) as info:
+        check_world_size(tmp_path / "checkpoints", 1, policy)
+    (line,) = str(info.value).splitlines()
+    assert "written by 2 rank(s), this job has 1" in line and why in line, line
+    assert "resume it on 2 rank(s), or use a new run.id" in line, line
+    with pytest.raises(CheckpointError, match="this job has 1"):  # and again at load time
         _resume(tmp_path)
-    assert "\n" not in str(info.value)
+
+
+def test_a_record_of_this_kit_declares_its_global_batch_and_whether_it_reshards(tmp_path: Path) -> None:
+    """An older kit's record (no such keys) reads as 'predates resharded resume' (reshard None)."""
+    _train(tmp_path, steps=2)
+    record = read_commit(step_dir(tmp_path / "checkpoints", 2))
+    assert (record.global_batch, record.reshard) == (None, "")
+    _rewrite_record(tmp_path, 2, global_batch=12, reshard="per-rank extras ema")
+    record = read_commit(step_dir(tmp_path / "checkpoints", 2))
+    assert (record.global_batch, record.reshard) == (12, "per-rank extras ema")
+    body = json.loads(record.to_json())
+    del body["global_batch"], body["reshard"]
+    assert CommitRecord.from_json(json.dumps(body)).reshard is None
 
 
 def test_commit_refuses_any_file_set_but_one_shard_per_rank() -> None:

@@ -75,6 +75,7 @@ from training.resilience.checkpoint.layout import (
 )
 from training.resilience.checkpoint.memory_tiers import MemoryTiers, TierRestore
 from training.resilience.checkpoint.planner import ScopedSavePlanner
+from training.resilience.checkpoint.reshard import ReshardPolicy
 from training.resilience.checkpoint.resume import CheckpointError, one_line, resume
 from training.resilience.checkpoint.retention import prune
 from training.resilience.checkpoint.shared_reads import SHARED_READS
@@ -119,9 +120,11 @@ class Checkpointer:
         events: EventLog | None = None,
         on_wait: Callable[[], AbstractContextManager[object]] | None = None,
         live: bool = False,
+        reshard: ReshardPolicy | None = None,
     ) -> None:
         """`live`: this session resumes from the live state of the last one (an in-process restart that
-        rolls nothing back: not a fault for `interval: auto`)."""
+        rolls nothing back: not a fault for `interval: auto`). `reshard`: whether the saved state may load
+        into another world size, and its global batch (in each commit record; checked at resume)."""
         if cfg.mode == "async" and cfg.backend == "nvrx":
             raise ValueError(
                 "checkpoint.backend nvrx is not wired into the Checkpointer yet (NVRx is measured in "
@@ -130,6 +133,7 @@ class Checkpointer:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
+        self.reshard = reshard or ReshardPolicy()
         self.root = checkpoints_dir(run_dir)
         self.events = events or EventLog(None, role="trainer", rank=rank)
         self._comm = CheckpointComm(rank=rank, world_size=world_size, timeout_s=cfg.pg_timeout_s)
@@ -452,7 +456,10 @@ class Checkpointer:
         except (SaveAbandoned, CommitRefused) as exc:
             self._report_failed(save.step, f"not committed: {one_line(exc)}")
             return False
-        record = CommitRecord(step=save.step, world_size=self.world_size, files=files)
+        record = CommitRecord(
+            step=save.step, world_size=self.world_size, files=files,
+            global_batch=self.reshard.global_batch, reshard=self.reshard.record_reshard,
+        )  # fmt: skip
         try:
             fsync_dir(folder)
             write_commit(folder, record)
@@ -584,7 +591,9 @@ class Checkpointer:
         if self._tiers is not None and (restored := self._load_from_tiers(state)) is not None:
             return restored
         read_before = SHARED_READS.bytes
-        result = resume(self._comm, self.root, state, checksum=self.cfg.verify == "checksum")
+        result = resume(
+            self._comm, self.root, state, checksum=self.cfg.verify == "checksum", policy=self.reshard
+        )
         self.last_source = "shared" if result.step is not None else "none"
         self.events.emit(
             "resume",
@@ -593,8 +602,11 @@ class Checkpointer:
             duration_s=time.time() - t0,
             fallback_from=result.fallback_from,
             shared_bytes=SHARED_READS.bytes - read_before,
+            resharded_from=result.resharded_from,
             ts=t0,
         )
+        if result.resharded_from is not None:
+            self._report_reshard(result.step, result.resharded_from, time.time() - t0)
         if result.fallback_from is not None and self.rank == 0:
             log.warning(
                 "resumed from step %d, not the newest committed step %d (damaged: %s)",
@@ -604,6 +616,18 @@ class Checkpointer:
             )
         self._last_step = result.step
         return result.step
+
+    def _report_reshard(self, step: int | None, from_world: int, duration_s: float) -> None:
+        """The `resharded` event (every rank) and one line (rank 0)."""
+        self.events.emit(
+            "resharded", step=step, from_world=from_world, to_world=self.world_size,
+            global_batch=self.reshard.global_batch, duration_s=duration_s,
+        )  # fmt: skip
+        if self.rank == 0:
+            log.warning(
+                "resharded from %d to %d ranks at step %s (global batch %s samples per optimizer step kept)",
+                from_world, self.world_size, step, self.reshard.global_batch,
+            )  # fmt: skip
 
     def _load_from_tiers(self, state: dict[str, Any]) -> int | None:
         """The newest committed step from the memory tiers (every rank, or none: see MemoryTiers.restore);

@@ -108,6 +108,11 @@ class CommitRecord:
     """File name (relative to the step folder) -> size and checksum; every file of the checkpoint."""
     created: float = field(default_factory=time.time)
     format: str = FORMAT
+    global_batch: int | None = None
+    """Samples per optimizer step of the run that wrote it (`training.global_batch`); None: not declared."""
+    reshard: str | None = None
+    """'' when this checkpoint may load into another world size; else why it may not (a per-rank extra);
+    None in records written before resharded resume existed: they load on their own world size only."""
 
     @property
     def total_bytes(self) -> int:
@@ -129,6 +134,8 @@ class CommitRecord:
             world_size=int(body["world_size"]),
             files=files,
             created=float(body["created"]),
+            global_batch=None if body.get("global_batch") is None else int(body["global_batch"]),
+            reshard=None if body.get("reshard") is None else str(body["reshard"]),
         )
 
 

@@ -7,14 +7,17 @@ checksum; the files are verified in parallel (file i by rank i % world_size), an
 verdict before anyone loads. A damaged newest step falls back to the one before it; if steps are committed
 but none verifies, resume fails loudly instead of starting again from step 0.
 
-A checkpoint written by another world size is refused (CheckpointError naming both sizes), never
-resharded: the data position and the RNG states are per rank (`check_world_size`, before any process
-group, and again here). Rank 0 names each skipped folder once, in one line: damaged, or newer than the
-step resumed from but without a commit record (its save never finished).
+A checkpoint written by another world size is resharded (DCP splits the model and optimizer anew) when
+its record and this job's `ReshardPolicy` allow it (checkpoint/reshard.py: the same global batch, no
+per-rank state); otherwise it is refused (CheckpointError naming both sizes and why): `check_world_size`
+before any process group, and again here with the state's own policy. Rank 0 names each skipped folder
+once, in one line: damaged, or newer than the step resumed from but without a commit record (its save
+never finished).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -38,7 +41,9 @@ from training.resilience.checkpoint.commit import (
     verify_file,
 )
 from training.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
+from training.resilience.checkpoint.reshard import ReshardPolicy, refusal
 from training.resilience.checkpoint.shared_reads import SHARED_READS, MeteredRaw
+from training.resilience.state import TrainState
 
 log = logging.getLogger("training.resilience.checkpoint")
 
@@ -53,28 +58,33 @@ class Resumed:
     fallback_from: int | None = None
     rejected: dict[int, str] = field(default_factory=dict)
     """Step -> why it was not used."""
+    resharded_from: int | None = None
+    """The world size that wrote the step loaded, when it is not this job's (a resharded resume)."""
 
 
-def world_size_mismatch(record: CommitRecord, folder: Path, world_size: int) -> str:
-    """The one line that refuses a checkpoint of another world size, naming both."""
-    return (
-        f"checkpoint {folder} was written by {record.world_size} rank(s), this job has {world_size}: "
-        f"resume it on {record.world_size} rank(s) (resharded resume is not supported: the data position "
-        "and RNG are per rank), or use a new run.id to start from step 0"
-    )
-
-
-def check_world_size(root: Path, world_size: int) -> None:
-    """Before any process group: CheckpointError if a committed step of `root` was written by another
-    world size (the newest such step is named). Unreadable records are left to resume (damaged)."""
+def check_world_size(root: Path, world_size: int, policy: ReshardPolicy) -> CommitRecord | None:
+    """Before any process group: CheckpointError if the newest readable committed step of `root` was written
+    by another world size and may not be resharded into `world_size` ranks under `policy`; else its record
+    (None when nothing readable is committed). Unreadable records are left to resume (damaged)."""
     for step in reversed(list_steps(root)):
         folder = step_dir(root, step)
         try:
             record = read_commit(folder)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if record.world_size != world_size:
-            raise CheckpointError(world_size_mismatch(record, folder, world_size))
+        if (why := refusal(record, folder, world_size, policy)) is not None:
+            raise CheckpointError(why)
+        return record
+    return None
+
+
+def newest_record(root: Path) -> CommitRecord | None:
+    """The newest readable commit record under `root` (None if none): what a script plans its batch from
+    before any process group (`training.resilience.batch`)."""
+    for step in reversed(list_steps(root)):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            return read_commit(step_dir(root, step))
+    return None
 
 
 def record_problem(record: CommitRecord, step: int) -> str | None:
@@ -85,9 +95,11 @@ def record_problem(record: CommitRecord, step: int) -> str | None:
     return f"{COMMIT_FILE} {problem}" if problem else None
 
 
-def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) -> str | None:
-    """Every rank verifies its share of the step's files; all ranks get the same verdict.
-    CheckpointError (on every rank) if the step is for another world size."""
+def _problems(
+    comm: CheckpointComm, folder: Path, step: int, *, checksum: bool, policy: ReshardPolicy
+) -> tuple[str | None, CommitRecord | None]:
+    """Every rank verifies its share of the step's files; all ranks get the same verdict and the record.
+    CheckpointError (on every rank) if the step is for another world size and may not be resharded."""
     record, error, refused = None, None, None
     if comm.rank == 0:
         try:
@@ -95,14 +107,13 @@ def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) 
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             error = f"{COMMIT_FILE} unreadable ({one_line(exc)})"
         else:
-            if record.world_size != comm.world_size:
-                refused = world_size_mismatch(record, folder, comm.world_size)
+            refused = refusal(record, folder, comm.world_size, policy)
             error = record_problem(record, step)
     record, error, refused = comm.broadcast_from_zero((record, error, refused))
     if refused:
         raise CheckpointError(refused)
     if error:
-        return error
+        return error, record
     mine = verification_share(sorted(record.files), comm.rank, comm.world_size)
     local = [
         p
@@ -111,7 +122,7 @@ def _problems(comm: CheckpointComm, folder: Path, step: int, *, checksum: bool) 
     ]
     gathered = comm.gather_to_zero(local)
     verdict = "; ".join(p for ps in gathered for p in ps) if gathered is not None else None
-    return comm.broadcast_from_zero(verdict) or None
+    return comm.broadcast_from_zero(verdict) or None, record
 
 
 def verification_share(names: list[str], rank: int, world_size: int) -> list[str]:
@@ -159,8 +170,18 @@ def _report_uncommitted(comm: CheckpointComm, root: Path, steps: list[int], afte
             _skip(comm, step_dir(root, step), f"no {COMMIT_FILE} (its save never finished)")
 
 
-def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum: bool) -> Resumed:
-    """Load the newest verified committed step into `state`; Resumed(step=None) when nothing is committed."""
+def resume(
+    comm: CheckpointComm,
+    root: Path,
+    state: dict[str, Any],
+    *,
+    checksum: bool,
+    policy: ReshardPolicy | None = None,
+) -> Resumed:
+    """Load the newest verified committed step into `state`; Resumed(step=None) when nothing is committed.
+    A step of another world size is resharded when `policy` allows it (its TrainStates then leave their
+    per-rank keys out of the load and reseed: `TrainState.resharding`)."""
+    policy = policy or ReshardPolicy()
     committed, steps = None, []
     if comm.rank == 0:
         steps = list_steps(root)
@@ -170,11 +191,15 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
     result = Resumed(step=None)
     for step in committed:
         folder = step_dir(root, step)
-        problem = _problems(comm, folder, step, checksum=checksum)
+        problem, record = _problems(comm, folder, step, checksum=checksum, policy=policy)
         if problem:
             _skip(comm, folder, f"damaged ({problem}); trying an older step")
             result.rejected[step] = problem
             continue
+        resharded = record is not None and record.world_size != comm.world_size
+        trainstates = [v for v in state.values() if isinstance(v, TrainState)]
+        for value in trainstates:
+            value.resharding = resharded
         try:
             dcp.load(
                 state,
@@ -188,7 +213,11 @@ def resume(comm: CheckpointComm, root: Path, state: dict[str, Any], *, checksum:
                 f"checkpoint {folder} verifies but does not fit this model/optimizer ({one_line(exc)}): "
                 "resume with the config that wrote it, or use a new run.id"
             ) from exc
+        finally:
+            for value in trainstates:
+                value.resharding = False
         result.step = step
+        result.resharded_from = record.world_size if resharded else None
         if step != committed[0]:
             result.fallback_from = committed[0]
         _report_uncommitted(comm, root, steps, step)
