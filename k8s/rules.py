@@ -15,7 +15,7 @@ import typing
 from typing import Any
 
 from cliargs import parse_float
-from k8s import names
+from k8s import elastic, names
 from k8s.derived import (
     TIER_COPIES,
     grace_needed_s,
@@ -112,6 +112,7 @@ def check_fields(v: JobValues) -> None:
         _fail("NODES", v.nodes, "must be at least 1")
     if v.spares < 0:
         _fail("SPARES", v.spares, "must be 0 or more")
+    elastic.check_fields(v)
     if not 1 <= v.replacement_wait_s <= RDZV_TIMEOUT_MAX_S:
         _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, f"must be 1 to {RDZV_TIMEOUT_MAX_S} seconds")
     _check_keep_alive(v)
@@ -381,6 +382,7 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"the FSx claim {v.fsx_pvc} lives in namespace {v.fsx_pvc_namespace}; "
             f"use NAMESPACE={v.fsx_pvc_namespace} (a pod can mount only claims of its own namespace)",
         )
+    elastic.check_rules(v)
     if v.spares and v.launcher != "kit":
         _fail(
             "SPARES",

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from cliargs import parse_int
+from k8s import elastic
 from k8s.derived import (
     heartbeat_seconds,
     max_restarts,
@@ -180,6 +181,7 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
     config["straggler"] = {"policy": None if v.straggler_policy == "report" else v.straggler_policy}
     for section, fields in v.train.items():
         config[section].update(fields)
+    elastic.trainer_training(v, config["training"])
     cleaned = {s: {k: x for k, x in f.items() if x is not None} for s, f in config.items()}
     # A user's ENTRYPOINT reads only the resilience sections (the rules refuse model/data/optim values).
     sections = RESILIENCE_SECTIONS if v.entrypoint else TRAINER_FIELDS
@@ -297,7 +299,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             "python",
             "-m",
             "training.launch",
-            f"--nnodes={nnodes}",
+            f"--nnodes={elastic.nnodes(v)}",
             f"--nproc-per-node={nproc}",
             "--node-rank=$(NODE_RANK)",
             f"--spares={v.spares}",
@@ -305,7 +307,8 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
             f"--rdzv-endpoint={store_host}:{port}",
             f"--rdzv-id={v.run_id}",
             f"--rdzv-conf=is_host=0,join_timeout={v.replacement_wait_s},"
-            f"keep_alive_interval={v.rdzv_keep_alive_s},keep_alive_max_attempt={v.rdzv_keep_alive_attempts}",
+            f"keep_alive_interval={v.rdzv_keep_alive_s},keep_alive_max_attempt={v.rdzv_keep_alive_attempts}"
+            + (f",last_call_timeout={v.elastic_wait_s}" if elastic.is_elastic(v) else ""),
             f"--max-restarts={restarts}",
             f"--monitor-interval={v.monitor_interval_s:g}",
             f"--heartbeat-timeout={v.heartbeat_timeout}",

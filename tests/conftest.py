@@ -37,3 +37,12 @@ def shm_dir(shm_root: Path, request: pytest.FixtureRequest) -> Path:
     folder = shm_root / "t" / request.node.name.replace("/", "_")[:80]
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@pytest.fixture(scope="session")
+def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fault-free 4-rank run of the elastic tests' job (tests/elastic_job.py); its run folder: what a run
+    that changes its world size must consume, step by step."""
+    from elastic_job import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("elastic-reference"))

@@ -246,3 +246,41 @@ def test_drain_under_the_nvrx_wrapper_loses_no_step(tmp_path: Path, fault_free: 
     assert [(f.kind, f.lost_steps, f.resume_step, f.takeover) for f in m.faults] == [
         ("drain", 0, FAULT_STEP, "spare")
     ]
+
+
+ELASTIC_JOB = [
+    "NODES=4", "MIN_NODES=3", "ELASTIC_WAIT_S=2", "STEPS=12", "SEQ_LEN=64", "BATCH_SIZE=1", "LOG_EVERY=1",
+    "TRAIN.training.global_batch=12", "TRAIN.optim.warmup_steps=3", "CHECKPOINT_INTERVAL=2",
+    "CHECKPOINT_MODE=async", "MONITOR_INTERVAL_S=0.1",
+]  # fmt: skip
+"""The elastic tests' job (tests/elastic_job.py: the same model, data and global batch) on 4 pods that may
+go on with 3."""
+
+
+def test_a_node_lost_with_no_spare_shrinks_then_grows_back_with_the_same_global_batches(
+    tmp_path: Path, elastic_reference: Path
+) -> None:
+    """4 pods, no spare; pod 2's node is lost at step 4 and its replacement comes 5 s later: the other 3 go
+    on after ELASTIC_WAIT_S (resharded 4 -> 3 from the last checkpoint), the replacement is taken back at a
+    step boundary (the 3 save first, as a drain) and the job finishes on 4 (resharded 3 -> 4). Every
+    optimizer step consumed the fault-free 4-rank run's samples, each once, with its loss within fp32
+    rounding; the report shows the world sizes and the node-hours at each."""
+    from elastic_job import ELASTIC_LOSS_RTOL
+
+    from training.batch_ledger import compare_ledgers, step_batches
+
+    run_id = "elastic"
+    proc, run_dir = run_job(
+        tmp_path, run_id, "FAULT_SPEC=node:step=4:node=2", job=ELASTIC_JOB,
+        flags=("--lost-pod-replace-after", "5"),
+    )  # fmt: skip
+    ledger = compare_ledgers(step_batches(run_dir), step_batches(elastic_reference))
+    assert ledger.exactly_once and ledger.same_batches and ledger.global_batch_kept, ledger.summary()
+    assert ledger.worlds == [4, 3, 4], ledger.worlds
+    assert ledger.max_loss_rel_diff <= ELASTIC_LOSS_RTOL, ledger.max_loss_rel_diff
+    events = metrics.load_events(run_dir)
+    resharded = {(e["from_world"], e["to_world"]) for e in events if e["kind"] == "resharded"}
+    assert resharded == {(4, 3), (3, 4)}
+    assert any(e["kind"] == "drained" for e in events), "the 3 saved the step the replacement joined at"
+    assert f"pod {run_id}-2-local: exit code -9" in proc.stdout
+    assert f"pod {run_id}-2-local-r1: exit code 0" in proc.stdout

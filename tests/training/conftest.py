@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trainer_helpers import ELASTIC, REF_STEPS, TINY, run_trainer
+from trainer_helpers import REF_STEPS, TINY, run_trainer
 
 
 @pytest.fixture(scope="session")
@@ -22,13 +22,3 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
     ).check()  # fmt: skip
     return tmp / "runs" / "reference"
-
-
-@pytest.fixture(scope="session")
-def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fault-free 4-rank run of the ELASTIC job (12 samples per optimizer step: 3 micro-batches of 1 per
-    rank); returns its run folder: what a run that changes its world size must consume, step by step."""
-    tmp = tmp_path_factory.mktemp("elastic-reference")
-    args = ["--run.id", "elastic-ref", "--run.root", str(tmp / "runs"), *ELASTIC, "--checkpoint.mode", "off"]
-    run_trainer(tmp, args, nproc=4).check()
-    return tmp / "runs" / "elastic-ref"

@@ -6,15 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trainer_helpers import (
-    ELASTIC,
-    ELASTIC_LOSS_RTOL,
-    REF_STEPS,
-    TINY,
-    assert_same_final_checkpoint,
-    run_cli,
-    run_trainer,
-)
+from elastic_job import ELASTIC, ELASTIC_LOSS_RTOL
+from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_cli, run_trainer
 
 from training import exitcodes
 from training.batch_ledger import compare_ledgers, step_batches

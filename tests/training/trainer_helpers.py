@@ -138,18 +138,3 @@ def launch_trainer(
 
 
 REF_STEPS = 12
-ELASTIC = [
-    "--model.name", "tiny",
-    "--data.seq_len", "64",
-    "--data.batch_size", "1",
-    "--training.global_batch", "12",
-    "--optim.warmup_steps", "3",
-    "--training.log_every", "1",
-    "--training.steps", str(REF_STEPS),
-]  # fmt: skip
-"""The tiny job with a global batch of 12 samples per optimizer step: it keeps it exactly on 1, 2, 3, 4, 6
-or 12 ranks (gradient accumulation takes up the difference)."""
-ELASTIC_LOSS_RTOL = 1e-4
-"""How far a resharded run's loss may be from a fixed-size run's, relative: the same mean gradient summed
-in another order differs by an fp32 rounding (~1e-7 relative) per reduction; Adam and a dozen steps grow
-that by a few orders at most on the tiny model (measured: 6e-8 at 2 -> 1 -> 3 ranks)."""

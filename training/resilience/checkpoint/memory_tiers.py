@@ -174,17 +174,25 @@ class MemoryTiers:
         """Collective: restore `step` into `state` from the tiers, or the reason (the same on every rank)
         why shared storage must serve it. Nothing is copied into `state` unless every rank can restore."""
         t0 = time.time()
-        held = {r: rec for r, rec in self.tier.held(step).items() if rec.world_size == comm.world_size}
-        gathered = comm.gather_to_zero(held)
+        copies = self.tier.held(step)
+        held = {r: rec for r, rec in copies.items() if rec.world_size == comm.world_size}
+        resized = {rec.world_size for rec in copies.values()} - {comm.world_size}
+        gathered = comm.gather_to_zero((held, resized))
         plan: dict[int, int | None] = {}
         records: dict[int, TierRecord] = {}
         why = None
         if gathered is not None:
-            plan, missing = plan_sources([set(h) for h in gathered], comm.world_size)
-            for holder in gathered:
+            plan, missing = plan_sources([set(h) for h, _ in gathered], comm.world_size)
+            for holder, _ in gathered:
                 for rank, record in holder.items():
                     records.setdefault(rank, record)
-            if missing:
+            sizes = sorted(set().union(*(r for _, r in gathered)))
+            if missing and sizes:  # a world that changed size: the copies are another world's shards
+                why = (
+                    f"the copies of step {step} were written by {sizes[0]} rank(s), this job has "
+                    f"{comm.world_size}: the shared tier reshards it"
+                )
+            elif missing:
                 why = _missing_reason(step, missing, comm.world_size)
         why, plan, records = comm.broadcast_from_zero((why, plan, records))
         if why:

@@ -1,0 +1,130 @@
+"""Elastic jobs (MIN_NODES): the global batch every node count from MIN_NODES to NODES must keep, and the
+rules that refuse a job which could shrink to a size that cannot keep it exactly.
+
+The trainer splits the global batch over the ranks it has (training.resilience.batch) and refuses, before
+any process group, a world size that does not divide it; an elastic job must therefore never shrink to
+such a size. The check happens here, before the Job exists, with the node counts that work and a global
+batch that keeps every count.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from k8s.derived import procs_per_node
+from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
+from k8s.profiles import get_profile
+from training.config import DataConfig
+
+if TYPE_CHECKING:
+    from k8s.model import JobValues
+
+
+def is_elastic(v: JobValues) -> bool:
+    """Whether the job may train on fewer than NODES nodes."""
+    return 0 < v.min_nodes < v.nodes
+
+
+def micro_batch(v: JobValues) -> int:
+    """Samples per rank per forward: BATCH_SIZE, else the profile's, else the trainer's default."""
+    return v.batch_size or get_profile(v.profile).batch_size or DataConfig.batch_size
+
+
+def _trained(v: JobValues, name: str) -> Any:
+    return v.train.get("training", {}).get(name)
+
+
+def global_batch(v: JobValues) -> tuple[int | None, str]:
+    """Samples per optimizer step of the job and where the number comes from; (None, why) with ENTRYPOINT
+    and no TRAIN.training.global_batch (the script's micro-batch is its own)."""
+    given = _trained(v, "global_batch")
+    if given:
+        return int(given), "TRAIN.training.global_batch"
+    if v.entrypoint:
+        return None, "ENTRYPOINT's script splits its own batch"
+    accum = int(_trained(v, "grad_accum_steps") or 1)
+    product = v.nodes * procs_per_node(v) * micro_batch(v) * accum
+    return product, "NODES x processes x BATCH_SIZE x grad_accum_steps"
+
+
+def keeping_counts(v: JobValues, batch: int) -> list[int]:
+    """The node counts from MIN_NODES to NODES whose ranks split `batch` into whole micro-batches."""
+    per_node = procs_per_node(v) * micro_batch(v)
+    return [n for n in range(v.min_nodes, v.nodes + 1) if batch % (n * per_node) == 0]
+
+
+def batch_for_every_count(v: JobValues, near: int) -> int:
+    """The multiple of every count's ranks x micro-batch nearest to `near` (at least one such multiple)."""
+    per_node = procs_per_node(v) * micro_batch(v)
+    lcm = math.lcm(*(n * per_node for n in range(v.min_nodes, v.nodes + 1)))
+    return lcm * max(1, round(near / lcm))
+
+
+def _fail(key: str, value: Any, rule: str) -> None:
+    raise ValuesError(f"{key}={value}: {rule}")
+
+
+def check_fields(v: JobValues) -> None:
+    """MIN_NODES and ELASTIC_WAIT_S on their own."""
+    if not 0 <= v.min_nodes <= v.nodes:
+        _fail("MIN_NODES", v.min_nodes, f"must be 0 (train on exactly NODES) or 1 to NODES={v.nodes}")
+    if not 1 <= v.elastic_wait_s <= RDZV_TIMEOUT_MAX_S:
+        _fail("ELASTIC_WAIT_S", v.elastic_wait_s, f"must be 1 to {RDZV_TIMEOUT_MAX_S} seconds")
+
+
+def check_rules(v: JobValues) -> None:
+    """An elastic job across fields: the launcher, spares, the waits, and the global batch at every size."""
+    if not is_elastic(v):
+        return
+    if v.launcher != "kit":
+        _fail("MIN_NODES", v.min_nodes, f"elastic training needs LAUNCHER=kit ({v.launcher} keeps NODES)")
+    if v.spares:
+        _fail(
+            "MIN_NODES",
+            v.min_nodes,
+            f"elastic training and SPARES={v.spares} do not combine yet: keep the spares (a lost node is "
+            "replaced at once, the world stays NODES) or set SPARES=0 to go on with fewer nodes",
+        )
+    if v.elastic_wait_s >= v.replacement_wait_s:
+        _fail(
+            "ELASTIC_WAIT_S",
+            v.elastic_wait_s,
+            f"must be below REPLACEMENT_WAIT_S={v.replacement_wait_s}: the survivors give up after that",
+        )
+    batch, source = global_batch(v)
+    if batch is None:
+        _fail(
+            "MIN_NODES",
+            v.min_nodes,
+            "with ENTRYPOINT, set TRAIN.training.global_batch (samples per optimizer step): your script "
+            "splits it with training.resilience.plan_batch on whatever number of nodes is left",
+        )
+        return
+    counts = keeping_counts(v, batch)
+    missing = [n for n in range(v.min_nodes, v.nodes + 1) if n not in counts]
+    if missing:
+        fix = batch_for_every_count(v, batch)
+        _fail(
+            "MIN_NODES",
+            v.min_nodes,
+            f"the global batch {batch} ({source}) cannot be split exactly over {missing[0]} node(s) of "
+            f"{procs_per_node(v)} process(es) x {micro_batch(v)} samples (node counts from MIN_NODES to "
+            f"NODES that can: {', '.join(map(str, counts)) or 'none'}): set TRAIN.training.global_batch="
+            f"{fix} (every count from {v.min_nodes} to {v.nodes}), or raise MIN_NODES",
+        )
+
+
+def trainer_training(v: JobValues, training: dict[str, Any]) -> None:
+    """The rendered config's `training` section of an elastic job: the global batch, not the accumulation
+    (the trainer derives it from the ranks it has)."""
+    if not is_elastic(v):
+        return
+    batch, _ = global_batch(v)
+    training["global_batch"] = batch
+    training.pop("grad_accum_steps", None)
+
+
+def nnodes(v: JobValues) -> str:
+    """The launcher's --nnodes: MIN:MAX for an elastic job, else NODES."""
+    return f"{v.min_nodes}:{v.nodes}" if is_elastic(v) else str(v.nodes)
