@@ -126,6 +126,24 @@ UNFIRED = "fault_unfired"
 """The trainer's event for a planned fault that never fired (training.resilience.job: `Job.finish`)."""
 
 
+@dataclass(frozen=True)
+class WorldSpan:
+    """A stretch of the run at one world size (an elastic run has several; each resharded resume starts
+    one at its workers' start)."""
+
+    world_size: int
+    start_s: float
+    """Seconds after the run's first trainer start."""
+    duration_s: float
+    steps: int
+    """Steps the reference rank computed in it, replays included."""
+
+    @property
+    def rank_hours(self) -> float:
+        """Ranks (GPUs) x hours: what the span cost in GPU time."""
+        return self.world_size * self.duration_s / 3600
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunMetrics:
     """The design's metrics for one run (ops' cost report reads these fields)."""
@@ -201,6 +219,11 @@ class RunMetrics:
     """Events left out because a field the metrics need was missing or not a number."""
     tokens_per_s: float | None = None
     """Median tokens per second of one rank (one GPU) over its steps; None when steps carry none."""
+    world_spans: list[WorldSpan] = field(default_factory=list)
+    """The run's stretches at one world size, in time order: one for a fixed-size run, several when it
+    shrank or grew (elastic); a rank-hours figure each."""
+    reshards: int = 0
+    """Resumes onto another world size (the reference rank's `resharded` events)."""
     mfu: float | None = None
     """Median model FLOPs utilisation over the same steps; None where the device's peak is unknown (CPU)."""
 
@@ -267,6 +290,23 @@ def time_budget(m: RunMetrics, wall_s: float) -> TimeBudget:
     return TimeBudget(wall_s=wall_s, other_s=wall_s - sum(parts.values()), **parts)
 
 
+def _world_spans(mine: Sequence[Event], t_first: float, t_last: float) -> list[WorldSpan]:
+    """The reference rank's starts cut the run into stretches of one world size (equal neighbours merged)."""
+    starts = [e for e in mine if e["kind"] == "start"]
+    steps = [_ts(e) for e in mine if e["kind"] == "step"]
+    spans: list[WorldSpan] = []
+    for i, start in enumerate(starts):
+        begin = _ts(start) if spans else t_first
+        end = _ts(starts[i + 1]) if i + 1 < len(starts) else max(t_last, begin)
+        size = int(start.get("world_size") or 0)
+        count = sum(1 for t in steps if begin <= t < end or (i + 1 == len(starts) and t == end))
+        if spans and spans[-1].world_size == size:
+            last = spans.pop()
+            begin, count = t_first + last.start_s, count + last.steps
+        spans.append(WorldSpan(size, begin - t_first, end - begin, count))
+    return spans
+
+
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -312,10 +352,14 @@ def _fault_metrics(events: Sequence[Event], fault: Event, until: float = float("
     first_resume = resumes[0] if resumes else None
     # Every rank's first resume of the same kind after the fault and before the next one (a rank on a
     # replacement node has a launcher of its own, so its attempt count starts again at 0).
+    # Only the world the first resume formed: an elastic job that shrank resumes the lost rank only when it
+    # grows back, a membership change of its own, not this fault's recovery.
+    worlds = {e.get("pid"): e.get("world_size") for e in events if e["kind"] == "start" and _is_trainer(e)}
     per_rank: dict[int, Event] = {}
     if first_resume is not None:
+        world = worlds.get(first_resume.get("pid"))
         for e in resumes:
-            if e["kind"] == first_resume["kind"] and _ts(e) < until:
+            if e["kind"] == first_resume["kind"] and _ts(e) < until and worlds.get(e.get("pid")) == world:
                 per_rank.setdefault(int(e["rank"]), e)
 
     recovery_end: float | None = None
@@ -402,6 +446,11 @@ def _takeover(events: Sequence[Event], t0: float, until: float) -> str | None:
     """Classify the launchers whose worker groups start after the fault and before the next one at `until`
     (see FaultMetrics.takeover)."""
     launchers = [e for e in events if e.get("role") == "launcher"]
+    rounds = [e for e in launchers if e["kind"] == "rdzv_round" and _ts(e) < until]
+    before = [int(e.get("world") or 0) for e in rounds if _ts(e) < t0]
+    after_round = next((int(e.get("world") or 0) for e in rounds if _ts(e) >= t0), None)
+    if before and after_round is not None and after_round < before[-1]:
+        return f"none (shrank to {after_round} nodes)"
     born: dict[tuple[Any, Any], float] = {}
     trained_before: set[tuple[Any, Any]] = set()
     for e in launchers:
@@ -580,6 +629,8 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         events_skipped=len(given) - len(evs),
         tokens_per_s=statistics.median(rates) if rates else None,
         mfu=statistics.median(mfus) if mfus else None,
+        world_spans=_world_spans(mine, t_first, t_last),
+        reshards=sum(1 for e in mine if e["kind"] == "resharded"),
     )
     over = goodput_over(metrics, wall_s)
     return dataclasses.replace(

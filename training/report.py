@@ -46,6 +46,7 @@ def _s(x: float | None) -> str:
 
 ROWS: tuple[tuple[str, str, Any], ...] = (
     ("world size", "trainer ranks", lambda m: str(m.world_size)),
+    ("world sizes", "ranks: seconds, steps (elastic)", lambda m: world_line(m)),
     ("wall time", "first trainer start to last end", lambda m: _s(m.wall_s)),
     ("steps completed", "steps in the final result", lambda m: str(m.steps_completed)),
     ("steps computed", "replays after resumes included", lambda m: str(m.steps_computed)),
@@ -70,6 +71,14 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("infra goodput", "study's definition", lambda m: _pct(m.infra_goodput)),
 )
 """Table rows: label, meaning, formatter. Shared by the single-run and the side-by-side tables."""
+
+
+def world_line(m: RunMetrics) -> str:
+    """'4: 5.0 s, 2 steps -> 3: 9.9 s, 6 steps -> 4: 11.3 s, 8 steps (2 reshards)'; '-' at one size."""
+    if len({s.world_size for s in m.world_spans}) < 2:
+        return "-"
+    spans = " -> ".join(f"{s.world_size}: {s.duration_s:.1f} s, {s.steps} steps" for s in m.world_spans)
+    return f"{spans} ({m.reshards} reshard{'s' * (m.reshards != 1)})"
 
 
 def _restores(m: RunMetrics) -> str:
@@ -215,12 +224,13 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     t0 = min(float(e["ts"]) for e in trainer)
     fig, (ax, ax_dur) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
 
-    # One line per (rank, attempt) so a restart shows as a break and a drop back to the resumed step.
-    series: dict[tuple[int, int], list[tuple[float, int, float, float]]] = defaultdict(list)
+    # One line per (rank, attempt, process) so a restart shows as a break and a drop back to the resumed step
+    # (a replacement node's launcher counts its attempts from 0 again: its process is another line).
+    series: dict[tuple[int, int, Any], list[tuple[float, int, float, float]]] = defaultdict(list)
     for e in trainer:
         if e["kind"] == "step":
             compute = e.get("compute_s")
-            series[(int(e["rank"]), int(e.get("attempt") or 0))].append(
+            series[(int(e["rank"]), int(e.get("attempt") or 0), e.get("pid"))].append(
                 (
                     float(e["ts"]) - t0,
                     int(e["step"]),
@@ -233,7 +243,7 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     per_rank = any(not math.isnan(pt[3]) for pts in series.values() for pt in pts)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     labelled: set[int] = set()
-    for (rank, _attempt), pts in sorted(series.items()):
+    for (rank, _attempt, _pid), pts in sorted(series.items(), key=lambda kv: kv[0][:2]):
         color = colors[rank % len(colors)]
         label = None if rank in labelled else f"rank {rank}"
         labelled.add(rank)
@@ -311,6 +321,7 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
             (x, 0.5), xycoords=("data", "axes fraction"), rotation=90, va="center", ha="right", fontsize=7,
             color="purple",
         )  # fmt: skip
+    _plot_world(ax_dur, m)
     ax.legend(loc="upper left", fontsize=8)
     ax_dur.set_ylabel("compute per rank (s)" if per_rank else "step time (s)")
     ax_dur.set_xlabel("seconds since the first trainer start")
@@ -319,6 +330,18 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
+
+
+def _plot_world(ax: Any, m: RunMetrics) -> None:
+    """The world size over time on the lower panel's right axis, when the run changed it (elastic)."""
+    if len({s.world_size for s in m.world_spans}) < 2:
+        return
+    xs = [x for s in m.world_spans for x in (s.start_s, s.start_s + s.duration_s)]
+    ys = [s.world_size for s in m.world_spans for _ in (0, 1)]
+    twin = ax.twinx()
+    twin.plot(xs, ys, "-", color="gray", lw=1.5, drawstyle="steps-post", label="ranks")
+    twin.set_ylabel("ranks", color="gray")
+    twin.set_ylim(0, max(ys) + 1)
 
 
 def _as_json(m: RunMetrics, png: Path | None) -> str:

@@ -9,7 +9,9 @@ GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). B
             paid for the whole run whether or not it takes over (the Job's replacement pod becomes the next
             spare, so the count stays S). What they save (the slow Kubernetes path avoided) is not in one
             run's events: the report gives the cost and which faults a spare took over, not a saving.
-total = the training GPUs x wall time, plus spares. Cost per 1,000 steps = total GPU-hours x price /
+total = the training GPUs x wall time, plus spares; a run that changed its world size (elastic) pays each
+stretch at its own size (`by_world`: GPU-hours at each world size, from RunMetrics.world_spans).
+Cost per 1,000 steps = total GPU-hours x price /
 steps_completed x 1000; cost of one fault = its recovery plus its rework, and their mean over the faults.
 """
 
@@ -49,6 +51,8 @@ class FaultCost:
     usd: dict[str, float]
     usd_per_1000_steps: float | None
     per_fault: list[FaultCostItem] = field(default_factory=list)
+    by_world: dict[int, float] = field(default_factory=dict)
+    """GPU-hours at each world size the run trained at (one entry unless it shrank or grew)."""
 
     @property
     def usd_per_fault(self) -> float | None:
@@ -90,8 +94,12 @@ def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
     spares = int(m.spare_nodes)
     per_node = gpus // m.training_nodes if m.training_nodes else 0
     spare_gh = spares * per_node * m.wall_s / h
+    by_world: dict[int, float] = {}
+    for span in getattr(m, "world_spans", None) or []:
+        by_world[span.world_size] = by_world.get(span.world_size, 0.0) + span.rank_hours
+    training_gh = sum(by_world.values()) if len(by_world) > 1 else gpus * m.wall_s / h
     gpu_hours = {
-        "total": gpus * m.wall_s / h + spare_gh,
+        "total": training_gh + spare_gh,
         "useful": gpus * m.steps_completed * m.median_step_s / h,
         "stall": gpus * (m.stall_s + m.drain_s) / h,
         "recovery": gpus * m.recovery_s_total / h,
@@ -112,4 +120,5 @@ def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
         usd=usd,
         usd_per_1000_steps=per_1000,
         per_fault=per_fault,
+        by_world=dict(sorted(by_world.items(), reverse=True)) if len(by_world) > 1 else {},
     )

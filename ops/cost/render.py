@@ -74,6 +74,8 @@ class CostReport:
             for k in ("total", "useful", "stall", "recovery", "rework", "spares"):
                 rows.append(Row(sec, f"GPU-hours {k}", f.gpu_hours[k], "GPU-h", notes.get(k, "")))
                 rows.append(Row(sec, f"cost {k}", f.usd[k], "USD"))
+            for world, gh in f.by_world.items():
+                rows.append(Row(sec, f"GPU-hours at {world} GPUs", gh, "GPU-h", "elastic: it changed size"))
             rows.append(Row(sec, "spare nodes", float(f.spare_nodes), "nodes", _spares_saved(f)))
             rows.append(
                 Row(
@@ -217,6 +219,7 @@ def to_json(report: CostReport) -> str:
             "usd_per_1000_steps": f.usd_per_1000_steps,
             "usd_per_fault": f.usd_per_fault,
             "per_fault": [p.__dict__ for p in f.per_fault],
+            "gpu_hours_by_world": {str(k): v for k, v in f.by_world.items()},
         }
     return json.dumps(doc, indent=2)
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ops.cost.faults import fault_cost
 from training import metrics
-from training.report import straggler_lines
+from training.report import straggler_lines, world_line
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -284,3 +285,10 @@ def test_a_node_lost_with_no_spare_shrinks_then_grows_back_with_the_same_global_
     assert any(e["kind"] == "drained" for e in events), "the 3 saved the step the replacement joined at"
     assert f"pod {run_id}-2-local: exit code -9" in proc.stdout
     assert f"pod {run_id}-2-local-r1: exit code 0" in proc.stdout
+    m = metrics.load_run_metrics(run_dir)
+    assert [s.world_size for s in m.world_spans] == [4, 3, 4] and m.reshards == 2
+    assert (m.faults[0].takeover, m.faults[0].resume_source) == ("none (shrank to 3 nodes)", "shared")
+    assert world_line(m).startswith("4: ") and " -> 3: " in world_line(m)
+    cost = fault_cost(m, usd_per_gpu_hour=1.0, price_source="test")
+    assert set(cost.by_world) == {4, 3}
+    assert cost.gpu_hours["total"] < 4 * m.wall_s / 3600, "the stretch on 3 is paid for 3 GPUs"

@@ -29,7 +29,7 @@ The public names:
 - `Session`: one process group's state and its asynchronous, verified checkpointer (rebuilt per restart).
 - `TrainState`: a Stateful of model, optimizer, LR scheduler, data loader, RNG, step and user extras.
 - `InjectedFault`: what an `exception` fault raises (so a script's own handler can let it through).
-- `plan_batch(cfg, micro_batch=, world_size=)` -> `BatchPlan`: the micro-batches per rank that keep the global
+- `plan_batch(cfg, micro_batch=, world_size=)`: the micro-batches per rank (`.accum`) that keep the global
   batch (`training.global_batch`) exact on this world size, before any process group; a checkpoint then
   resumes on another world size too (resharded: the same global batches, every sample once).
 - `leave(code)`: exit with `code` without the interpreter's teardown of torch's C++ state, which now and
@@ -47,7 +47,7 @@ from training.resilience.config import ConfigError, ResilienceConfig, load_confi
 
 if TYPE_CHECKING:
     from training.leave import leave
-    from training.resilience.batch import BatchPlan, plan_batch
+    from training.resilience.batch import plan_batch
     from training.resilience.faults import InjectedFault
     from training.resilience.job import Job
     from training.resilience.run import run
@@ -64,13 +64,12 @@ _LAZY = {
     "run": "training.resilience.run",
     "leave": "training.leave",
     "InjectedFault": "training.resilience.faults",
-    "BatchPlan": "training.resilience.batch",
     "plan_batch": "training.resilience.batch",
 }
 
 __all__ = [
-    "API_VERSION", "BatchPlan", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session",
-    "TrainState", "leave", "load_config", "plan_batch", "run",
+    "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TrainState",
+    "leave", "load_config", "plan_batch", "run",
 ]  # fmt: skip
 
 
