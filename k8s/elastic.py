@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def is_elastic(v: JobValues) -> bool:
     """Whether the job may train on fewer than NODES nodes."""
-    return 0 < v.min_nodes < v.nodes
+    return v.min_nodes is not None and v.min_nodes < v.nodes
 
 
 def micro_batch(v: JobValues) -> int:
@@ -48,16 +48,21 @@ def global_batch(v: JobValues) -> tuple[int | None, str]:
     return product, "NODES x processes x BATCH_SIZE x grad_accum_steps"
 
 
+def node_counts(v: JobValues) -> range:
+    """Every node count the job may train on: MIN_NODES to NODES."""
+    return range(v.min_nodes if v.min_nodes is not None else v.nodes, v.nodes + 1)
+
+
 def keeping_counts(v: JobValues, batch: int) -> list[int]:
     """The node counts from MIN_NODES to NODES whose ranks split `batch` into whole micro-batches."""
     per_node = procs_per_node(v) * micro_batch(v)
-    return [n for n in range(v.min_nodes, v.nodes + 1) if batch % (n * per_node) == 0]
+    return [n for n in node_counts(v) if batch % (n * per_node) == 0]
 
 
 def batch_for_every_count(v: JobValues, near: int) -> int:
     """The multiple of every count's ranks x micro-batch nearest to `near` (at least one such multiple)."""
     per_node = procs_per_node(v) * micro_batch(v)
-    lcm = math.lcm(*(n * per_node for n in range(v.min_nodes, v.nodes + 1)))
+    lcm = math.lcm(*(n * per_node for n in node_counts(v)))
     return lcm * max(1, round(near / lcm))
 
 
@@ -67,8 +72,13 @@ def _fail(key: str, value: Any, rule: str) -> None:
 
 def check_fields(v: JobValues) -> None:
     """MIN_NODES and ELASTIC_WAIT_S on their own."""
-    if not 0 <= v.min_nodes <= v.nodes:
-        _fail("MIN_NODES", v.min_nodes, f"must be 0 (train on exactly NODES) or 1 to NODES={v.nodes}")
+    if v.min_nodes is not None and not 1 <= v.min_nodes <= v.nodes:
+        _fail(
+            "MIN_NODES",
+            v.min_nodes,
+            f"must be 1 to NODES={v.nodes} (the fewest nodes the job goes on with); leave it unset to train "
+            "on exactly NODES",
+        )
     if not 1 <= v.elastic_wait_s <= RDZV_TIMEOUT_MAX_S:
         _fail("ELASTIC_WAIT_S", v.elastic_wait_s, f"must be 1 to {RDZV_TIMEOUT_MAX_S} seconds")
 
@@ -102,7 +112,7 @@ def check_rules(v: JobValues) -> None:
         )
         return
     counts = keeping_counts(v, batch)
-    missing = [n for n in range(v.min_nodes, v.nodes + 1) if n not in counts]
+    missing = [n for n in node_counts(v) if n not in counts]
     if missing:
         fix = batch_for_every_count(v, batch)
         _fail(

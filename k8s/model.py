@@ -132,15 +132,15 @@ class JobValues:
     """Hot spares: extra pods (NODES+SPARES in all) that wait warm (torch imported, joined to the rendezvous,
     no GPU work) and replace a lost or drained node at once; the Job's replacement pod becomes the new
     spare. The world size stays NODES x processes. A spare left at the end exits 0. LAUNCHER=kit only."""
-    min_nodes: int = 0
-    """Elastic training: the fewest nodes the job goes on with. When a node is lost and its replacement pod
-    has not joined within ELASTIC_WAIT_S, the others re-form without it and resume from the last
-    checkpoint resharded onto fewer ranks, with the same global batch (more micro-batches per rank); a node
-    that joins later is taken back at the next step boundary (saved first, as a drain is) and the job
+    min_nodes: int | None = None
+    """Elastic training: the fewest nodes the job goes on with (1 to NODES). When a node is lost and its
+    replacement pod has not joined within ELASTIC_WAIT_S, the others re-form without it and resume from the
+    last checkpoint resharded onto fewer ranks, with the same global batch (more micro-batches per rank); a
+    node that joins later is taken back at the next step boundary (saved first, as a drain is) and the job
     reshards onto it. Every node count from MIN_NODES to NODES must split the global batch exactly
     (TRAIN.training.global_batch; default NODES x processes x BATCH_SIZE x TRAIN.training.grad_accum_steps;
     required with ENTRYPOINT). Losses then match a fixed-size run to fp32 rounding, not bitwise (the
-    reduction order changes); the data order does not change. 0: exactly NODES. LAUNCHER=kit only; not
+    reduction order changes); the data order does not change. None: exactly NODES. LAUNCHER=kit only; not
     with SPARES (docs/runbook.md: which to choose)."""
     elastic_wait_s: int = 60
     """With MIN_NODES: seconds the surviving nodes wait for a lost node's replacement before they go on with

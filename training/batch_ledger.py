@@ -28,6 +28,8 @@ class StepBatch:
     """Samples the step consumed over all ranks: the global batch."""
     world_size: int
     """Ranks that computed the step (the last start before it)."""
+    ts: float = 0.0
+    """When the kept computation of the step ended (its event's time)."""
 
 
 def step_batches(run_dir: str | os.PathLike[str]) -> dict[int, StepBatch]:
@@ -40,7 +42,9 @@ def step_batches(run_dir: str | os.PathLike[str]) -> dict[int, StepBatch]:
         if e["kind"] == "start":
             world = int(e.get("world_size") or 0)
         elif e["kind"] == "step" and e.get("sample_first") is not None and e.get("samples") is not None:
-            out[e["step"]] = StepBatch(e["step"], e.get("loss"), e["sample_first"], e["samples"], world)
+            out[e["step"]] = StepBatch(
+                e["step"], e.get("loss"), e["sample_first"], e["samples"], world, float(e["ts"])
+            )
     return out
 
 
@@ -62,9 +66,14 @@ class LedgerComparison:
         return "; ".join(self.problems[:5]) or "the same global batches, every sample once"
 
 
-def compare_ledgers(run: dict[int, StepBatch], reference: dict[int, StepBatch]) -> LedgerComparison:
-    """`run` against a fixed-size `reference` of the same job (the steps each consumed)."""
+def compare_ledgers(
+    run: dict[int, StepBatch], reference: dict[int, StepBatch], *, prefix: bool = False
+) -> LedgerComparison:
+    """`run` against a fixed-size `reference` of the same job (the steps each consumed); `prefix`: the run
+    was stopped early, and only the reference's first steps are compared."""
     problems: list[str] = []
+    if prefix:
+        reference = {s: b for s, b in reference.items() if s <= max(run, default=0)}
     once = sorted(run) == list(range(1, len(run) + 1)) and sorted(run) == sorted(reference)
     if not once:
         problems.append(f"steps {_span(run)} against the reference's {_span(reference)}")
@@ -104,6 +113,12 @@ def compare_ledgers(run: dict[int, StepBatch], reference: dict[int, StepBatch]) 
         steps=len(run), exactly_once=once, same_batches=same,
         global_batch_kept=kept, max_loss_rel_diff=worst, worlds=worlds, problems=problems,
     )  # fmt: skip
+
+
+def useful_steps(run: dict[int, StepBatch], by_ts: float) -> int:
+    """Steps of the run's final result whose kept computation had ended by `by_ts` (replays count once, at
+    their last computation: work lost to a rollback is not useful)."""
+    return sum(1 for b in run.values() if b.ts <= by_ts)
 
 
 def _span(steps: dict[int, StepBatch]) -> str:

@@ -204,10 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     try:
-        batch = resilience.plan_batch(
+        batch = resilience.plan_batch(  # sets training.global_batch and grad_accum_steps
             cfg, micro_batch=cfg.data.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
         )
-        cfg.training.global_batch, cfg.training.grad_accum_steps = batch.global_batch, batch.accum
         plan_line = check_memory(cfg)
         if cfg.model.hf_path and has_weights(cfg.model.hf_path):  # before any group: one line, not rank 37
             check_weights(cfg.model.hf_path)

@@ -214,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.plain:
         return plain(args, seed=cfg.run.seed, steps=cfg.training.steps)
     steps = cfg.training.steps
+    try:  # the micro-batches per rank that keep the global batch on this world size (a resharded resume)
+        accum = resilience.plan_batch(
+            cfg, micro_batch=args.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
+        ).accum
+    except resilience.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 78
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
         ctx = job.ctx
@@ -230,11 +237,17 @@ def main(argv: list[str] | None = None) -> int:
         model, optimizer, data = session.model, session.optimizer, session.state.data
         while session.step < job.last_step:
             with job.step(session) as step:
-                inputs, targets = data.next_batch()
-                loss = F.cross_entropy(
-                    model(input_ids=inputs).logits.flatten(0, 1).float(), targets.flatten()
-                )
-                loss.backward()
+                loss = torch.zeros(())
+                for _ in range(accum):  # each micro-batch's share of the mean over the global batch
+                    inputs, targets = data.next_batch()
+                    part = (
+                        F.cross_entropy(
+                            model(input_ids=inputs).logits.flatten(0, 1).float(), targets.flatten()
+                        )
+                        / accum
+                    )
+                    part.backward()
+                    loss += part.detach()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 with step.update():
                     optimizer.step()

@@ -17,8 +17,37 @@ LOCAL = ["PROFILE=local", "RUN_ID=t"]
 P5 = ["RUN_ID=t", "IMAGE=repo/kit:1", "FSX_PVC=fsx"]
 
 # (overrides, exact error). Each row breaks one rule; the message names the key, the value and the fix.
+ELASTIC_BAD = (
+    "must be 1 to NODES=4 (the fewest nodes the job goes on with); leave it unset to train on exactly NODES"
+)
 BAD_VALUES = [
     (["NODES=0", *LOCAL], "NODES=0: must be at least 1"),
+    (["NODES=4", "MIN_NODES=5", *LOCAL], f"MIN_NODES=5: {ELASTIC_BAD}"),
+    (["NODES=4", "MIN_NODES=0", *LOCAL], f"MIN_NODES=0: {ELASTIC_BAD}"),
+    (["NODES=4", "MIN_NODES=-1", *LOCAL], f"MIN_NODES=-1: {ELASTIC_BAD}"),
+    (["NODES=4", "MIN_NODES=nan", *LOCAL], "MIN_NODES='nan': not a whole number"),
+    (["NODES=4", "MIN_NODES=3", "ELASTIC_WAIT_S=inf", *LOCAL], "ELASTIC_WAIT_S='inf': not a whole number"),
+    (["NODES=4", "MIN_NODES=3", "ELASTIC_WAIT_S=0", *LOCAL], "ELASTIC_WAIT_S=0: must be 1 to 604800 seconds"),
+    (
+        ["NODES=4", "MIN_NODES=3", "ELASTIC_WAIT_S=600", *LOCAL],
+        "ELASTIC_WAIT_S=600: must be below REPLACEMENT_WAIT_S=600: the survivors give up after that",
+    ),
+    (
+        ["NODES=4", "MIN_NODES=3", "SPARES=1", *LOCAL],
+        "MIN_NODES=3: elastic training and SPARES=1 do not combine yet: keep the spares (a lost node is replaced at once, the world stays NODES) or set SPARES=0 to go on with fewer nodes",
+    ),
+    (
+        ["NODES=4", "MIN_NODES=3", "LAUNCHER=torchrun", *LOCAL],
+        "MIN_NODES=3: elastic training needs LAUNCHER=kit (torchrun keeps NODES)",
+    ),
+    (
+        ["NODES=4", "MIN_NODES=3", "BATCH_SIZE=2", *LOCAL],
+        "MIN_NODES=3: the global batch 8 (NODES x processes x BATCH_SIZE x grad_accum_steps) cannot be split exactly over 3 node(s) of 1 process(es) x 2 samples (node counts from MIN_NODES to NODES that can: 4): set TRAIN.training.global_batch=24 (every count from 3 to 4), or raise MIN_NODES",
+    ),
+    (
+        ["NODES=4", "MIN_NODES=2", "ENTRYPOINT=python train.py", *LOCAL],
+        "MIN_NODES=2: with ENTRYPOINT, set TRAIN.training.global_batch (samples per optimizer step): your script splits it with training.resilience.plan_batch on whatever number of nodes is left",
+    ),
     (["NODES=four", *LOCAL], "NODES='four': not a whole number"),
     (["NODES=1e3", *LOCAL], "NODES='1e3': not a whole number"),
     (["NODES=99999999999", *LOCAL], "NODES='99999999999': must be at most 2147483647"),
@@ -506,3 +535,29 @@ def test_k8s_outputs_device_counts_must_match_the_profile(stack_outputs: dict) -
     stack_outputs["Kit-Cluster"]["EfaDevicesPerNode"] = "16"
     with pytest.raises(ValuesError, match=r"^EFA_PER_NODE=16: p5.48xlarge has 32 EFA devices"):
         build_values(outputs=merge_stack_outputs(stack_outputs), overrides=["RUN_ID=t"])
+
+
+def test_k8s_an_elastic_job_renders_min_max_nodes_its_wait_and_its_global_batch() -> None:
+    """MIN_NODES=3 of 4: the launcher's --nnodes 3:4 and last call, the trainer's global batch (the config's
+    product, 4 x 1 x 1 x 3 = 12, kept at 3 nodes: 4 micro-batches each) instead of the accumulation."""
+    from k8s.elastic import nnodes
+    from k8s.spec import launcher_command, trainer_config
+
+    v = build_values(
+        overrides=[
+            "NODES=4",
+            "MIN_NODES=3",
+            "ELASTIC_WAIT_S=5",
+            "BATCH_SIZE=1",
+            "TRAIN.training.grad_accum_steps=3",
+            *LOCAL,
+        ]
+    )
+    assert nnodes(v) == "3:4"
+    cmd = launcher_command(v, endpoint_host="h", config_path="/c.yaml", run_dir="/r")
+    assert "--nnodes=3:4" in cmd
+    assert any(a.startswith("--rdzv-conf=") and a.endswith(",last_call_timeout=5") for a in cmd)
+    training = trainer_config(v)["training"]
+    assert training["global_batch"] == 12 and "grad_accum_steps" not in training
+    fixed = build_values(overrides=["NODES=4", "MIN_NODES=4", *LOCAL])  # as many as NODES: a fixed job
+    assert nnodes(fixed) == "4" and "global_batch" not in trainer_config(fixed).get("training", {})

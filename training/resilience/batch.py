@@ -72,7 +72,9 @@ def plan_batch(cfg: ResilienceConfig, *, micro_batch: int, world_size: int) -> B
     """The job's BatchPlan, before any process group; ConfigError (one line) when `world_size` cannot keep
     the global batch exactly. The global batch is training.global_batch when set; else, resuming a
     checkpoint of another world size, the one that checkpoint was trained with; else micro_batch x
-    training.grad_accum_steps x world_size (as before elastic runs existed)."""
+    training.grad_accum_steps x world_size (as before elastic runs existed). The plan is recorded in `cfg`
+    (training.global_batch, training.grad_accum_steps): each checkpoint then declares its global batch, which
+    is what lets it resume on another world size."""
     from training.resilience.checkpoint.resume import newest_record  # torch: only when planning
 
     if micro_batch <= 0 or world_size <= 0:
@@ -89,4 +91,5 @@ def plan_batch(cfg: ResilienceConfig, *, micro_batch: int, world_size: int) -> B
     if global_batch % (micro_batch * world_size):
         raise ConfigError(refusal(global_batch, micro_batch, world_size, source))
     accum = global_batch // (micro_batch * world_size)
+    cfg.training.global_batch, cfg.training.grad_accum_steps = global_batch, accum
     return BatchPlan(global_batch, micro_batch, world_size, accum, source)
