@@ -52,6 +52,8 @@ P5_WAIT_RECOVERIES = 600 / 17
 """10 minutes on p5, in single-rank recoveries of a heartbeat launcher there (the study: 17 s)."""
 WINDOW_FACTOR = 1.5
 """The judged window ends this many replacement delays after the fault."""
+BUDGET_STEPS = 10_000
+"""training.steps of every run (the LR schedule spans it); the fault runs are stopped long before it."""
 LOSS_RTOL = 1e-4
 """The loss tolerance against the fixed-size reference: the same mean gradient summed in another order
 differs by an fp32 rounding per reduction (~1e-7 relative), grown by Adam over the run's steps."""
@@ -129,7 +131,8 @@ def _stop_after_fault(proc: subprocess.Popen[str], run_dir: Path, after_s: float
 
 
 def reference(workdir: Path, steps: int) -> dict[int, StepBatch]:
-    """The same job fault-free on 4 ranks under torchrun (checkpoints off): what every step consumes."""
+    """The same job fault-free on 4 ranks under torchrun (checkpoints off), stopped after `steps` of the
+    same BUDGET_STEPS (so the LR schedule is the fault runs'): what every step consumes."""
     root = workdir / "reference"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(NODES),
@@ -137,7 +140,8 @@ def reference(workdir: Path, steps: int) -> dict[int, StepBatch]:
         "--log-dir", str(root / "logs"), "-m", "training.train", "--run.id", "ref", "--run.root", str(root),
         "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
         "--training.global_batch", str(GLOBAL_BATCH), "--optim.warmup_steps", "3", "--training.steps",
-        str(steps), "--training.log_every", "50", "--checkpoint.mode", "off",
+        str(BUDGET_STEPS), "--training.stop_at", str(steps), "--training.log_every", "50",
+        "--checkpoint.mode", "off",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=1200)
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     delay = P5_WAIT_RECOVERIES * kill_recovery
     node = f"FAULT_SPEC=node:step={FAULT_STEP}:node=2"
-    common = dict(steps=10_000, stop_after_fault_s=WINDOW_FACTOR * delay + 5, replace_after_s=delay)
+    common = dict(steps=BUDGET_STEPS, stop_after_fault_s=WINDOW_FACTOR * delay + 5, replace_after_s=delay)
     elastic = local_job(
         workdir, "elastic", [node, f"MIN_NODES={MIN_NODES}", f"ELASTIC_WAIT_S={ELASTIC_WAIT_S}"], **common
     )

@@ -84,18 +84,13 @@ def check_fields(v: JobValues) -> None:
 
 
 def check_rules(v: JobValues) -> None:
-    """An elastic job across fields: the launcher, spares, the waits, and the global batch at every size."""
+    """An elastic job across fields: the launcher, spares, the waits, and the global batch at every size; a
+    fixed job with TRAIN.training.global_batch: that NODES splits it."""
     if not is_elastic(v):
+        _check_fixed_batch(v)
         return
     if v.launcher != "kit":
         _fail("MIN_NODES", v.min_nodes, f"elastic training needs LAUNCHER=kit ({v.launcher} keeps NODES)")
-    if v.spares:
-        _fail(
-            "MIN_NODES",
-            v.min_nodes,
-            f"elastic training and SPARES={v.spares} do not combine yet: keep the spares (a lost node is "
-            "replaced at once, the world stays NODES) or set SPARES=0 to go on with fewer nodes",
-        )
     if v.elastic_wait_s >= v.replacement_wait_s:
         _fail(
             "ELASTIC_WAIT_S",
@@ -123,6 +118,21 @@ def check_rules(v: JobValues) -> None:
             f"NODES that can: {', '.join(map(str, counts)) or 'none'}): set TRAIN.training.global_batch="
             f"{fix} (every count from {v.min_nodes} to {v.nodes}), or raise MIN_NODES",
         )
+
+
+def _check_fixed_batch(v: JobValues) -> None:
+    """TRAIN.training.global_batch on a job of exactly NODES: refused at render time when NODES cannot split
+    it (the trainer would refuse it in every pod)."""
+    given = _trained(v, "global_batch")
+    if not given or v.entrypoint or keeping_counts(v, int(given)):
+        return
+    ranks = v.nodes * procs_per_node(v)
+    _fail(
+        "TRAIN.training.global_batch",
+        given,
+        f"cannot be split exactly over {v.nodes} node(s) x {procs_per_node(v)} process(es) x "
+        f"{micro_batch(v)} samples: use a multiple of {ranks * micro_batch(v)}",
+    )
 
 
 def trainer_training(v: JobValues, training: dict[str, Any]) -> None:

@@ -140,8 +140,8 @@ class JobValues:
     reshards onto it. Every node count from MIN_NODES to NODES must split the global batch exactly
     (TRAIN.training.global_batch; default NODES x processes x BATCH_SIZE x TRAIN.training.grad_accum_steps;
     required with ENTRYPOINT). Losses then match a fixed-size run to fp32 rounding, not bitwise (the
-    reduction order changes); the data order does not change. None: exactly NODES. LAUNCHER=kit only; not
-    with SPARES (docs/runbook.md: which to choose)."""
+    reduction order changes); the data order does not change. None: exactly NODES. LAUNCHER=kit only.
+    With SPARES a spare takes a lost node's place first; the job shrinks only when none is left."""
     elastic_wait_s: int = 60
     """With MIN_NODES: seconds the surviving nodes wait for a lost node's replacement before they go on with
     fewer (the kit rendezvous' last call); the first round also waits this long for the last NODES once

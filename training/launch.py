@@ -325,8 +325,12 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         parser.error("--rdzv-id is required with --rdzv-endpoint (the same job id on every node)")
     if backend == "static" and min_nodes != max_nodes:
         parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use kit or c10d for MIN:MAX")
-    if a.spares and (backend == "static" or min_nodes != max_nodes):
-        parser.error("--spares needs the kit or c10d rendezvous and a fixed --nnodes=N (the world is fixed)")
+    if a.spares and backend == "static":
+        parser.error("--spares needs the kit or c10d rendezvous (static has no place for a spare)")
+    if a.spares and backend == "c10d" and min_nodes != max_nodes:
+        parser.error(
+            "--spares with c10d needs a fixed --nnodes=N (the kit rendezvous takes MIN:MAX with them)"
+        )
     if a.node_rank >= max_nodes + a.spares:
         parser.error(f"--node-rank={a.node_rank} must be below --nnodes + --spares ({max_nodes + a.spares})")
     configs: dict[str, str] = {}

@@ -133,7 +133,7 @@ class KitTrainer:
     def step_fields(self, duration_s: float) -> dict[str, float | int | None]:
         """Tokens/s of this rank (one GPU) and MFU for a step that took `duration_s` (the step event's), and
         the global samples the step consumed: the first one's index and how many (the global batch, the
-        same at every world size: `samples x data.seq_len` tokens per optimizer step)."""
+        same at every world size), and its tokens (`samples x data.seq_len`: tokens per optimizer step)."""
         cfg, args = self.cfg, self.shape
         if self._flops_token is None:
             self._flops_token = throughput.flops_per_token(  # a tied output matrix still costs its matmul
@@ -150,7 +150,10 @@ class KitTrainer:
             tokens=tokens, duration_s=duration_s, flops_token=self._flops_token, peak=self._peak
         )
         first, count = self._consumed or (None, None)
-        return {"tokens_per_s": rate.tokens_per_s, "mfu": rate.mfu, "sample_first": first, "samples": count}
+        return {
+            "tokens_per_s": rate.tokens_per_s, "mfu": rate.mfu, "sample_first": first, "samples": count,
+            "tokens": None if count is None else count * cfg.data.seq_len,
+        }  # fmt: skip
 
     def on_finish(self, job: resilience.Job, session: resilience.Session) -> None:
         if self.cfg.training.dump_final:

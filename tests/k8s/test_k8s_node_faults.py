@@ -280,6 +280,8 @@ def test_a_node_lost_with_no_spare_shrinks_then_grows_back_with_the_same_global_
     assert ledger.worlds == [4, 3, 4], ledger.worlds
     assert ledger.max_loss_rel_diff <= ELASTIC_LOSS_RTOL, ledger.max_loss_rel_diff
     events = metrics.load_events(run_dir)
+    tokens = {e["tokens"] for e in events if e["kind"] == "step" and e["rank"] == 0}
+    assert tokens == {12 * 64}, "tokens per optimizer step, logged by every world size"
     resharded = {(e["from_world"], e["to_world"]) for e in events if e["kind"] == "resharded"}
     assert resharded == {(4, 3), (3, 4)}
     assert any(e["kind"] == "drained" for e in events), "the 3 saved the step the replacement joined at"

@@ -33,16 +33,16 @@ BAD_VALUES = [
         "ELASTIC_WAIT_S=600: must be below REPLACEMENT_WAIT_S=600: the survivors give up after that",
     ),
     (
-        ["NODES=4", "MIN_NODES=3", "SPARES=1", *LOCAL],
-        "MIN_NODES=3: elastic training and SPARES=1 do not combine yet: keep the spares (a lost node is replaced at once, the world stays NODES) or set SPARES=0 to go on with fewer nodes",
-    ),
-    (
         ["NODES=4", "MIN_NODES=3", "LAUNCHER=torchrun", *LOCAL],
         "MIN_NODES=3: elastic training needs LAUNCHER=kit (torchrun keeps NODES)",
     ),
     (
         ["NODES=4", "MIN_NODES=3", "BATCH_SIZE=2", *LOCAL],
         "MIN_NODES=3: the global batch 8 (NODES x processes x BATCH_SIZE x grad_accum_steps) cannot be split exactly over 3 node(s) of 1 process(es) x 2 samples (node counts from MIN_NODES to NODES that can: 4): set TRAIN.training.global_batch=24 (every count from 3 to 4), or raise MIN_NODES",
+    ),
+    (
+        ["NODES=4", "BATCH_SIZE=2", "TRAIN.training.global_batch=12", *LOCAL],
+        "TRAIN.training.global_batch=12: cannot be split exactly over 4 node(s) x 1 process(es) x 2 samples: use a multiple of 8",
     ),
     (
         ["NODES=4", "MIN_NODES=2", "ENTRYPOINT=python train.py", *LOCAL],

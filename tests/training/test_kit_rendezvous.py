@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 NODE = Path(__file__).with_name("rdzv_node.py")
 pytestmark = pytest.mark.timeout(120)
 WAIT_S = 30.0
+LAST_CALL_S = 1.0
+"""An elastic round (MIN:MAX) forms this long after it has MIN members and nobody else can come."""
 
 
 class Store:
@@ -81,9 +83,13 @@ class Member:
 
     alive: list[Member] = []
 
-    def __init__(self, store: Store, nodes: int, run_id: str = "t", *, spare: bool = False) -> None:
+    def __init__(
+        self, store: Store, nodes: int, run_id: str = "t", *, spare: bool = False, min_nodes: int = 0
+    ) -> None:
+        """`min_nodes`: an elastic job's MIN (--nnodes MIN:nodes); 0: a fixed job of `nodes`."""
         link = StoreLink("127.0.0.1", store.port, is_host=False)
-        self.handler = KitRendezvous(link, Settings(run_id, nodes, nodes, spare=spare))
+        low = min_nodes or nodes
+        self.handler = KitRendezvous(link, Settings(run_id, low, nodes, spare=spare, last_call_s=LAST_CALL_S))
         self._out: queue.Queue[object] = queue.Queue()
         Member.alive.append(self)
 
@@ -270,3 +276,26 @@ def test_the_job_end_closes_the_rendezvous_a_waiting_spare_exits_gracefully(stor
     assert isinstance(spare.result(), RendezvousGracefulExitError)
     late = Member(store, 1).join()
     assert isinstance(late.result(), RendezvousClosedError)
+
+
+def test_an_elastic_job_takes_the_spare_first_then_shrinks_then_grows_back(store: Store) -> None:
+    """--nnodes 2:3 with a hot spare: a member lost -> the spare takes its place (the world stays 3); another
+    lost with no spare left -> the two re-form alone after the last call (a shrink); a node that joins later
+    (the replacement) -> the members see it waiting and re-form with it (a grow)."""
+    a, b, c = (Member(store, 3, min_nodes=2).join() for _ in range(3))
+    spare = Member(store, 3, spare=True, min_nodes=2).join()
+    assert {m.result()[2] for m in (a, b, c)} == {3}
+    c.handler.leave()  # lost (a departed node is judged at once; a silent one at its beat's limit)
+    a.join(), b.join()
+    assert spare.result()[:3:2] == (2, 3) and a.result()[2] == b.result()[2] == 3
+    spare.handler.leave()  # lost too: nobody left to take its place
+    t0 = time.monotonic()
+    a.join(), b.join()
+    assert a.result()[:3:2] == b.result()[:3:2] == (3, 2)
+    assert time.monotonic() - t0 >= LAST_CALL_S, "the two waited the last call for a replacement"
+    late = Member(store, 3, min_nodes=2).join()  # the replacement pod, once capacity is back
+    eventually(lambda: a.handler.num_nodes_waiting() == 1)  # what the agents see: a drain, then re-form
+    a.join(), b.join()
+    grown = [m.result() for m in (a, b, late)]
+    assert {r[0] for r in grown} == {4} and {r[2] for r in grown} == {3}
+    assert sorted(r[1] for r in grown) == [0, 1, 2]

@@ -53,6 +53,8 @@ def test_spares_and_the_kits_rendezvous_defaults() -> None:
          "--rdzv-conf=is_host=0", "-m", "training.train"]
     )  # fmt: skip
     assert (args.spares, args.node_rank, args.max_nodes) == (1, 2, 2)
+    elastic = parse_args(["--nnodes=2:3", "--spares=1", "--rdzv-endpoint=s:1", "--rdzv-id=j", "x.py"])
+    assert (elastic.min_nodes, elastic.max_nodes, elastic.spares) == (2, 3, 1)  # a spare first, then shrink
     assert args.rdzv_configs == {"is_host": "0", "keep_alive_interval": "0.1", "keep_alive_max_attempt": "12"}
     c10d = parse_args(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=s:1", "--rdzv-id=j", "x.py"])
     assert c10d.rdzv_configs == {"keep_alive_interval": "0.25", "keep_alive_max_attempt": "5"}
@@ -107,8 +109,16 @@ def test_underscore_spellings_and_standalone() -> None:
         (["--rdzv-backend=etcd", "-m", "t"], "invalid choice: 'etcd'"),
         (["--spares=-1", "-m", "t"], "--spares must be an integer >= 0, got '-1'"),
         (
-            ["--nnodes=2:3", "--spares=1", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],
-            "--spares needs the kit or c10d rendezvous and a fixed --nnodes=N",
+            [
+                "--nnodes=2:3",
+                "--spares=1",
+                "--rdzv-backend=c10d",
+                "--rdzv-endpoint=h:1",
+                "--rdzv-id=j",
+                "-m",
+                "t",
+            ],
+            "--spares with c10d needs a fixed --nnodes=N (the kit rendezvous takes MIN:MAX with them)",
         ),
         (
             ["--nnodes=2", "--spares=1", "--node-rank=3", "--rdzv-endpoint=h:1", "--rdzv-id=j", "-m", "t"],
