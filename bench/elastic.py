@@ -9,16 +9,25 @@ step, async checkpoints every CKPT_INTERVAL steps):
            on after ELASTIC_WAIT_S, resharded onto 3 ranks; the replacement pod starts WAIT x later and is
            taken back at a step boundary (resharded onto 4);
   wait     the same loss without MIN_NODES: the three wait for the replacement (the kit before elastic).
-  reference  the same job fault-free under torchrun (4 ranks): what every step must consume.
+  reference  the same job fault-free under torchrun (4 ranks): what every step must consume;
+  order    the same job fault-free on a fixed 2 and a fixed 3 ranks: how far the reduction order alone moves
+           the loss.
 The replacement's delay is scaled: 10 minutes on p5 is 35 single-rank recoveries of the kit there (the
 study's heartbeat launcher: 17 s), so here it is 35 x this run's kill recovery. Both fault runs are judged
 over the same wall time: from their first trainer start to 1.5 x the delay after the fault (the replacement
 comes two thirds into that window); goodput_ratio = the elastic run's useful steps by then / the wait run's.
 
+The loss tolerance, from fp32 reduction order: another number of ranks sums the same mean gradient in
+another order, ~1e-7 relative at a step (the tests' 12 steps: 6e-8), and training amplifies any such
+difference as it goes (measured: 4e-8 at step 21, 1e-5 at 51, 4e-3 at 117 between two fault-free runs on 3
+and 4 ranks). So the tolerance is what the order alone does over the same steps, measured in this run (the
+larger of the fixed 2- and 3-rank runs' differences from the 4-rank one), doubled (the elastic run changes
+the order twice, and the largest of a growing, noisy difference varies between runs), never below LOSS_RTOL.
+
 RESULT exactly_once (every step consumed the reference's samples, each once) global_batch_kept
-max_loss_rel_diff (against the reference, fp32 reduction order) shrink_s (fault -> end of the first step on
-3 ranks) kill_recovery_s goodput_ratio. Goals: exactly_once = 1, global_batch_kept = 1, max_loss_rel_diff <=
-1e-4, shrink_s <= 3 x kill_recovery_s, goodput_ratio >= 1.5.
+max_loss_rel_diff (against the reference) loss_tolerance shrink_s (fault -> end of the first step on 3
+ranks) kill_recovery_s goodput_ratio. Goals: exactly_once = 1, global_batch_kept = 1, max_loss_rel_diff <=
+loss_tolerance, shrink_s <= 3 x kill_recovery_s, goodput_ratio >= 1.5.
 """
 
 from __future__ import annotations
@@ -55,8 +64,11 @@ WINDOW_FACTOR = 1.5
 BUDGET_STEPS = 10_000
 """training.steps of every run (the LR schedule spans it); the fault runs are stopped long before it."""
 LOSS_RTOL = 1e-4
-"""The loss tolerance against the fixed-size reference: the same mean gradient summed in another order
-differs by an fp32 rounding per reduction (~1e-7 relative), grown by Adam over the run's steps."""
+"""The least loss tolerance against the fixed-size reference (the tests' bound over a dozen steps)."""
+ORDER_FACTOR = 2.0
+"""The tolerance is this many times the fixed runs' largest difference from the 4-rank one."""
+ORDER_RANKS = (2, 3)
+"""The fixed world sizes whose fault-free runs measure what the reduction order alone does."""
 JOB = [
     f"NODES={NODES}", f"SEQ_LEN={SEQ_LEN}", f"BATCH_SIZE={BATCH_SIZE}",
     f"TRAIN.training.global_batch={GLOBAL_BATCH}",
@@ -130,12 +142,12 @@ def _stop_after_fault(proc: subprocess.Popen[str], run_dir: Path, after_s: float
         time.sleep(0.2)
 
 
-def reference(workdir: Path, steps: int) -> dict[int, StepBatch]:
-    """The same job fault-free on 4 ranks under torchrun (checkpoints off), stopped after `steps` of the
-    same BUDGET_STEPS (so the LR schedule is the fault runs'): what every step consumes."""
-    root = workdir / "reference"
+def reference(workdir: Path, steps: int, *, ranks: int = NODES) -> dict[int, StepBatch]:
+    """The same job fault-free on `ranks` ranks under torchrun (checkpoints off), stopped after `steps` of
+    the same BUDGET_STEPS (so the LR schedule is the fault runs'): what every step consumes."""
+    root = workdir / f"reference-{ranks}"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(NODES),
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}", "--max-restarts", "0",
         "--log-dir", str(root / "logs"), "-m", "training.train", "--run.id", "ref", "--run.root", str(root),
         "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
@@ -170,6 +182,12 @@ class Figures:
     useful_wait: int
     ledger: LedgerComparison
     worlds: list[int]
+    order_diff: float
+    """The fixed runs' largest relative loss difference from the 4-rank one (the order alone)."""
+
+    @property
+    def loss_tolerance(self) -> float:
+        return max(LOSS_RTOL, ORDER_FACTOR * self.order_diff)
 
     @property
     def goodput_ratio(self) -> float:
@@ -180,7 +198,8 @@ class Figures:
         return (
             f"RESULT exactly_once={int(self.ledger.exactly_once and self.ledger.same_batches)} "
             f"global_batch_kept={int(self.ledger.global_batch_kept)} "
-            f"max_loss_rel_diff={self.ledger.max_loss_rel_diff:.2g} shrink_s={_f(self.shrink_s)} "
+            f"max_loss_rel_diff={self.ledger.max_loss_rel_diff:.2g} loss_tolerance={self.loss_tolerance:.2g} "
+            f"shrink_s={_f(self.shrink_s)} "
             f"kill_recovery_s={_f(self.kill_recovery_s)} goodput_ratio={ratio:.2f}"
         )
 
@@ -189,7 +208,7 @@ class Figures:
         return {
             "exactly_once = 1": self.ledger.exactly_once and self.ledger.same_batches,
             "global_batch_kept = 1": self.ledger.global_batch_kept,
-            f"max_loss_rel_diff <= {LOSS_RTOL:g}": self.ledger.max_loss_rel_diff <= LOSS_RTOL,
+            "max_loss_rel_diff <= loss_tolerance": self.ledger.max_loss_rel_diff <= self.loss_tolerance,
             "shrink_s <= 3 x kill_recovery_s": bool(self.shrink_s and three and self.shrink_s <= three),
             "goodput_ratio >= 1.5": self.goodput_ratio >= 1.5,
         }
@@ -200,8 +219,8 @@ def _f(value: float | None) -> str:
 
 
 def judge(
-    elastic: Run, wait: Run, ref: dict[int, StepBatch], *, kill_recovery_s: float | None,
-    replace_after_s: float,
+    elastic: Run, wait: Run, ref: dict[int, StepBatch], orders: list[dict[int, StepBatch]], *,
+    kill_recovery_s: float | None, replace_after_s: float,
 ) -> Figures:  # fmt: skip
     """The figures of one bench run: both fault runs over the same window, the elastic one against `ref`."""
     window = WINDOW_FACTOR * replace_after_s
@@ -216,6 +235,7 @@ def judge(
         useful_elastic=useful_steps(elastic.ledger, by_elastic),
         useful_wait=useful_steps(wait.ledger, by_wait),
         ledger=ledger, worlds=ledger.worlds,
+        order_diff=max(compare_ledgers(order, ref).max_loss_rel_diff for order in orders),
     )  # fmt: skip
 
 
@@ -244,7 +264,9 @@ def render(fig: Figures, *, quick: bool, elapsed_s: float) -> str:
         f"| goodput ratio | {fig.goodput_ratio:.2f} |",
         f"| steps compared with the fault-free 4-rank run | {fig.ledger.steps} |",
         f"| every sample once, the same global batches | {'yes' if same else fig.ledger.summary()} |",
-        f"| largest relative loss difference | {fig.ledger.max_loss_rel_diff:.2g} (at most {LOSS_RTOL:g}) |",
+        f"| largest relative loss difference | {fig.ledger.max_loss_rel_diff:.2g} |",
+        f"| the same, fault-free on fixed {'/'.join(map(str, ORDER_RANKS))} ranks | {fig.order_diff:.2g} |",
+        f"| loss tolerance: max({LOSS_RTOL:g}, {ORDER_FACTOR:g} x that) | {fig.loss_tolerance:.2g} |",
         "",
         "| goal | |",
         "| --- | --- |",
@@ -281,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"elastic: {len(elastic.ledger)} steps, worlds {worlds}", flush=True)
     wait = local_job(workdir, "wait", [node], **common)
     print(f"wait: {len(wait.ledger)} steps", flush=True)
-    ref = reference(workdir, max(elastic.ledger, default=1))
-    fig = judge(elastic, wait, ref, kill_recovery_s=kill_recovery, replace_after_s=delay)
+    steps = max(elastic.ledger, default=1)
+    ref = reference(workdir, steps)
+    orders = [reference(workdir, steps, ranks=r) for r in ORDER_RANKS]
+    fig = judge(elastic, wait, ref, orders, kill_recovery_s=kill_recovery, replace_after_s=delay)
     text = render(fig, quick=args.quick, elapsed_s=time.monotonic() - started)
     print(text)
     if not args.quick:

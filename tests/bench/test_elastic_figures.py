@@ -35,11 +35,15 @@ def test_the_goals_and_the_result_line() -> None:
     assert ledger.worlds == [4, 3, 4] and ledger.max_loss_rel_diff == 0.0
     fig = elastic.Figures(
         kill_recovery_s=1.5, replace_after_s=50.0, window_s=75.0, shrink_s=4.0, useful_elastic=60,
-        useful_wait=30, ledger=ledger, worlds=ledger.worlds,
+        useful_wait=30, ledger=ledger, worlds=ledger.worlds, order_diff=0.003,
     )  # fmt: skip
     assert fig.goodput_ratio == 2.0 and all(fig.goals().values())
+    assert fig.loss_tolerance == 0.006  # twice what the order alone did, never below 1e-4
+    assert elastic.Figures(**{**fig.__dict__, "order_diff": 1e-9}).loss_tolerance == elastic.LOSS_RTOL
     line = fig.result_line()
-    assert line.startswith("RESULT exactly_once=1 global_batch_kept=1 max_loss_rel_diff=0 shrink_s=4.00")
+    assert line.startswith(
+        "RESULT exactly_once=1 global_batch_kept=1 max_loss_rel_diff=0 loss_tolerance=0.006 shrink_s=4.00"
+    )
     assert line.endswith("kill_recovery_s=1.50 goodput_ratio=2.00")
     slow = elastic.Figures(**{**fig.__dict__, "shrink_s": 4.6})
     assert not slow.goals()["shrink_s <= 3 x kill_recovery_s"]
