@@ -47,7 +47,7 @@ test-fast: $(STAMP) ## the tests without the slow multi-process ones, on every c
 TORCH ?= 2.11.0
 TORCH_VENV := .venv-torch-$(TORCH)
 TORCH_TESTS := tests/training/test_torch_internals.py tests/training/checkpoint tests/training/test_launch_*.py \
-        tests/training/test_kit_rendezvous.py tests/training/test_trainer_resume.py \
+        tests/training/test_kit_rendezvous.py tests/training/test_trainer_resume.py tests/training/test_trainer_reshard.py \
         tests/training/test_trainer_inprocess.py tests/training/test_inprocess_restore.py \
         tests/training/test_blame_inprocess.py tests/training/test_hang_interrupt.py tests/training/test_zygote.py
 test-torch: ## run the launcher, checkpoint and in-process tests on another torch in its own venv (TORCH=2.11.0)

@@ -16,6 +16,7 @@ from k8s.derived import procs_per_node
 from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
 from k8s.profiles import get_profile
 from training.config import DataConfig
+from training.resilience.batch import default_global_batch, world_sizes_keeping
 
 if TYPE_CHECKING:
     from k8s.model import JobValues
@@ -27,7 +28,11 @@ def is_elastic(v: JobValues) -> bool:
 
 
 def micro_batch(v: JobValues) -> int:
-    """Samples per rank per forward: BATCH_SIZE, else the profile's, else the trainer's default."""
+    """Samples per rank per forward: BATCH_SIZE, else the profile's, else the trainer's default; 1 with
+    ENTRYPOINT (the script's own micro-batch is unknown here: only the ranks are checked, and the script's
+    plan_batch refuses, in its pods, a node count its micro-batch cannot split)."""
+    if v.entrypoint:
+        return 1
     return v.batch_size or get_profile(v.profile).batch_size or DataConfig.batch_size
 
 
@@ -44,7 +49,7 @@ def global_batch(v: JobValues) -> tuple[int | None, str]:
     if v.entrypoint:
         return None, "ENTRYPOINT's script splits its own batch"
     accum = int(_trained(v, "grad_accum_steps") or 1)
-    product = v.nodes * procs_per_node(v) * micro_batch(v) * accum
+    product = default_global_batch(micro_batch(v), accum, v.nodes * procs_per_node(v))
     return product, "NODES x processes x BATCH_SIZE x grad_accum_steps"
 
 
@@ -54,9 +59,10 @@ def node_counts(v: JobValues) -> range:
 
 
 def keeping_counts(v: JobValues, batch: int) -> list[int]:
-    """The node counts from MIN_NODES to NODES whose ranks split `batch` into whole micro-batches."""
-    per_node = procs_per_node(v) * micro_batch(v)
-    return [n for n in node_counts(v) if batch % (n * per_node) == 0]
+    """The node counts from MIN_NODES to NODES whose ranks split `batch` into whole micro-batches (the
+    trainer's own rule: training.resilience.batch)."""
+    sizes = set(world_sizes_keeping(batch, micro_batch(v)))
+    return [n for n in node_counts(v) if n * procs_per_node(v) in sizes]
 
 
 def batch_for_every_count(v: JobValues, near: int) -> int:

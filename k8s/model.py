@@ -131,7 +131,8 @@ class JobValues:
     spares: int = 0
     """Hot spares: extra pods (NODES+SPARES in all) that wait warm (torch imported, joined to the rendezvous,
     no GPU work) and replace a lost or drained node at once; the Job's replacement pod becomes the new
-    spare. The world size stays NODES x processes. A spare left at the end exits 0. LAUNCHER=kit only."""
+    spare. The world size stays NODES x processes (with MIN_NODES, a spare comes first: the job shrinks only
+    when none is left). A spare left at the end exits 0. LAUNCHER=kit only."""
     min_nodes: int | None = None
     """Elastic training: the fewest nodes the job goes on with (1 to NODES). When a node is lost and its
     replacement pod has not joined within ELASTIC_WAIT_S, the others re-form without it and resume from the

@@ -67,7 +67,9 @@ class DataConfig:
     seq_len: int = 128
     """Tokens per sample (the model sees seq_len inputs and predicts seq_len targets)."""
     batch_size: int = 4
-    """Samples per rank per step (global batch = batch_size x world size)."""
+    """Samples per rank per forward and backward (a micro-batch): the global batch is batch_size x
+    training.grad_accum_steps x world size, or training.global_batch, split into micro-batches of this
+    size."""
 
     def __post_init__(self) -> None:
         check_positive("data.seq_len", self.seq_len)

@@ -338,6 +338,11 @@ def _fault_free_durations(events: Sequence[Event], rank: int) -> list[float]:
     return durations
 
 
+def _process(e: Event) -> tuple[Any, Any]:
+    """One process of the run: pids repeat across hosts (each pod has its own pid namespace)."""
+    return e.get("host"), e.get("pid")
+
+
 def _first_step_after(events: Sequence[Event], rank: int, after_ts: float) -> Event | None:
     for e in events:
         if e["kind"] == "step" and _is_trainer(e) and int(e["rank"]) == rank and _ts(e) > after_ts:
@@ -354,12 +359,12 @@ def _fault_metrics(events: Sequence[Event], fault: Event, until: float = float("
     # replacement node has a launcher of its own, so its attempt count starts again at 0).
     # Only the world the first resume formed: an elastic job that shrank resumes the lost rank only when it
     # grows back, a membership change of its own, not this fault's recovery.
-    worlds = {e.get("pid"): e.get("world_size") for e in events if e["kind"] == "start" and _is_trainer(e)}
+    worlds = {_process(e): e.get("world_size") for e in events if e["kind"] == "start" and _is_trainer(e)}
     per_rank: dict[int, Event] = {}
     if first_resume is not None:
-        world = worlds.get(first_resume.get("pid"))
+        world = worlds.get(_process(first_resume))
         for e in resumes:
-            if e["kind"] == first_resume["kind"] and _ts(e) < until and worlds.get(e.get("pid")) == world:
+            if e["kind"] == first_resume["kind"] and _ts(e) < until and worlds.get(_process(e)) == world:
                 per_rank.setdefault(int(e["rank"]), e)
 
     recovery_end: float | None = None
@@ -438,10 +443,6 @@ def _total(events: Iterable[Event], key: str) -> int | None:
     return sum(values) if values else None
 
 
-def _launcher_key(e: Event) -> tuple[Any, Any]:
-    return e.get("host"), e.get("pid")
-
-
 def _takeover(events: Sequence[Event], t0: float, until: float) -> str | None:
     """Classify the launchers whose worker groups start after the fault and before the next one at `until`
     (see FaultMetrics.takeover)."""
@@ -454,13 +455,13 @@ def _takeover(events: Sequence[Event], t0: float, until: float) -> str | None:
     born: dict[tuple[Any, Any], float] = {}
     trained_before: set[tuple[Any, Any]] = set()
     for e in launchers:
-        born.setdefault(_launcher_key(e), _ts(e))
+        born.setdefault(_process(e), _ts(e))
         if e["kind"] == "group_started" and _ts(e) < t0:
-            trained_before.add(_launcher_key(e))
+            trained_before.add(_process(e))
     after = [e for e in launchers if e["kind"] == "group_started" and t0 <= _ts(e) < until]
     if not after:
         return None
-    newcomers = {_launcher_key(e) for e in after} - trained_before
+    newcomers = {_process(e) for e in after} - trained_before
     if not newcomers:
         return "same nodes"
     return "spare" if any(born[k] < t0 for k in newcomers) else "replacement"

@@ -78,8 +78,8 @@ class KitTrainer:
             cfg.data, vocab_size=self.shape.vocab_size, seed=cfg.run.seed, rank=ctx.rank,
             world_size=ctx.world_size,
         )  # fmt: skip
-        state = resilience.TrainState(
-            model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank
+        state = resilience.TrainState(  # the sample cursor is global: a resume on other ranks reshards
+            model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank, data_global=True
         )
         return resilience.Session(job, state)
 

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         data = ShardData(args.data_dir, seq_len=args.seq_len, batch=args.batch_size, seed=cfg.run.seed,
                          rank=ctx.rank, world=ctx.world_size)  # fmt: skip
         state = resilience.TrainState(model=model, optimizer=optimizer, scheduler=schedule, data=data,
-                                      rank=ctx.rank)  # fmt: skip
+                                      rank=ctx.rank, data_global=True)  # fmt: skip
         return resilience.Session(job, state)
 
     def train(job: resilience.Job, session: resilience.Session) -> None:

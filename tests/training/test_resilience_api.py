@@ -180,3 +180,21 @@ def test_a_planned_fault_that_never_fired_is_in_the_events_and_the_report(tmp_pa
     console = Console(width=200, record=True)
     console.print(metrics_table(m))
     assert "(1 planned never fired)" in console.export_text()
+
+
+def test_a_state_reshards_only_with_a_declared_global_data_position_and_no_per_rank_extras() -> None:
+    """A position that is the same on every rank may still count per-rank batches (a DistributedSampler's):
+    only a script that says it counts global samples (`data_global`) resumes on another world size."""
+    model = torch.nn.Linear(2, 2)
+    common = {"model": model, "optimizer": torch.optim.AdamW(model.parameters()), "rank": 0}
+    assert resilience.TrainState(**common).reshard_problem() is None  # no loader state at all
+    assert resilience.TrainState(**common, data=_Counter(), data_global=True).reshard_problem() is None
+    assert resilience.TrainState(**common, data=_Counter()).reshard_problem() == (
+        "the data position is not declared global (TrainState data_global=True)"
+    )
+    per_rank = resilience.TrainState(**common, data=_Counter(), data_per_rank=True)
+    assert per_rank.reshard_problem() == "the data position is per rank (TrainState data_per_rank=True)"
+    ema = resilience.TrainState(**common, data=_Counter(), data_global=True, extras={"ema": _Counter()})
+    assert ema.reshard_problem() == "per-rank extras ema"
+    with pytest.raises(ValueError, match="data_per_rank and data_global exclude each other"):
+        resilience.TrainState(**common, data=_Counter(), data_per_rank=True, data_global=True)

@@ -101,8 +101,9 @@ class TrainingConfig:
     """Samples per optimizer step over all ranks, kept when the world size changes (a restart on another
     number of nodes, an elastic shrink or grow): each rank then runs global_batch / (world size x
     data.batch_size) micro-batches per step, and a world size that does not divide it exactly is refused
-    (one line listing the sizes that do). 0: batch_size x grad_accum_steps x world size, or, resuming a
-    checkpoint of another world size, the global batch that checkpoint was trained with."""
+    (one line listing the sizes that do). 0: the global batch the newest checkpoint declares (a run keeps
+    its batch through every restart, on any world size: set this to change it), else batch_size x
+    grad_accum_steps x world size."""
     gc_every: int = 50
     """Python garbage collection on the loop's schedule: every rank collects at the same steps (young
     objects every N steps, all every 20 x N), with automatic collection off, so no rank pauses alone and

@@ -6,8 +6,9 @@ the same on every rank, as the kit's global sample cursor is; "data.rank<R>" wit
 "rng.rank<R>" (this rank's RNG states) and "extra.<name>.rank<R>" (each user extra, per rank). DCP treats
 non-DTensor values as replicated and keeps one copy, so per-rank values carry the rank in their key.
 A checkpoint resumes on another world size (`resharding`: DCP splits model and optimizer anew) when the
-state has no per-rank data or extras (`reshard_problem`): the RNG keys are then left out of the load and
-every rank is seeded again from (run seed, step, rank) (training/resilience/checkpoint/reshard.py).
+data position is declared global (`data_global`) and there are no per-rank extras (`reshard_problem`):
+the RNG keys are then left out of the load and every rank is seeded again from (run seed, step, rank)
+(training/resilience/checkpoint/reshard.py).
 
 In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
 `train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
@@ -123,15 +124,22 @@ class TrainState(Stateful):
         data: Stateful | None = None,
         rank: int,
         data_per_rank: bool = False,
+        data_global: bool = False,
         extras: dict[str, Stateful] | None = None,
     ) -> None:
-        """`data_per_rank`: the loader's state differs between ranks (saved under the rank's key)."""
+        """`data_per_rank`: the loader's state differs between ranks (saved under the rank's key).
+        `data_global`: the loader's position counts global samples, so it means the same on any world size
+        (the kit's sample cursor): only then may a checkpoint resume on another world size. A position that
+        is the same on every rank but counts per-rank batches (a DistributedSampler's) is not global."""
+        if data_per_rank and data_global:
+            raise ValueError("TrainState: data_per_rank and data_global exclude each other; pass one")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.data = data
         self.rank = rank
         self.data_key = f"data.rank{rank}" if data_per_rank else "data"
+        self.data_global = data_global
         self.extras = dict(extras or {})
         self.step = 0
         self.seed = 0
@@ -180,6 +188,8 @@ class TrainState(Stateful):
         """Why a checkpoint of this state cannot load into another world size (per-rank state), or None."""
         if self.data is not None and self.data_key != "data":
             return "the data position is per rank (TrainState data_per_rank=True)"
+        if self.data is not None and not self.data_global:
+            return "the data position is not declared global (TrainState data_global=True)"
         if self.extras:
             return f"per-rank extras {', '.join(sorted(self.extras))}"
         return None

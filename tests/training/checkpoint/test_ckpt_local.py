@@ -16,7 +16,7 @@ import torch
 from ckpt_worker import App, local_tensors
 
 from training.events import EventLog, read_events
-from training.resilience.checkpoint.checkpointer import Checkpointer
+from training.resilience.checkpoint.checkpointer import UNDECLARED, Checkpointer
 from training.resilience.checkpoint.commit import (
     CommitRecord,
     CommitRefused,
@@ -247,9 +247,14 @@ def test_a_record_that_does_not_describe_the_whole_checkpoint_is_refused(
     [
         ({"reshard": None}, ReshardPolicy(global_batch=8), "it predates resharded resume"),
         ({"reshard": "per-rank extras ema"}, ReshardPolicy(), "cannot be resharded (per-rank extras ema)"),
-        ({}, ReshardPolicy(global_batch=8, problem="per-rank extras ema"), "this job's state cannot be"),
-        ({}, ReshardPolicy(global_batch=8), "its run declared no global batch"),
-        ({"global_batch": 16}, ReshardPolicy(global_batch=8), "set training.global_batch=16 to keep it"),
+        ({}, ReshardPolicy(global_batch=8), "cannot be resharded (saved by a Checkpointer without a Reshard"),
+        ({"reshard": ""}, ReshardPolicy(global_batch=8, problem="per-rank extras"), "this job's state"),
+        ({"reshard": ""}, ReshardPolicy(global_batch=8), "its run declared no global batch"),
+        (
+            {"reshard": "", "global_batch": 16},
+            ReshardPolicy(global_batch=8),
+            "set training.global_batch=16 to keep it",
+        ),
     ],
 )
 def test_a_checkpoint_of_another_world_size_that_cannot_be_resharded_is_refused_naming_both(
@@ -270,7 +275,7 @@ def test_a_record_of_this_kit_declares_its_global_batch_and_whether_it_reshards(
     """An older kit's record (no such keys) reads as 'predates resharded resume' (reshard None)."""
     _train(tmp_path, steps=2)
     record = read_commit(step_dir(tmp_path / "checkpoints", 2))
-    assert (record.global_batch, record.reshard) == (None, "")
+    assert (record.global_batch, record.reshard) == (None, UNDECLARED)  # a Checkpointer used on its own
     _rewrite_record(tmp_path, 2, global_batch=12, reshard="per-rank extras ema")
     record = read_commit(step_dir(tmp_path / "checkpoints", 2))
     assert (record.global_batch, record.reshard) == (12, "per-rank extras ema")

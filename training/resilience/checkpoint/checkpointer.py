@@ -107,6 +107,10 @@ class _Save:
         self.guard.held.set()  # a save that never reached its test hold will not reach it now
 
 
+UNDECLARED = "saved by a Checkpointer without a ReshardPolicy: nothing said its state may be resharded"
+"""What the record of a state nobody described says (Session always describes its TrainState)."""
+
+
 class Checkpointer:
     """Saves and restores a dict of Stateful objects / tensors (as `dcp.save` takes) under the run folder."""
 
@@ -133,7 +137,7 @@ class Checkpointer:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
-        self.reshard = reshard or ReshardPolicy()
+        self.reshard = reshard or ReshardPolicy(problem=UNDECLARED)
         self.root = checkpoints_dir(run_dir)
         self.events = events or EventLog(None, role="trainer", rank=rank)
         self._comm = CheckpointComm(rank=rank, world_size=world_size, timeout_s=cfg.pg_timeout_s)

@@ -1,8 +1,8 @@
 """Pick the newest committed step whose files verify, agreed by every rank, and load it with DCP.
 
 Rank 0 lists the committed steps and broadcasts them, so every rank tries the same ones in the same
-order. A step is used only if its record is for this step and this world size and lists exactly the files
-of that world size (`.metadata` and one shard per rank), and every one of those files matches its size and
+order. A step is used only if its record is for this step and lists exactly the files of the world size
+that wrote it (`.metadata` and one shard per rank), and every one of those files matches its size and
 checksum; the files are verified in parallel (file i by rank i % world_size), and the ranks agree on the
 verdict before anyone loads. A damaged newest step falls back to the one before it; if steps are committed
 but none verifies, resume fails loudly instead of starting again from step 0.
@@ -62,25 +62,19 @@ class Resumed:
     """The world size that wrote the step loaded, when it is not this job's (a resharded resume)."""
 
 
-def check_world_size(root: Path, world_size: int, policy: ReshardPolicy) -> CommitRecord | None:
+def check_world_size(root: Path, world_size: int, policy: ReshardPolicy) -> None:
     """Before any process group: CheckpointError if the newest readable committed step of `root` was written
-    by another world size and may not be resharded into `world_size` ranks under `policy`; else its record
-    (None when nothing readable is committed). Unreadable records are left to resume (damaged)."""
-    for step in reversed(list_steps(root)):
-        folder = step_dir(root, step)
-        try:
-            record = read_commit(folder)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if (why := refusal(record, folder, world_size, policy)) is not None:
-            raise CheckpointError(why)
-        return record
-    return None
+    by another world size and may not be resharded into `world_size` ranks under `policy`. Unreadable
+    records are left to resume (damaged)."""
+    record = newest_record(root)
+    if record is not None and (why := refusal(record, step_dir(root, record.step), world_size, policy)):
+        raise CheckpointError(why)
 
 
 def newest_record(root: Path) -> CommitRecord | None:
     """The newest readable commit record under `root` (None if none): what a script plans its batch from
-    before any process group (`training.resilience.batch`)."""
+    before any process group (`training.resilience.batch`). A folder without a record (its save never
+    finished) or with an unreadable one is passed over."""
     for step in reversed(list_steps(root)):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
             return read_commit(step_dir(root, step))
@@ -126,8 +120,9 @@ def _problems(
 
 
 def verification_share(names: list[str], rank: int, world_size: int) -> list[str]:
-    """The files `rank` verifies: its own shard (the file its load then reads, from the page cache on
-    shared storage, instead of a second read), `.metadata` on rank 0, any other file by turns."""
+    """The files `rank` verifies: its own shard (on the world size that wrote the step, the file its load
+    then reads, from the page cache on shared storage, instead of a second read), `.metadata` on rank 0,
+    any other file by turns (after a reshard, the shards of ranks this world does not have)."""
     own = {shard_name(r): r for r in range(world_size)} | {METADATA_FILE: 0}
     others = [n for n in names if n not in own]
     return [n for n in names if own.get(n) == rank] + others[rank::world_size]
