@@ -224,7 +224,7 @@ def judge(
 ) -> Figures:  # fmt: skip
     """The figures of one bench run: both fault runs over the same window, the elastic one against `ref`."""
     window = WINDOW_FACTOR * replace_after_s
-    assert elastic.fault_ts is not None and wait.fault_ts is not None, "a fault never fired"
+    assert elastic.fault_ts is not None and wait.fault_ts is not None  # main() checked it
     by_elastic = elastic.fault_ts + window
     span = by_elastic - first_ts(elastic.run_dir)
     by_wait = first_ts(wait.run_dir) + span  # the same wall time from each run's own start
@@ -303,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"elastic: {len(elastic.ledger)} steps, worlds {worlds}", flush=True)
     wait = local_job(workdir, "wait", [node], **common)
     print(f"wait: {len(wait.ledger)} steps", flush=True)
-    steps = max(elastic.ledger, default=1)
+    if elastic.fault_ts is None or wait.fault_ts is None or not elastic.ledger or not wait.ledger:
+        print("error: a fault run never reached its fault (see the pods' logs with --keep)", file=sys.stderr)
+        return 1
+    steps = max(elastic.ledger)
     ref = reference(workdir, steps)
     orders = [reference(workdir, steps, ranks=r) for r in ORDER_RANKS]
     fig = judge(elastic, wait, ref, orders, kill_recovery_s=kill_recovery, replace_after_s=delay)

@@ -10,7 +10,7 @@ batch that keeps every count.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from k8s.derived import procs_per_node
 from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
@@ -36,19 +36,27 @@ def micro_batch(v: JobValues) -> int:
     return v.batch_size or get_profile(v.profile).batch_size or DataConfig.batch_size
 
 
-def _trained(v: JobValues, name: str) -> Any:
-    return v.train.get("training", {}).get(name)
+def _trained(v: JobValues, name: str, *, least: int) -> int | None:
+    """TRAIN.training.<name> as a whole number of at least `least`, or None when not given. Checked here,
+    before the trainer's own config check (after rendering), because the node counts are computed from it:
+    12.5, true, -12 or a word are refused in one line, never rounded or acted on."""
+    value = v.train.get("training", {}).get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < least:
+        _fail(f"TRAIN.training.{name}", value, f"must be a whole number, at least {least}")
+    return value
 
 
 def global_batch(v: JobValues) -> tuple[int | None, str]:
     """Samples per optimizer step of the job and where the number comes from; (None, why) with ENTRYPOINT
     and no TRAIN.training.global_batch (the script's micro-batch is its own)."""
-    given = _trained(v, "global_batch")
+    given = _trained(v, "global_batch", least=0)
     if given:
-        return int(given), "TRAIN.training.global_batch"
+        return given, "TRAIN.training.global_batch"
     if v.entrypoint:
         return None, "ENTRYPOINT's script splits its own batch"
-    accum = int(_trained(v, "grad_accum_steps") or 1)
+    accum = _trained(v, "grad_accum_steps", least=1) or 1
     product = default_global_batch(micro_batch(v), accum, v.nodes * procs_per_node(v))
     return product, "NODES x processes x BATCH_SIZE x grad_accum_steps"
 
@@ -72,7 +80,7 @@ def batch_for_every_count(v: JobValues, near: int) -> int:
     return lcm * max(1, round(near / lcm))
 
 
-def _fail(key: str, value: Any, rule: str) -> None:
+def _fail(key: str, value: Any, rule: str) -> NoReturn:
     raise ValuesError(f"{key}={value}: {rule}")
 
 
@@ -129,8 +137,8 @@ def check_rules(v: JobValues) -> None:
 def _check_fixed_batch(v: JobValues) -> None:
     """TRAIN.training.global_batch on a job of exactly NODES: refused at render time when NODES cannot split
     it (the trainer would refuse it in every pod)."""
-    given = _trained(v, "global_batch")
-    if not given or v.entrypoint or keeping_counts(v, int(given)):
+    given = _trained(v, "global_batch", least=0)
+    if not given or v.entrypoint or keeping_counts(v, given):
         return
     ranks = v.nodes * procs_per_node(v)
     _fail(

@@ -40,6 +40,17 @@ BAD_VALUES = [
         ["NODES=4", "MIN_NODES=3", "BATCH_SIZE=2", *LOCAL],
         "MIN_NODES=3: the global batch 8 (NODES x processes x BATCH_SIZE x grad_accum_steps) cannot be split exactly over 3 node(s) of 1 process(es) x 2 samples (node counts from MIN_NODES to NODES that can: 4): set TRAIN.training.global_batch=24 (every count from 3 to 4), or raise MIN_NODES",
     ),
+    *[
+        (
+            ["NODES=4", "MIN_NODES=3", f"TRAIN.training.global_batch={raw}", *LOCAL],
+            f"TRAIN.training.global_batch={shown}: must be a whole number, at least 0",
+        )
+        for raw, shown in (("12.5", "12.5"), ("-12", "-12"), ("twelve", "twelve"), ("true", "True"))
+    ],
+    (
+        ["NODES=4", "MIN_NODES=3", "TRAIN.training.grad_accum_steps=0", *LOCAL],
+        "TRAIN.training.grad_accum_steps=0: must be a whole number, at least 1",
+    ),
     (
         ["NODES=4", "BATCH_SIZE=2", "TRAIN.training.global_batch=12", *LOCAL],
         "TRAIN.training.global_batch=12: cannot be split exactly over 4 node(s) x 1 process(es) x 2 samples: use a multiple of 8",

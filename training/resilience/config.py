@@ -127,7 +127,8 @@ class TrainingConfig:
         if not 0 <= self.global_batch <= _MAX_GLOBAL_BATCH:
             raise ConfigError(
                 f"training.global_batch must be in [0, {_MAX_GLOBAL_BATCH}] (samples per optimizer step; 0 = "
-                f"batch_size x grad_accum_steps x world size), got {self.global_batch}"
+                f"the newest checkpoint's, else batch_size x grad_accum_steps x world size), got "
+                f"{self.global_batch}"
             )
         if self.global_batch and self.grad_accum_steps != 1:
             raise ConfigError(

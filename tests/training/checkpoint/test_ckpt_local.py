@@ -282,6 +282,9 @@ def test_a_record_of_this_kit_declares_its_global_batch_and_whether_it_reshards(
     body = json.loads(record.to_json())
     del body["global_batch"], body["reshard"]
     assert CommitRecord.from_json(json.dumps(body)).reshard is None
+    for damaged in (0, -16, 12.5, "16"):  # a hand-edited or damaged record is unreadable, never acted on
+        with pytest.raises(ValueError, match="is not a number of samples"):
+            CommitRecord.from_json(json.dumps(body | {"global_batch": damaged}))
 
 
 def test_commit_refuses_any_file_set_but_one_shard_per_rank() -> None:

@@ -129,12 +129,15 @@ class CommitRecord:
         if body.get("format") != FORMAT:
             raise ValueError(f"unknown commit format {body.get('format')!r} (expected {FORMAT})")
         files = {name: FileEntry.from_dict(e) for name, e in body["files"].items()}
+        batch = body.get("global_batch")
+        if batch is not None and (type(batch) is not int or batch < 1):
+            raise ValueError(f"global_batch {batch!r} is not a number of samples (a damaged record)")
         return cls(
             step=int(body["step"]),
             world_size=int(body["world_size"]),
             files=files,
             created=float(body["created"]),
-            global_batch=None if body.get("global_batch") is None else int(body["global_batch"]),
+            global_batch=batch,
             reshard=None if body.get("reshard") is None else str(body["reshard"]),
         )
 
