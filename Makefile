@@ -42,7 +42,7 @@ test-fast: $(STAMP) ## the tests without the slow multi-process ones, on every c
 	$(PY) -m pytest -m "not slow" -n auto
 
 # Another torch in its own venv (.venv-torch-X.Y.Z): the launcher, checkpoint, in-process and torch-internals
-# tests, the parts that lean on torch's private names (training/torch_internals.py). Not in `make test`: a
+# tests, the parts that lean on torch's private names (training/runtime/torch_internals.py). Not in `make test`: a
 # torch without a CPU-only build on the registry (2.11) brings its CUDA libraries, several GB.
 TORCH ?= 2.11.0
 TORCH_VENV := .venv-torch-$(TORCH)
@@ -116,7 +116,7 @@ cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--per
 # --- results and documentation -----------------------------------------------------------------------------
 report: $(STAMP) ## metrics table + timeline PNG of a run folder: make report RUN=runs/<id> [PNG=path]
 	@test -n "$(RUN)" || { echo "error: pass RUN=<run folder>, e.g. make report RUN=runs/exp-1" >&2; exit 2; }
-	$(PY) -m training.report $(RUN) $(if $(PNG),--png $(PNG))
+	$(PY) -m training.analysis.report $(RUN) $(if $(PNG),--png $(PNG))
 
 bench: $(STAMP) bench-setup ## every benchmark in bench/ (full mode); rewrites docs/benchmarks.md
 	$(PY) -m bench.run_all

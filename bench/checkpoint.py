@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stability
-from training.ports import free_port_run
+from training.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 COMPETITORS = ("none", "sync", "dcp_thread", "dcp_staging", "kit", "nvrx")
@@ -236,9 +236,9 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from training.events import EventLog, read_events
     from training.resilience.checkpoint.checkpointer import Checkpointer
     from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+    from training.runtime.events import EventLog, read_events
 
     size = QUICK if args.quick else FULL
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

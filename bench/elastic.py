@@ -44,10 +44,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.batch_ledger import LedgerComparison, StepBatch, compare_ledgers, step_batches, useful_steps
-from training.events import read_events
-from training.metrics import load_run_metrics
-from training.ports import free_port_run
+from training.analysis.batch_ledger import (
+    LedgerComparison,
+    StepBatch,
+    compare_ledgers,
+    step_batches,
+    useful_steps,
+)
+from training.analysis.metrics import load_run_metrics
+from training.contracts.ports import free_port_run
+from training.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "elastic.md"
@@ -149,7 +155,7 @@ def reference(workdir: Path, steps: int, *, ranks: int = NODES) -> dict[int, Ste
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}", "--max-restarts", "0",
-        "--log-dir", str(root / "logs"), "-m", "training.train", "--run.id", "ref", "--run.root", str(root),
+        "--log-dir", str(root / "logs"), "-m", "training.trainer", "--run.id", "ref", "--run.root", str(root),
         "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
         "--training.global_batch", str(GLOBAL_BATCH), "--optim.warmup_steps", "3", "--training.steps",
         str(BUDGET_STEPS), "--training.stop_at", str(steps), "--training.log_every", "50",

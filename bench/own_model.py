@@ -1,12 +1,13 @@
 """Your model, data and script: the example under the demo's faults, beside the same script with no kit.
 
 `python -m bench.own_model [--quick]` builds everything offline (a byte-level BPE trained on the repo's
-corpus, `python -m training.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf), then runs
+corpus, `python -m training.trainer.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
+then runs
 `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
 - plain: `--plain` under torchrun: the same model, data, AdamW and schedule, no kit call, no checkpoint;
 - kit: the API (async checkpoints, in-process restart on), fault-free, saving only its final step, under
   torchrun as the plain run (the reference, and the step times with the API);
-- kit+faults: under the kit launcher (`python -m training.launch`) with the demo's faults (a kill, an
+- kit+faults: under the kit launcher (`python -m training.launcher`) with the demo's faults (a kill, an
   exception, a hang on rank 1) and its checkpoint interval.
 It prints per run the figures and, last,
 `RESULT faults=<fired> recovered=<n> unfired=<n> equal_on_disk=<1|0> exactly_once=<1|0>
@@ -36,8 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.metrics import load_events, load_run_metrics
-from training.ports import free_port_run
+from training.analysis.metrics import load_events, load_run_metrics
+from training.contracts.ports import free_port_run
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +80,15 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
 
     tokenizer = train_bpe_tokenizer(workdir / "tokenizer", vocab_size=512)
     shards = workdir / "shards"
-    cmd = [sys.executable, "-m", "training.prepare_data", "--tokenizer", str(tokenizer), "--out", str(shards)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "training.trainer.prepare_data",
+        "--tokenizer",
+        str(tokenizer),
+        "--out",
+        str(shards),
+    ]
     subprocess.run([*cmd, *map(str, corpus_files())], cwd=REPO, env=_env(workdir), check=True)
     return TINY_CONFIG, shards
 
@@ -114,7 +123,7 @@ def run_kit(
     kit = [
         sys.executable,
         "-m",
-        "training.launch",
+        "training.launcher",
         "--standalone",
         "--nproc-per-node",
         str(WORLD),

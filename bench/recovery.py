@@ -2,17 +2,18 @@
 
 `python -m bench.recovery [--quick] [--reps N] [--json PATH]` runs the trainer (tiny model, 2 ranks x 1
 thread, gloo, async checkpoints every 5 steps) with one injected fault per run, under:
-  kit          python -m training.launch (heartbeats, learned timeout, warm zygote workers)
+  kit          python -m training.launcher (heartbeats, learned timeout, warm zygote workers)
   kit-exec     the same launcher without the zygote (--worker-start exec), to show what the zygote buys
   ft_launcher  NVRx 0.4.1 ft_launcher (heartbeats through RankMonitorClient, 5 s heartbeat timeout)
   torchrun     torch.distributed.run --max-restarts (the baseline; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
   kit-inproc   the trainer's in-process restart (inprocess.backend=kit) under the kit launcher
   nvrx-wrapper the trainer inside NVRx inprocess.Wrapper (inprocess.backend=nvrx) under torchrun
 Faults: kill (SIGKILL), hang (the training thread stops), sigstop, oom (self-imposed limit), exception; all on
-rank 1 at a fixed step, once per run. Every figure comes from the run's events through training.metrics:
-recovery = fault -> end of the first step after the resume; detection = fault -> the launcher's event.
-Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (false restarts) and, in full
-mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict goodput per mechanism.
+rank 1 at a fixed step, once per run. Every figure comes from the run's events through
+training.analysis.metrics: recovery = fault -> end of the first step after the resume; detection = fault ->
+the launcher's event. Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (false
+restarts) and, in full mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict
+goodput per mechanism.
 
 Node cases (the same side-by-side run): 2 pods x 1 rank through the rendered `local` Job and the local
 runner (`python -m k8s local`), in the single-fault cases' job shape, with a node-level fault: kit+spare
@@ -57,9 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import stability
-from training.events import read_events
-from training.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
-from training.ports import free_port_run
+from training.analysis.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
+from training.contracts.ports import free_port_run
+from training.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "recovery.md"
@@ -222,12 +223,12 @@ def trainer_args(case: Case, root: Path, run_id: str) -> list[str]:
 def command(case: Case, root: Path, run_id: str, logs: Path) -> list[str]:
     """The launcher command line of a mechanism (each with the flags its docs recommend for this job)."""
     py, run_dir = sys.executable, root / run_id
-    train = ["-m", "training.train", *trainer_args(case, root, run_id)]
+    train = ["-m", "training.trainer", *trainer_args(case, root, run_id)]
     restarts = ["--max-restarts", "8"]
     if case.mechanism in ("kit", "kit-exec", "kit-inproc"):
         start = ["--worker-start", "exec"] if case.mechanism == "kit-exec" else []
         return [
-            py, "-m", "training.launch", "--standalone", "--nproc-per-node", "2", *restarts, *start,
+            py, "-m", "training.launcher", "--standalone", "--nproc-per-node", "2", *restarts, *start,
             "--heartbeat-load-timeout", "60", "--run-dir", str(run_dir), "--log-dir", str(logs), *train,
         ]  # fmt: skip
     port = free_port_run()
@@ -699,9 +700,10 @@ def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bo
         "Same job for every mechanism: tiny Llama, 2 ranks x 1 thread (gloo), async checkpoints every 5",
         f"steps; one fault on rank 1 at the top of step {FAULT_STEP} (hang, sigstop: step {HANG_STEP}), two",
         "steps after the last checkpoint. Recovery = fault -> end of the first step after the resume;",
-        "detection = fault -> the launcher's event (training.metrics). Repetitions interleaved (rep 1 of",
-        f"every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {others} of the others",
-        "(the no-spare and baseline node cases: 1); n = runs that gave a figure; spread = min-max over them.",
+        "detection = fault -> the launcher's event (training.analysis.metrics). Repetitions interleaved",
+        f"(rep 1 of every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {others} of the",
+        "others (the no-spare and baseline node cases: 1); n = runs that gave a figure; spread = min-max",
+        "over them.",
         "",
         "| mechanism | fault | recovery (median) | spread | n | detection (median) | median step | notes |",
         "|---|---|---|---|---|---|---|---|",
@@ -733,11 +735,11 @@ def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bo
         )
     lines += [
         "",
-        "Mechanisms: kit = `python -m training.launch` (learned heartbeat timeout, warm zygote",
+        "Mechanisms: kit = `python -m training.launcher` (learned heartbeat timeout, warm zygote",
         "workers); kit-exec = the same without the zygote; ft_launcher = NVRx 0.4.1 (5 s heartbeat timeout);",
         "torchrun = `torch.distributed.run --max-restarts` (baseline); kit-inproc, nvrx-wrapper = in-process",
         f"restart (the kit's, NVRx inprocess.Wrapper) with a {COLLECTIVE_TIMEOUT_S} s gloo timeout. Strict",
-        "goodput = steps in the result x median fault-free step / wall (training.metrics).",
+        "goodput = steps in the result x median fault-free step / wall (training.analysis.metrics).",
     ]
     return "\n".join(lines + render_nodes(results) + render_figures(figs)) + "\n"
 

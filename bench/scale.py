@@ -52,7 +52,7 @@ from pathlib import Path
 
 from bench import scale_launchers
 from ops.plan.calibration import growth, project, write_section
-from training.launch import RDZV_DEFAULTS
+from training.launcher.cli import RDZV_DEFAULTS
 from training.launcher.rendezvous import STALL_WINDOW_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,8 +82,8 @@ def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, desig
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from training import torch_internals as internals
     from training.launcher import rendezvous, spares
+    from training.runtime import torch_internals as internals
 
     out_lock = threading.Lock()
     cas = {"sets": 0, "failed": 0}
@@ -171,8 +171,8 @@ def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, desig
 
 
 def _round(handler: object) -> int:
-    from training import torch_internals as internals
     from training.launcher.rendezvous import KitRendezvous
+    from training.runtime import torch_internals as internals
 
     if isinstance(handler, KitRendezvous):
         return handler.round
@@ -506,7 +506,7 @@ def launchers_section(real: list[dict[str, float]]) -> str:
     return f"""
 ### Real launchers (`bench/scale_launchers.py`)
 
-N kit launchers (`python -m training.launch`, the kit's rendezvous, zygote workers) + 1 hot spare on this
+N kit launchers (`python -m training.launcher`, the kit's rendezvous, zygote workers) + 1 hot spare on this
 machine, one trivial worker each (bench/scale_worker.py: an all-reduce of one number and a beat per
 {scale_launchers.STEP_S:g} s step), against the kit's store process. Start-up: all launchers started at once
 to the first round (the machine's cost, with its CPU seconds per node). Formation: the last member's join

@@ -1,4 +1,4 @@
-"""bench.scale's real part: N kit launchers (`python -m training.launch`, the kit's rendezvous, zygote
+"""bench.scale's real part: N kit launchers (`python -m training.launcher`, the kit's rendezvous, zygote
 workers) + 1 hot spare on this machine, each with one trivial worker (bench/scale_worker.py: an all-reduce
 of one number and a beat per step), against the kit's store process.
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import psutil
 
-from training.events import read_events
 from training.launcher.rendezvous import STALL_WINDOW_S
+from training.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.3
@@ -46,7 +46,7 @@ RECOVERY_TIMEOUT_S = 120.0
 @contextlib.contextmanager
 def store_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
     """The kit's store (`python -m training.launcher.store`) on a free port: (process, HOST:PORT)."""
-    from training.ports import free_port_run
+    from training.contracts.ports import free_port_run
 
     port = free_port_run()
     store = subprocess.Popen(
@@ -116,7 +116,7 @@ def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def _launch(nodes: int, rank: int, endpoint: str, run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "training.launch",
+        sys.executable, "-m", "training.launcher",
         "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(rank), "--spares", "1",
         "--rdzv-backend", "kit", "--rdzv-endpoint", endpoint, "--rdzv-id", f"scale{nodes}",
         "--rdzv-conf", "is_host=0", "--run-dir", str(run_dir), "--max-restarts", "5",

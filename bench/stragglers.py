@@ -8,9 +8,9 @@ pods x 1 rank, gloo), side by side in one run:
   2x replace       factor 2 with a hot spare (SPARES=1) and STRAGGLER_POLICY=replace: the slow node drains at
                    the step the ranks agree on and the spare takes its place
   fault-free load  no fault, FREE_STEPS steps, with one busy process beside the job on this 2-core machine
-Figures from each run's events (training.metrics): the step a straggler was confirmed, the stragglers a
-fault-free run reported, and the replace run's steps per second after the spare took over (its median step
-period from the first step after the restart on) over those before the onset.
+Figures from each run's events (training.analysis.metrics): the step a straggler was confirmed, the
+stragglers a fault-free run reported, and the replace run's steps per second after the spare took over (its
+median step period from the first step after the restart on) over those before the onset.
 Last line: `RESULT detect_steps_2x=<confirmed - onset at 2x> detect_steps_1_5x=<same at 1.5x>
 false_positives=<stragglers in the fault-free run> throughput_after_replace=<steps/s after / before>
 lost_steps_replace=<steps computed again in the replace run>`. Goals: detect_steps_2x <= 10,
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.metrics import RunMetrics, load_events, load_run_metrics
+from training.analysis.metrics import RunMetrics, load_events, load_run_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "stragglers.md"

@@ -17,8 +17,9 @@ rank's share of the deployed FSx for Lustre: its aggregate throughput (cdk.json:
 divided over the ranks that restore at once (every GPU of the GPU node group's max_nodes p5 nodes, 8 each).
 A rank's own shard, verified before it is loaded, is then read from the page cache (shared_reads.py).
 
-Figures, from each run's events (training.metrics): a fault's restore time (the slowest rank's `resume`),
-the bytes read from the shared checkpoint folder during restores, the loop's checkpoint stall (the kit's
+Figures, from each run's events (training.analysis.metrics): a fault's restore time (the slowest rank's
+`resume`), the bytes read from the shared checkpoint folder during restores, the loop's checkpoint stall (the
+kit's
 `stall_s`: seconds the loop was blocked by saves) and its period (seconds per step over whole save
 intervals, stalls and contention included), and the tiers' own work per save (`tier` events).
 RESULT restore_ratio=<tier restore s / shared restore s, summed over the kill and node cases>
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from infra.config import KitConfig, load_config
 from infra.sizing import CHECKPOINT_BYTES_PER_PARAM, CLIENT_MBPS, fsx_mbps
-from training.metrics import RunMetrics, load_events, load_run_metrics
+from training.analysis.metrics import RunMetrics, load_events, load_run_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "tiers.md"

@@ -46,11 +46,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cliargs import output_file_problem, output_folder_problem
-from training.events import read_events
-from training.metrics import MetricsError, RunMetrics, load_run_metrics
-from training.report import comparison_table, fault_line, straggler_lines, write_timeline
+from training.analysis.metrics import MetricsError, RunMetrics, load_run_metrics
+from training.analysis.report import comparison_table, fault_line, straggler_lines, write_timeline
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 from training.resilience.checkpoint.resume import CheckpointError
+from training.runtime.events import read_events
 
 if TYPE_CHECKING:
     from k8s.local import PodRecord

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from infra import validation
 from infra.errors import ConfigError
 from infra.instances import GPU_INSTANCES, EfaLayout
-from training.telemetry.catalog import AlarmThresholds
+from training.contracts.metrics_catalog import AlarmThresholds
 
 KubernetesVersion = Literal["1.34", "1.35", "1.36", "1.37"]
 EndpointAccess = Literal["public", "private", "public_and_private"]
@@ -589,7 +589,7 @@ LOG_RETENTION_DAYS = (
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MonitoringConfig:
     """The training dashboard, alarms and their SNS topic, over the live metrics the trainer and launcher emit
-    (training/telemetry/catalog.py; docs/metrics.md says what to do for each alarm)."""
+    (training/contracts/metrics_catalog.py; docs/metrics.md says what to do for each alarm)."""
 
     enabled: bool = True
     """Create the dashboard, the alarms, the SNS topic and the metrics log group."""
@@ -639,7 +639,7 @@ class MonitoringConfig:
 
     @property
     def thresholds(self) -> AlarmThresholds:
-        """The alarm thresholds, for `training.telemetry.catalog.alarm_rules`."""
+        """The alarm thresholds, for `training.contracts.metrics_catalog.alarm_rules`."""
         return AlarmThresholds(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AlarmThresholds)})
 
 

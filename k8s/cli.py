@@ -370,7 +370,9 @@ def cmd_local(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]local job failed[/red]: {result.reason}")
         return FAILED
     console.print(f"[green]local job completed[/green]; run folder {result.run_dir}")
-    report = subprocess.run([sys.executable, "-m", "training.report", str(result.run_dir)], check=False)
+    report = subprocess.run(
+        [sys.executable, "-m", "training.analysis.report", str(result.run_dir)], check=False
+    )
     if report.returncode != 0 and values.entrypoint:  # the job itself succeeded
         console.print("no report: ENTRYPOINT's script wrote no step events (the resilience API writes them)")
         return 0

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from k8s.derived import procs_per_node
 from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
 from k8s.profiles import get_profile
-from training.config import DataConfig
 from training.resilience.batch import default_global_batch, world_sizes_keeping
+from training.trainer.config import DataConfig
 
 if TYPE_CHECKING:
     from k8s.model import JobValues

@@ -24,10 +24,17 @@ KEY = "ENTRYPOINT"
 _PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
 """Bare interpreter names that mean the image's Python (the launcher's own)."""
 _LAUNCHERS = frozenset(
-    {"torchrun", "ft_launcher", "torch.distributed.run", "torch.distributed.launch", "training.launch"}
+    {
+        "torchrun",
+        "ft_launcher",
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "training.launcher",
+        "training.launcher.cli",
+    }
 )
 """Launchers: the Job starts one already (LAUNCHER=); one inside it would launch every rank again."""
-KIT_TRAINER_MODULE = "training.train"
+KIT_TRAINER_MODULE = "training.trainer"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,10 +135,10 @@ def _python(raw: str, rest: list[str]) -> Entrypoint:
             )
         if module in _LAUNCHERS:
             raise _fail(raw, _launcher_rule(module))
-        if module == KIT_TRAINER_MODULE:
+        if module in (KIT_TRAINER_MODULE, f"{KIT_TRAINER_MODULE}.train"):
             raise _fail(
                 raw,
-                "-m training.train is the kit's trainer: leave ENTRYPOINT out and set its values "
+                "-m training.trainer is the kit's trainer: leave ENTRYPOINT out and set its values "
                 "(MODEL=, STEPS=, TRAIN.<section>.<field>=)",
             )
         return Entrypoint(kind="module", target=module, args=tuple(args))

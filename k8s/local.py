@@ -40,8 +40,8 @@ import psutil
 
 from k8s.render import Manifest
 from k8s.spec import INDEX_ANNOTATION
-from training.launch import SHM, TIER_BASE_ENV
-from training.ports import free_port_run
+from training.contracts.ports import free_port_run
+from training.launcher.cli import SHM, TIER_BASE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -98,7 +98,8 @@ class PathMap:
 
 
 def free_port() -> int:
-    """A TCP port free now, with the next two free too (the NVRx backend's stores): training.ports."""
+    """A TCP port free now, with the next two free too (the NVRx backend's stores):
+    training.contracts.ports."""
     try:
         return free_port_run()
     except OSError as exc:

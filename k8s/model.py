@@ -32,8 +32,8 @@ KEEP_ALIVE_S_RANGE = (0.1, 60.0)
 KEEP_ALIVE_ATTEMPTS_MAX = 100
 KEEP_ALIVE_STALL_MIN_S = 1.0
 RDZV_TIMEOUT_MAX_S = 7 * 24 * 3600
-"""The kit launcher's keep-alive and rendezvous timeout bounds (training/launch.py says why), checked here
-before a Job starts."""
+"""The kit launcher's keep-alive and rendezvous timeout bounds (training/launcher/cli.py says why), checked
+here before a Job starts."""
 PLACEHOLDER = "PLACEHOLDER"
 """Prefix of the values a dry run fills in when no stack outputs exist; `apply` refuses them."""
 
@@ -222,7 +222,7 @@ class JobValues:
     $KIT_CONFIG (training.resilience.load_config() reads it), which then holds only the run, training,
     checkpoint, fault and inprocess sections, so MODEL, DATA_KIND, DATA_PATH, SEQ_LEN, BATCH_SIZE and
     TRAIN.model/data/optim.* are refused. Later words may use $(VAR) of the pod's env (Kubernetes expands
-    it; $$ is a literal $). Empty: the kit's trainer (python -m training.train --config $KIT_CONFIG)."""
+    it; $$ is a literal $). Empty: the kit's trainer (python -m training.trainer --config $KIT_CONFIG)."""
     model: ModelName | None = None
     """Model: tiny, small or llama3.1-8b. None: the profile's (p5/p4d llama3.1-8b, g5 small, local tiny)."""
     data_kind: DataKind = "synthetic"

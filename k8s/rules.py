@@ -72,7 +72,8 @@ def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
 
 
 def _check_keep_alive(v: JobValues) -> None:
-    """The kit launcher's rule (training/launch.py `keep_alive_problem`; k8s does not import the trainer)."""
+    """The kit launcher's rule (training/launcher/cli.py `keep_alive_problem`; k8s does not import the
+    trainer)."""
     lo, hi = KEEP_ALIVE_S_RANGE
     if not lo <= v.rdzv_keep_alive_s <= hi:
         _fail(

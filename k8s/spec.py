@@ -34,8 +34,8 @@ from k8s.model import (
     ValuesError,
 )
 from k8s.profiles import get_profile
-from training.k8s_node import NODE_NAME_ENV
-from training.telemetry import settings as telemetry
+from training.contracts import metrics_settings as telemetry
+from training.launcher.node_cordon import NODE_NAME_ENV
 
 CONFIG_DIR = "/etc/kit"
 CONFIG_FILE = "train.yaml"
@@ -51,7 +51,7 @@ RUN_ID_LABEL = "kit.io/run-id"
 MANAGED_BY = "kit"
 NODE_CORDON_ROLE = "kit-node-cordon"
 """The ClusterRole that lets a trainer pod cordon and label its own node (STRAGGLER_POLICY=replace with
-spares; training/k8s_node.py). Cluster-scoped and the same for every run, so runs share it."""
+spares; training/launcher/node_cordon.py). Cluster-scoped and the same for every run, so runs share it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,7 +298,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
         cmd = [
             "python",
             "-m",
-            "training.launch",
+            "training.launcher",
             f"--nnodes={elastic.nnodes(v)}",
             f"--nproc-per-node={nproc}",
             "--node-rank=$(NODE_RANK)",
@@ -381,13 +381,13 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": "RUN_DIR", "value": run_dir},
         {"name": "KIT_CONFIG", "value": config_path},
         {"name": "KIT_TERMINATION_GRACE_S", "value": str(termination_grace_s(v))},
-        # Live metrics (training.telemetry.settings): the launcher and the trainer read the same four.
+        # Live metrics (training.contracts.metrics_settings): the launcher and the trainer read the same four.
         {"name": telemetry.SINK_ENV, "value": metrics_sink(v)},
         {"name": telemetry.CLUSTER_ENV, "value": v.cluster_name or "local"},
         {"name": telemetry.JOB_ENV, "value": v.run_id},
         {"name": telemetry.LOG_GROUP_ENV, "value": telemetry.log_group_name(v.cluster_name or "local")},
     ]
-    if cordons_nodes(v):  # the node a straggler's pod cordons (training/k8s_node.py)
+    if cordons_nodes(v):  # the node a straggler's pod cordons (training/launcher/node_cordon.py)
         owned.append(_field_env(NODE_NAME_ENV, "spec.nodeName"))
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
@@ -403,8 +403,8 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
     if profile.gpus:
         defaults["NCCL_DEBUG"] = v.nccl_debug.upper()
     if efa_devices(v):
-        # The trainer's EFA proof reads NCCL's own log (training/efa.py): INFO for INIT and NET, into a
-        # file per process in the run folder, where it also helps whoever debugs the fabric later.
+        # The trainer's EFA proof reads NCCL's own log (training/runtime/efa.py): INFO for INIT and NET, into
+        # a file per process in the run folder, where it also helps whoever debugs the fabric later.
         if defaults.get("NCCL_DEBUG") != "TRACE":
             defaults["NCCL_DEBUG"] = "INFO"
         defaults["NCCL_DEBUG_SUBSYS"] = "INIT,NET"

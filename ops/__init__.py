@@ -2,5 +2,5 @@
 
 `ops/` imports boto3 and never the other parts of the kit (design: folders and what they may import), but
 the repository's shared strict parser `cliargs.py` (stdlib only); the one exception is the cost report's
-optional fault-cost section, which reads a run folder through `training.metrics` lazily.
+optional fault-cost section, which reads a run folder through `training.analysis.metrics` lazily.
 """

@@ -48,8 +48,8 @@ MODELS: tuple[Model, ...] = (
         "`null` unsets.",
     ),
     Model(
-        title="Trainer (`python -m training.train`)",
-        module="training.config",
+        title="Trainer (`python -m training.trainer`)",
+        module="training.trainer.config",
         name="TrainConfig",
         how="Set in a YAML file with one mapping per section (`--config FILE.yaml`), or per run with "
         "`--section.field VALUE`. Command line beats the file, which beats the defaults; "

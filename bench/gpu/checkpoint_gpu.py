@@ -62,9 +62,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from training.events import EventLog, read_events
     from training.resilience.checkpoint.checkpointer import Checkpointer
     from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+    from training.runtime.events import EventLog, read_events
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

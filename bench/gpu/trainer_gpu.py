@@ -1,12 +1,13 @@
 """Trainer on one CUDA GPU: step time, tokens/s, MFU and peak memory against the memory plan, per AC mode.
 
 `python -m bench.gpu.trainer_gpu [--out DIR] [--dry-run]`. For each activation-checkpointing mode (none,
-selective, full) it picks the largest Llama shape that fits this GPU by `training.memory_plan` (Llama-3.1-8B
-widths, vocabulary and 8K context; layers from 1 up to 32), builds it with the trainer's own `build_model`
-(FSDP2 over a 1-GPU mesh, bf16 mixed precision, AdamW), runs warm-up plus measured steps and records:
-step time, tokens/s, MFU (training.throughput: FLOPs per token / the device's peak), the allocator's peak
-(torch.cuda.max_memory_allocated) and the plan's estimate of it (the plan's total less its runtime reserve).
-Results: DIR/trainer_gpu.json and .md (DIR defaults to $BENCH_OUT, else bench/gpu/results). Last line:
+selective, full) it picks the largest Llama shape that fits this GPU by `training.trainer.memory_plan`
+(Llama-3.1-8B widths, vocabulary and 8K context; layers from 1 up to 32), builds it with the trainer's own
+`build_model` (FSDP2 over a 1-GPU mesh, bf16 mixed precision, AdamW), runs warm-up plus measured steps and
+records: step time, tokens/s, MFU (training.contracts.throughput: FLOPs per token / the device's peak), the
+allocator's peak (torch.cuda.max_memory_allocated) and the plan's estimate of it (the plan's total less its
+runtime reserve). Results: DIR/trainer_gpu.json and .md (DIR defaults to $BENCH_OUT, else bench/gpu/results).
+Last line:
 `RESULT plan_error_<mode>=... mfu_<mode>=... tokens_per_s_<mode>=...`.
 
 `--dry-run` runs the same code on CPU with a tiny shape (gloo, one step per mode), so `make test` keeps
@@ -37,7 +38,7 @@ def _free_port() -> int:
 
 def largest_shape(mode: str, *, capacity: int, seq_len: int, on_gpu: bool, base) -> tuple[object, object]:
     """(ModelArgs, plan) with the most layers of `base`'s widths that fit `capacity` by the plan."""
-    from training.memory_plan import plan
+    from training.trainer.memory_plan import plan
 
     best = None
     for layers in range(1, base.n_layers + 1):
@@ -55,8 +56,8 @@ def largest_shape(mode: str, *, capacity: int, seq_len: int, on_gpu: bool, base)
 def run_mode(mode: str, args, *, seq_len: int, steps: int, device, mesh) -> dict[str, float]:
     import torch
 
-    from training.model import build_model, loss_fn
-    from training.throughput import flops_per_token, peak_flops
+    from training.contracts.throughput import flops_per_token, peak_flops
+    from training.trainer.model import build_model, loss_fn
 
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -113,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WORLD_SIZE", "1")
     import torch
 
-    from training.distributed import init_distributed, shutdown
-    from training.memory_plan import GIB
-    from training.shapes import MODEL_CONFIGS, ModelArgs
+    from training.contracts.shapes import MODEL_CONFIGS, ModelArgs
+    from training.runtime.distributed import init_distributed, shutdown
+    from training.trainer.memory_plan import GIB
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device visible to torch; use --dry-run on a CPU machine", file=sys.stderr)

@@ -3,8 +3,8 @@
     python examples/hf_llama/train.py --model-dir MODEL --data-dir SHARDS [--steps N ...] [--run.id ID ...]
 
 MODEL is a local folder with a `config.json` (e.g. a Llama config; with `model.safetensors` the weights are
-loaded, else initialised from the seed); SHARDS is the folder `python -m training.prepare_data` wrote from
-your text with your `tokenizer.json`. Options after the script's own (`--section.field VALUE`) and the
+loaded, else initialised from the seed); SHARDS is the folder `python -m training.trainer.prepare_data` wrote
+from your text with your `tokenizer.json`. Options after the script's own (`--section.field VALUE`) and the
 Job's config file (`$KIT_CONFIG`) set the kit's sections: run, training, checkpoint, fault, inprocess.
 `--plain` runs the same model, data and optimizer in a plain loop with no kit call (the benchmark's
 baseline: no checkpoints, no faults, no restarts).
@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit, when ru
 from training import resilience
 
 SHARD_HEADER = 32
-"""The token shard header (magic, item size, vocab size, token count; training/data.py documents it)."""
+"""The token shard header (magic, item size, vocab size, token count; training/trainer/data.py documents
+it)."""
 
 
 def read_header(path: Path) -> tuple[np.dtype, int, int]:
@@ -46,7 +47,9 @@ def read_header(path: Path) -> tuple[np.dtype, int, int]:
     with open(path, "rb") as fh:
         head = fh.read(SHARD_HEADER)
     if len(head) < SHARD_HEADER or head[:8] != b"KITTOK01":
-        raise ValueError(f"{path} is not a token shard: prepare it with python -m training.prepare_data")
+        raise ValueError(
+            f"{path} is not a token shard: prepare it with python -m training.trainer.prepare_data"
+        )
     itemsize = int.from_bytes(head[8:12], "little")
     dtype = np.dtype("<u2") if itemsize == 2 else np.dtype("<u4")
     return dtype, int.from_bytes(head[12:16], "little"), int.from_bytes(head[16:24], "little")
@@ -162,7 +165,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--model-dir", required=True, help="folder with config.json (and optionally model.safetensors)"
     )
-    p.add_argument("--data-dir", required=True, help="token shards from python -m training.prepare_data")
+    p.add_argument(
+        "--data-dir", required=True, help="token shards from python -m training.trainer.prepare_data"
+    )
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -185,7 +190,9 @@ def check_inputs(args: argparse.Namespace) -> str | None:
         return f"{config} is not a model config with a vocab_size: pass a Hugging Face model folder"
     shards = sorted(Path(args.data_dir).glob("*.bin")) if Path(args.data_dir).is_dir() else []
     if not shards:
-        return f"--data-dir {args.data_dir!r} holds no *.bin shards: run python -m training.prepare_data"
+        return (
+            f"--data-dir {args.data_dir!r} holds no *.bin shards: run python -m training.trainer.prepare_data"
+        )
     for shard in shards:
         head = shard.read_bytes()[:SHARD_HEADER]
         if head[:8] != b"KITTOK01" or int.from_bytes(head[12:16], "little") > vocab:

@@ -35,7 +35,8 @@ https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatc
 
 `emf` opens the agent's Embedded Metric Format listener (TCP and UDP 25888, on the `cloudwatch-agent` Service
 the add-on's operator creates in `amazon-cloudwatch`): the trainer and launcher send their live metrics there
-(training/telemetry), and the agent writes each record to the log group it names, which makes the metrics.
+(training/runtime/telemetry), and the agent writes each record to the log group it names, which makes the
+metrics.
 
 `agent.config` replaces the agent's default configuration, it is not merged into it: every default entry the
 kit does not repeat is dropped (CLOUDWATCH_DROPPED_DEFAULTS)."""

@@ -1,4 +1,4 @@
-"""What faults and checkpoint stalls cost, from a run folder's events through `training.metrics`.
+"""What faults and checkpoint stalls cost, from a run folder's events through `training.analysis.metrics`.
 
 GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). Buckets, from RunMetrics:
   stall     checkpoint stalls (stall_s) plus the final drain (drain_s)
@@ -60,15 +60,17 @@ class FaultCost:
 
 
 def load_metrics(run_dir: Path) -> Any:
-    """RunMetrics via training.metrics, imported lazily (ops depends on boto3 only otherwise)."""
+    """RunMetrics via training.analysis.metrics, imported lazily (ops depends on boto3 only otherwise)."""
     if not run_dir.is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} is not a folder; pass <run.root>/<run.id>")
     if not (run_dir / "events").is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} has no events/ folder; pass a run folder (contract 3)")
     try:
-        metrics = importlib.import_module("training.metrics")
+        metrics = importlib.import_module("training.analysis.metrics")
     except ImportError as exc:
-        raise OpsError(f"cannot import training.metrics ({exc}); run from the repository root") from None
+        raise OpsError(
+            f"cannot import training.analysis.metrics ({exc}); run from the repository root"
+        ) from None
     try:
         return metrics.load_run_metrics(run_dir)
     except ValueError as exc:  # MetricsError is a ValueError

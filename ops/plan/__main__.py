@@ -31,7 +31,7 @@ from ops.plan.planner import (
     PlanRequest,
     make_plan,
 )
-from training.shapes import MODEL_CONFIGS
+from training.contracts.shapes import MODEL_CONFIGS
 
 NODE_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
 

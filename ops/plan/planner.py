@@ -16,14 +16,14 @@ from ops.cost.prices import ec2_hourly
 from ops.plan.calibration import ScalePhases, phase_times, read_sections, scale_phases
 from ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
 from ops.plan.model import MECHANISMS, Job, Mechanism, Outcome, evaluate, spares_needed
-from training.hf_model import HfModelError, hf_shape, read_hf_config
-from training.shapes import MODEL_CONFIGS, ModelArgs
-from training.throughput import PEAK_BF16_FLOPS
+from training.contracts.shapes import MODEL_CONFIGS, ModelArgs
+from training.contracts.throughput import PEAK_BF16_FLOPS
+from training.trainer.hf_model import HfModelError, hf_shape, read_hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS_PER_NODE = 8
 STATE_BYTES_PER_PARAM = 12
-"""fp32 weights + Adam's two moments: what one save writes per parameter (training/memory_plan.py)."""
+"""fp32 weights + Adam's two moments: what one save writes per parameter (training/trainer/memory_plan.py)."""
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
 DEFAULT_MFU = 0.4
 DEFAULT_REPLACEMENT_S = 900.0

@@ -20,7 +20,7 @@ from demo.run import (
     whole_job_restart,
 )
 from k8s.local import PodRecord
-from training.metrics import FaultMetrics
+from training.analysis.metrics import FaultMetrics
 from training.resilience.checkpoint.checkpointer import Checkpointer
 from training.resilience.checkpoint.config import CheckpointConfig
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.emf_spec import parse_event
-from training.metrics import NOT_FAILURES
+from training.analysis.metrics import NOT_FAILURES
+from training.contracts import metrics_catalog as catalog
 from training.resilience.faults import parse_spec
-from training.telemetry import catalog
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

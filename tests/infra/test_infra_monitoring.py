@@ -1,5 +1,6 @@
 """The dashboard and alarms in the synthesized cluster template watch exactly the series the trainer and the
-launcher emit (training.telemetry.catalog: one source of the names), at the thresholds cdk.json sets."""
+launcher emit (training.contracts.metrics_catalog: one source of the names), at the thresholds cdk.json
+sets."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 from infra.constructs.monitoring import COMPARISON
 from tests.infra.conftest import Synth
-from training.telemetry import catalog
-from training.telemetry.settings import log_group_name
+from training.contracts import metrics_catalog as catalog
+from training.contracts.metrics_settings import log_group_name
 
 
 def _resources(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:

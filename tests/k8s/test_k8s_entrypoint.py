@@ -94,8 +94,8 @@ BAD_ENTRYPOINTS = [
         "ENTRYPOINT=python -m torch.distributed.run t.py: torch.distributed.run is a launcher",
     ),
     (
-        "python -m training.train --model.name small",
-        "ENTRYPOINT=python -m training.train --model.name small: -m training.train is the kit's trainer: leave ENTRYPOINT out and set its values (MODEL=, STEPS=, TRAIN.<section>.<field>=)",
+        "python -m training.trainer --model.name small",
+        "ENTRYPOINT=python -m training.trainer --model.name small: -m training.trainer is the kit's trainer: leave ENTRYPOINT out and set its values (MODEL=, STEPS=, TRAIN.<section>.<field>=)",
     ),
     (
         "PYTHONPATH=/fsx/code python t.py",
@@ -299,7 +299,7 @@ def test_k8s_local_runs_a_script_from_the_repository_root(tmp_path: Path) -> Non
     runner = _local(tmp_path, "ENTRYPOINT=python examples/hf_llama/train.py --steps 20")
     env = runner.pod_env(0, "loc-0-x")
     argv = runner.pod_argv(env)
-    assert argv[0] == sys.executable and argv[1:3] == ["-m", "training.launch"]
+    assert argv[0] == sys.executable and argv[1:3] == ["-m", "training.launcher"]
     assert argv[-3:] == ["examples/hf_llama/train.py", "--steps", "20"] and "--config" not in argv
     assert env["KIT_CONFIG"] == f"{tmp_path}/configmaps/loc-config/train.yaml"
 

@@ -152,7 +152,7 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     pod 0's launcher stops its restarting rank at once.
     (With it off, a 2-pod group restart after a kill is the node-fault tests' and the demo's path.)"""
     inprocess = "true"
-    metrics = pytest.importorskip("training.metrics")
+    metrics = pytest.importorskip("training.analysis.metrics")
     proc = subprocess.run(
         [sys.executable, "-m", "k8s", "local", "NODES=2", "STEPS=20", "CHECKPOINT_INTERVAL=5",
          f"INPROCESS={inprocess}", "FAULT_SPEC=kill:step=12:rank=1", "RUN_ID=kill-e2e",

@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from ops.cost.faults import fault_cost
-from training import metrics
-from training.report import straggler_lines, world_line
+from training.analysis import metrics
+from training.analysis.report import straggler_lines, world_line
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,7 +268,7 @@ def test_a_node_lost_with_no_spare_shrinks_then_grows_back_with_the_same_global_
     rounding; the report shows the world sizes and the node-hours at each."""
     from elastic_job import ELASTIC_LOSS_RTOL
 
-    from training.batch_ledger import compare_ledgers, step_batches
+    from training.analysis.batch_ledger import compare_ledgers, step_batches
 
     run_id = "elastic"
     proc, run_dir = run_job(

@@ -1,8 +1,9 @@
 """A user's own script, model and data through the rendered Job and the local runner (real processes, gloo).
 
 `examples/hf_llama/train.py` (only the public resilience API) trains the 2-layer HF Llama of
-tests/fixtures/hf on the repo's corpus, tokenized here with a BPE trained here (`training.prepare_data`),
-on 2 pods x 1 rank under the kit launcher, run by ENTRYPOINT. Against one fault-free run:
+tests/fixtures/hf on the repo's corpus, tokenized here with a BPE trained here
+(`training.trainer.prepare_data`), on 2 pods x 1 rank under the kit launcher, run by ENTRYPOINT. Against one
+fault-free run:
 - a kill, an exception and a hang on rank 1 (the demo's three faults), in-process restart on;
 - a drain of pod 1 with a hot spare (it leaves after the agreed step is committed: no step lost).
 Each ends with its final checkpoint, verified and loaded back from disk, bitwise equal to the fault-free
@@ -21,8 +22,9 @@ import pytest
 
 from bench.own_model import exactly_once, trajectory
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
-from training import metrics, prepare_data
+from training.analysis import metrics
 from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from training.trainer import prepare_data
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"

@@ -59,7 +59,7 @@ def test_k8s_every_profile_and_launcher_is_valid(profile: str, launcher: str) ->
     validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
     command = _container(manifests)["command"]
     if launcher == "kit":
-        assert command[:3] == ["python", "-m", "training.launch"]
+        assert command[:3] == ["python", "-m", "training.launcher"]
     else:  # torchrun and ft_launcher run inside the exit-78 wrappers
         assert command[:2] == ["sh", "-c"] and command[4] == (
             "ft_launcher" if launcher == "ft_launcher" else "python"
@@ -152,7 +152,7 @@ PER_VALUE = [
     ([f"IMAGE={ECR_DIGEST}"], "Job", f"{C0}.image", ECR_DIGEST),
     (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-2", "-m"),
     (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-1", "my.train"),
-    ([], "Job", f"{C0}.command.-3", "training.train"),
+    ([], "Job", f"{C0}.command.-3", "training.trainer"),
     (["IMAGE_PULL_POLICY=Always"], "Job", f"{C0}.imagePullPolicy", "Always"),
     (["BACKOFF_LIMIT_PER_INDEX=0"], "Job", "spec.backoffLimitPerIndex", 0),
     (["BACKOFF_LIMIT_PER_INDEX=7"], "Job", "spec.backoffLimitPerIndex", 7),
@@ -336,7 +336,7 @@ LAUNCH = [
         [
             "python",
             "-m",
-            "training.launch",
+            "training.launcher",
             "--nnodes=2",
             "--nproc-per-node=8",
             "--node-rank=$(NODE_RANK)",
@@ -354,7 +354,7 @@ LAUNCH = [
             "--heartbeat-safety-factor=3",
             "--run-dir=/fsx/runs/r1",
             "-m",
-            "training.train",
+            "training.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -375,7 +375,7 @@ LAUNCH = [
             "--ft-rank-heartbeat-timeout=900",
             *WORKER,
             "-m",
-            "training.train",
+            "training.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -396,7 +396,7 @@ LAUNCH = [
             "--monitor-interval=0.5",
             *WORKER,
             "-m",
-            "training.train",
+            "training.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -780,7 +780,7 @@ CORDON_KINDS = ("ClusterRole", "ClusterRoleBinding")
 
 def test_k8s_straggler_replace_lets_the_pods_cordon_their_node() -> None:
     """STRAGGLER_POLICY=replace with a spare: the pods get their node's name and an API token, and the job's
-    ServiceAccount may patch nodes (cordon, label), nothing more (training/k8s_node.py)."""
+    ServiceAccount may patch nodes (cordon, label), nothing more (training/launcher/node_cordon.py)."""
     replace = ["STRAGGLER_POLICY=replace", "SPARES=1"]
     manifests = _render(["RUN_ID=t", "NAMESPACE=team-a", "SERVICE_ACCOUNT=trainer", *replace])
     role, binding = (_obj(manifests, kind) for kind in CORDON_KINDS)

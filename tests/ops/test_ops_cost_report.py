@@ -1,5 +1,5 @@
 """Cost report: Cost Explorer injected through moto's documented endpoint, Pricing from a recorded
-response served at the HTTP boundary, fault cost from a run folder written with training.events."""
+response served at the HTTP boundary, fault cost from a run folder written with training.runtime.events."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def write_run(
     """Two ranks: steps 1-6 (1 s each, a 0.5 s checkpoint stall after step 4), rank 1 killed after step 6,
     resume from step 4 on attempt 1, steps 5-10, end. With `nodes`, the kit launcher's `launcher_start`
     says how many training nodes and hot spares the job had."""
-    from training.events import EventLog
+    from training.runtime.events import EventLog
 
     t0 = 1_700_000_000.0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
@@ -209,7 +209,7 @@ def write_run(
 def test_fault_and_stall_cost_from_a_run_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.metrics import load_run_metrics
+    from training.analysis.metrics import load_run_metrics
 
     run = tmp_path / "run-a"
     write_run(run, monkeypatch)
@@ -253,7 +253,7 @@ def test_spares_are_billed_for_the_whole_run(
     gpus_per_node: int,
 ) -> None:
     """A hot spare's node is paid while it waits: spares x GPUs per node (world / training nodes) x wall."""
-    from training.metrics import load_run_metrics
+    from training.analysis.metrics import load_run_metrics
 
     run = tmp_path / "run-spares"
     write_run(run, monkeypatch, nodes=nodes, spares=spares)

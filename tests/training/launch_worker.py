@@ -26,9 +26,9 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from training.events import EventLog
 from training.resilience.faults import FaultConfig, FaultInjector
-from training.resilience.heartbeat import HeartbeatClient
+from training.runtime.events import EventLog
+from training.runtime.heartbeat import HeartbeatClient
 
 
 def main() -> None:

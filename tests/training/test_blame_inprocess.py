@@ -62,7 +62,7 @@ def test_innermost_frames_decide_whether_a_rank_waits_in_a_collective() -> None:
     torch_dir = spec.submodule_search_locations[0]
     c10d = f"{torch_dir}/distributed/distributed_c10d.py"
     ops = f"{torch_dir}/_ops.py"
-    mine = str(REPO / "training/train.py")
+    mine = str(REPO / "training/trainer/train.py")
     record = f"{torch_dir}/distributed/elastic/multiprocessing/errors/__init__.py"
     assert blame.waits_in_collective([c10d, mine, record])
     assert blame.waits_in_collective([ops, f"{torch_dir}/distributed/_functional_collectives.py", mine])

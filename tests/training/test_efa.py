@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from training.efa import EfaError, check_fabric, check_nccl_log, efa_devices, nccl_network
-from training.events import read_events
+from training.runtime.efa import EfaError, check_fabric, check_nccl_log, efa_devices, nccl_network
+from training.runtime.events import read_events
 
 FIX = Path(__file__).parent / "fixtures" / "efa"
 

@@ -1,4 +1,5 @@
-"""The node-level faults act on exactly one pod: every process of it, never one outside (training/pod.py).
+"""The node-level faults act on exactly one pod: every process of it, never one outside
+(training/runtime/pod.py).
 
 A stand-in "pod": a process started in its own session with POD_NAME set, which starts a child in a new
 session of its own (as torchelastic starts workers) and that child a grandchild; a neighbour with another
@@ -31,7 +32,7 @@ if depth < 2:
 else:
     while len(os.listdir(folder)) < 3:
         time.sleep(0.02)
-    from training import pod
+    from training.runtime import pod
     if action == "kill_pod":
         pod.kill_pod()
     elif action == "freeze_pod":

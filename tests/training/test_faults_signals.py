@@ -13,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.events import read_events
+from training.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIM = textwrap.dedent(
     """
     import sys
-    from training.events import EventLog
+    from training.runtime.events import EventLog
     from training.resilience.faults import FaultConfig, FaultInjector
     run_dir, spec = sys.argv[1], sys.argv[2]
     events = EventLog(run_dir, role="trainer", rank=1)
@@ -99,7 +99,7 @@ def test_time_kill_fires_from_the_timer_thread(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, threading\n"
-            "from training.events import EventLog\n"
+            "from training.runtime.events import EventLog\n"
             "from training.resilience.faults import FaultConfig, FaultInjector\n"
             "ev = EventLog(sys.argv[1], role='trainer', rank=0)\n"
             "cfg = FaultConfig(spec='kill:time=0.2:rank=0')\n"

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from training.events import EventLog, read_events
 from training.resilience.faults import (
     Fault,
     FaultConfig,
@@ -19,6 +18,7 @@ from training.resilience.faults import (
     parse_spec,
     seeded_schedule,
 )
+from training.runtime.events import EventLog, read_events
 
 
 @pytest.mark.parametrize(

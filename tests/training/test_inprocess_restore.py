@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from training.config import DataConfig
-from training.data import TokenLoader
-from training.events import EventLog, read_events
 from training.resilience.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
 from training.resilience.inprocess import Plan, Report, agree
 from training.resilience.state import TrainState
+from training.runtime.events import EventLog, read_events
+from training.trainer.config import DataConfig
+from training.trainer.data import TokenLoader
 
 
 def test_live_only_when_every_rank_is_clean_at_the_same_step() -> None:

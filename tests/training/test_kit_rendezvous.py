@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
+from training.contracts.ports import free_port_run
 from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink, beat_value, parse_beat
-from training.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = Path(__file__).with_name("rdzv_node.py")

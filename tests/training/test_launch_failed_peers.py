@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from training import exitcodes
+from training.contracts import exitcodes
 from training.launcher.agent import KitElasticAgent
 
 SLEEPER = [
@@ -67,9 +67,9 @@ def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(co
 
 
 def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():
-    from training.launch import parse_args
+    from training.launcher.cli import parse_args
 
-    base = ["--standalone", "--nproc-per-node", "2", "-m", "training.train"]
+    base = ["--standalone", "--nproc-per-node", "2", "-m", "training.trainer"]
     assert parse_args(base).node_failure_limit == 0
     spares = [
         "--nnodes",
@@ -83,5 +83,5 @@ def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():
         "--spares",
         "1",
     ]
-    assert parse_args([*spares, "-m", "training.train"]).node_failure_limit == 3
+    assert parse_args([*spares, "-m", "training.trainer"]).node_failure_limit == 3
     assert parse_args(["--node-failure-limit", "5", *base]).node_failure_limit == 5

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from training import resilience
-from training.events import EventLog, read_events
-from training.metrics import load_run_metrics
-from training.report import metrics_table
+from training.analysis.metrics import load_run_metrics
+from training.analysis.report import metrics_table
 from training.resilience.faults import FaultConfig, FaultInjector
+from training.runtime.events import EventLog, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 RESILIENCE = REPO / "training" / "resilience"
@@ -53,15 +53,21 @@ def test_the_public_surface_is_small_and_every_name_resolves() -> None:
 
 
 def test_the_kit_trainer_reaches_resilience_only_through_the_public_api() -> None:
-    private = ("training.resilience.", "training.events", "training.distributed", "training.launcher")
-    used = _imports(REPO / "training" / "train.py")
+    private = (
+        "training.resilience.",
+        "training.runtime.events",
+        "training.runtime.distributed",
+        "training.launcher",
+    )
+    used = _imports(REPO / "training" / "trainer" / "train.py")
     assert "training.resilience" in used
     assert not [name for name in used if name.startswith(private)], used
 
 
 def test_the_resilience_package_knows_no_model_data_or_loop() -> None:
-    kit = ("training.model", "training.data", "training.train", "training.shapes", "training.config",
-           "training.memory_plan", "transformers")  # fmt: skip
+    kit = ("training.trainer.model", "training.trainer.data", "training.trainer.train",
+           "training.contracts.shapes", "training.trainer.config", "training.trainer.memory_plan",
+           "transformers")  # fmt: skip
     for path in RESILIENCE.glob("*.py"):
         assert not [name for name in _imports(path) if name.startswith(kit)], path.name
 
@@ -106,7 +112,7 @@ class _Counter:
 
 
 def _session(tmp_path: Path) -> tuple[resilience.Job, resilience.Session, _Counter]:
-    from training.distributed import DistContext
+    from training.runtime.distributed import DistContext
 
     cfg = resilience.load_config(["--run.id", "api", "--run.root", str(tmp_path), "--checkpoint.mode", "off"])
     job = resilience.Job(cfg)

@@ -1,5 +1,6 @@
 """A rank that reaches rank 0's store before rank 0 listens waits for the listener instead of torch's
-0.3-0.5 s connect retry (training/distributed.py `wait_for_listener`), on real sockets and a real TCPStore."""
+0.3-0.5 s connect retry (training/runtime/distributed.py `wait_for_listener`), on real sockets and a real
+TCPStore."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from training.distributed import connect_store, wait_for_listener
-from training.ports import free_port_run
+from training.contracts.ports import free_port_run
+from training.runtime.distributed import connect_store, wait_for_listener
 
 pytestmark = pytest.mark.timeout(60)
 

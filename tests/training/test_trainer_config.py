@@ -8,8 +8,8 @@ import pytest
 import yaml
 from trainer_helpers import run_cli
 
-from training.config import ConfigError, help_text, load_config, valid_keys
-from training.exitcodes import FATAL_CONFIG
+from training.contracts.exitcodes import FATAL_CONFIG
+from training.trainer.config import ConfigError, help_text, load_config, valid_keys
 
 
 def _write(tmp: Path, data: dict) -> Path:

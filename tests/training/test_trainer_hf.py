@@ -14,8 +14,9 @@ import pytest
 import torch.distributed as dist
 
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
-from training import exitcodes, prepare_data, train
-from training.events import read_events
+from training.contracts import exitcodes
+from training.runtime.events import read_events
+from training.trainer import prepare_data, train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"

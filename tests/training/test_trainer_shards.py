@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from trainer_helpers import REPO
 
-from training.config import ConfigError, DataConfig, load_config
-from training.data import TokenLoader, TokenShards, read_header
-from training.make_shards import EOS, decode
+from training.trainer.config import ConfigError, DataConfig, load_config
+from training.trainer.data import TokenLoader, TokenShards, read_header
+from training.trainer.make_shards import EOS, decode
 
 
 def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -24,7 +24,7 @@ def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.Co
         files.append(str(f))
     out = tmp / "shards"
     proc = subprocess.run(
-        [sys.executable, "-m", "training.make_shards", *files, "--out", str(out), *extra],
+        [sys.executable, "-m", "training.trainer.make_shards", *files, "--out", str(out), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return out, proc
@@ -79,7 +79,7 @@ def test_truncated_shard_is_a_one_line_config_error(tmp_path: Path) -> None:
 
 def test_tool_rejects_missing_input(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "training.make_shards", str(tmp_path / "absent.txt"),
+        [sys.executable, "-m", "training.trainer.make_shards", str(tmp_path / "absent.txt"),
          "--out", str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -42,17 +42,17 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousError
 from typing_extensions import override
 
-from training import exitcodes
-from training import torch_internals as internals
-from training.events import EventLog
+from training.contracts import exitcodes
 from training.launcher.activity import CpuActivity
 from training.launcher.blame import ExitClock, Probe, culprit, probe
 from training.launcher.monitor import HeartbeatMonitor, Stale
 from training.launcher.rendezvous import KitRendezvous
 from training.launcher.zygote import Zygote
-from training.resilience.error_file import held_parse_failures, set_aside_if_torn
-from training.resilience.hang_interrupt import INTERRUPT_SIGNAL
-from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
+from training.runtime import torch_internals as internals
+from training.runtime.error_file import held_parse_failures, set_aside_if_torn
+from training.runtime.events import EventLog
+from training.runtime.hang_interrupt import INTERRUPT_SIGNAL
+from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10

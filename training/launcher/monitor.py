@@ -1,6 +1,6 @@
 """Launcher-side heartbeat monitor: reads the ranks' beat files and says which rank is stale.
 
-A rank's allowance depends on its announced phase (training/resilience/heartbeat.py):
+A rank's allowance depends on its announced phase (training/runtime/heartbeat.py):
 - "start" (no file yet: spawn, import, process group, model build), "load" and "checkpoint", and the
   first step after entering "train": the load allowance (`--heartbeat-load-timeout`);
 - "train" once the rank has beaten there: the step timeout, explicit (`--heartbeat-timeout SECONDS`)
@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.resilience.heartbeat import heartbeat_path
+from training.runtime.heartbeat import heartbeat_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +53,7 @@ class HeartbeatSettings:
     min_timeout_s: float
     """Floor of the learned timeout, seconds."""
     interrupt_grace_s: float = 0.0
-    """A hung rank that says it is interruptible (training.resilience.hang_interrupt) is interrupted first,
+    """A hung rank that says it is interruptible (training.runtime.hang_interrupt) is interrupted first,
     and the
     group restarted only if it has not beaten again this many seconds later; 0 restarts at once."""
     busy_cap_factor: float = 3.0
@@ -236,7 +236,7 @@ class HeartbeatMonitor:
         return out
 
     def interruptible(self, rank: int) -> bool:
-        """Its last beat said a hang interrupt is taken in place (training.resilience.hang_interrupt)."""
+        """Its last beat said a hang interrupt is taken in place (training.runtime.hang_interrupt)."""
         seen = self._seen.get(rank)
         return seen is not None and seen.interruptible
 

@@ -73,8 +73,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from training.contracts.ports import free_port_run
 from training.launcher.spares import stable_ranks
-from training.ports import free_port_run
 
 log = logging.getLogger("kit.launch")
 
@@ -115,7 +115,7 @@ RECONNECT_S = 120.0
 
 @dataclass(frozen=True)
 class Settings:
-    """What the handler needs from the launcher's flags (validated there, training/launch.py)."""
+    """What the handler needs from the launcher's flags (validated there, training/launcher/cli.py)."""
 
     run_id: str
     min_nodes: int
@@ -804,7 +804,7 @@ def kit_handler(
         max_nodes=params.max_nodes,
         beat_s=keep_alive_s,
         attempts=attempts,
-        join_timeout_s=float(params.get_as_int("join_timeout", 600)),  # checked by training/launch.py
+        join_timeout_s=float(params.get_as_int("join_timeout", 600)),  # checked by training/launcher/cli.py
         last_call_s=float(params.get_as_int("last_call_timeout", 30)),
         spare=spare,
     )

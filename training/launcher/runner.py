@@ -20,17 +20,17 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig
 
-from training import exitcodes
-from training import torch_internals as internals
-from training.events import EventLog
-from training.launch import LaunchArgs
+from training.contracts import exitcodes
 from training.launcher import rendezvous, spares
 from training.launcher.agent import KitElasticAgent, NodeFailures
 from training.launcher.blame import STACKS_DIR_ENV
+from training.launcher.cli import LaunchArgs
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
-from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
-from training.telemetry.launcher import LauncherMetrics
+from training.runtime import torch_internals as internals
+from training.runtime.events import EventLog
+from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from training.runtime.telemetry.launcher import LauncherMetrics
 
 log = logging.getLogger("kit.launch")
 

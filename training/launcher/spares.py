@@ -41,10 +41,10 @@ to 14 s under load. The kit looks the frame up instead (`_method_name`).
 
 Rank 0 of a round picks the workers' MASTER_PORT (the kit runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 through torch's `get_free_port`, which checks only that port; the kit checks the two after it too
-(`training.ports`: the NVRx backend's stores live there).
+(`training.contracts.ports`: the NVRx backend's stores live there).
 
 `first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
-rendezvous internals, only through training/torch_internals.py, which checks them at start-up.
+rendezvous internals, only through training/runtime/torch_internals.py, which checks them at start-up.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from typing_extensions import override
 
-from training import torch_internals as internals
-from training.ports import free_port_run
+from training.contracts.ports import free_port_run
+from training.runtime import torch_internals as internals
 
 POLL_S = 0.2
 RDZV_POLL_S = 0.2

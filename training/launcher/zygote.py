@@ -17,8 +17,10 @@ every worker's group when the launcher goes away (EOF on a pipe).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -35,7 +37,7 @@ import psutil
 
 from training.launcher import blame
 from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
-from training.leave import leave
+from training.runtime.process_exit import leave
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
 
@@ -62,8 +64,26 @@ def prewarm_modules(argv: list[str]) -> list[str]:
     ]
     argv = argv[1:] if argv[:1] == ["-u"] else argv
     if len(argv) >= 2 and argv[0] in ("-m", "--module"):
-        modules.append(argv[1])
+        modules += [argv[1], *_main_imports(argv[1])]
     return modules
+
+
+def _main_imports(module: str) -> list[str]:
+    """What a package's `__main__` imports (`python -m PACKAGE` runs it), read from its source without
+    running it: importing the package alone would leave the trainer itself for every worker to import."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    for folder in spec.submodule_search_locations:
+        try:
+            tree = ast.parse(Path(folder, "__main__.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        return [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module]
+    return []
 
 
 class Zygote:

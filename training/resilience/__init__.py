@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 from training.resilience.config import ConfigError, ResilienceConfig, load_config
 
 if TYPE_CHECKING:
-    from training.leave import leave
     from training.resilience.batch import plan_batch
     from training.resilience.faults import InjectedFault
     from training.resilience.job import Job
     from training.resilience.run import run
     from training.resilience.session import Session
     from training.resilience.state import TrainState
+    from training.runtime.process_exit import leave
 
 API_VERSION = "1.1"
 """Semantic version of this surface: a name removed or a signature broken bumps the major number."""
@@ -62,7 +62,7 @@ _LAZY = {
     "Session": "training.resilience.session",
     "TrainState": "training.resilience.state",
     "run": "training.resilience.run",
-    "leave": "training.leave",
+    "leave": "training.runtime.process_exit",
     "InjectedFault": "training.resilience.faults",
     "plan_batch": "training.resilience.batch",
 }

@@ -1,10 +1,11 @@
 """The resilience layer's typed config: the sections every training script shares with the kit's trainer.
 
 `run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `checkpoint`, `fault`,
-`inprocess` and `straggler`. The kit's trainer adds its own sections (model, data, optim: training.config)
-to the same loader; a user's script loads only these (`load_config`), from the Job's config file
-(`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE` overrides,
-strongest first. Unknown sections or fields are errors that list the valid names; every bad value raises
+`inprocess` and `straggler`. The kit's trainer adds its own sections (model, data, optim:
+training.trainer.config) to the same loader; a user's script loads only these (`load_config`), from the Job's
+config file (`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE`
+overrides, strongest first. Unknown sections or fields are errors that list the valid names; every bad value
+raises
 `ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
 """
 
@@ -25,10 +26,10 @@ import yaml
 
 from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
+from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.faults import FaultConfig, FaultConfigError
 from training.resilience.straggler import StragglerConfig
-from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 CONFIG_ENV = "KIT_CONFIG"
 """The Job's config file (the ConfigMap the pods mount): `load_config` reads it when no --config is given."""

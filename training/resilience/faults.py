@@ -22,8 +22,8 @@ node (a pod: its Job completion index, else the launcher's group rank) instead o
   MemoryError, then dies by SIGKILL as the kernel OOM killer would (exit -9 / 137). It never uses more
   than the cap, so the machine is never exhausted.
 - node: the whole pod dies at once, as when its node is lost: the launcher, the zygote and every worker
-  are SIGKILLed together, with no chance to clean up (training/pod.py). Its sockets close at once, so its
-  peers learn of it at once.
+  are SIGKILLed together, with no chance to clean up (training/runtime/pod.py). Its sockets close at once, so
+  its peers learn of it at once.
 - freeze: the pod's node is lost silently (power, a kernel hang, a fallen GPU host): every process of the
   pod is SIGSTOPped, its sockets stay open and nothing answers; its peers only see silence. The processes
   are SIGKILLed KIT_FREEZE_KILL_S later (default 30 s: the node declared lost and its pod deleted).
@@ -66,8 +66,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from training import pod
-from training.events import EventLog
+from training.runtime import pod
+from training.runtime.events import EventLog
 
 if TYPE_CHECKING:
     import torch

@@ -29,20 +29,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training import exitcodes, k8s_node, pod
-from training.events import EventLog
+from training.contracts import exitcodes
+from training.contracts.metrics_settings import MetricsSettings
+from training.launcher import node_cordon as k8s_node
 from training.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
 from training.resilience.faults import FaultInjector
 from training.resilience.gc_schedule import GcSchedule
-from training.resilience.heartbeat import HeartbeatClient
 from training.resilience.straggler import SPARES_ENV, STRAGGLER_EVENT, Straggler, StragglerDetector
-from training.telemetry.settings import MetricsSettings
-from training.telemetry.trainer import TrainerMetrics
+from training.runtime import pod
+from training.runtime.events import EventLog
+from training.runtime.heartbeat import HeartbeatClient
+from training.runtime.telemetry.trainer import TrainerMetrics
 
 if TYPE_CHECKING:
-    from training.distributed import DistContext
     from training.resilience.config import ResilienceConfig
     from training.resilience.session import Session
+    from training.runtime.distributed import DistContext
 
 DRAINED_EXIT = exitcodes.DRAINED
 """A drained worker's exit code, as if SIGTERM had ended it, after its step was committed."""
@@ -167,7 +169,8 @@ class Job:
             if self.rank == 0
             else None
         )
-        """Rank 0's live metrics (training.telemetry); None on other ranks and with KIT_METRICS=off."""
+        """Rank 0's live metrics (training.runtime.telemetry); None on other ranks and with
+        KIT_METRICS=off."""
         self.heartbeat = HeartbeatClient.from_env()
         self.faults = FaultInjector(
             cfg.fault,
@@ -212,9 +215,10 @@ class Job:
 
     def on_stragglers(self, found: list[Straggler], step: int) -> None:
         """Newly confirmed stragglers: rank 0 reports each (event, one line); with policy `replace` and a
-        hot spare, the slow node's local rank 0 cordons and labels its Kubernetes node (training/k8s_node.py:
-        the Job's replacement pod must not land there again), then drains its own pod, so every rank saves
-        and commits the agreed step and the spare takes the node's place (the drain path: 0 lost steps)."""
+        hot spare, the slow node's local rank 0 cordons and labels its Kubernetes node
+        (training/launcher/node_cordon.py: the Job's replacement pod must not land there again), then drains
+        its own pod, so every rank saves and commits the agreed step and the spare takes the node's place
+        (the drain path: 0 lost steps)."""
         for s in found:
             evict = self.cfg.straggler.policy == "replace" and self._spares > 0
             if self.rank == 0:

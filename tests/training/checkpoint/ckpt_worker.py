@@ -26,11 +26,11 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from training.events import EventLog
-from training.leave import leave
 from training.resilience.checkpoint.checkpointer import Checkpointer
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.checkpoint.resume import CheckpointError
+from training.runtime.events import EventLog
+from training.runtime.process_exit import leave
 
 WIDTH = 64
 
@@ -160,7 +160,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # As the trainer (training/train.py): leave without the interpreter's teardown of torch's C++ state, where
-    # this worker aborted twice ('terminate called without an active exception', then a segfault while
-    # faulthandler dumped the threads: once in 57 runs on 2026-12-02 night, once in a make test later)
+    # As the trainer (training/trainer/train.py): leave without the interpreter's teardown of torch's C++
+    # state, where this worker aborted twice ('terminate called without an active exception', then a segfault
+    # while faulthandler dumped the threads: once in 57 runs on 2026-12-02 night, once in a make test later)
     leave(main())

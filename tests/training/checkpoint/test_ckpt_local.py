@@ -15,7 +15,6 @@ import pytest
 import torch
 from ckpt_worker import App, local_tensors
 
-from training.events import EventLog, read_events
 from training.resilience.checkpoint.checkpointer import UNDECLARED, Checkpointer
 from training.resilience.checkpoint.commit import (
     CommitRecord,
@@ -32,6 +31,7 @@ from training.resilience.checkpoint.planner import cached_plan_keys
 from training.resilience.checkpoint.reshard import ReshardPolicy
 from training.resilience.checkpoint.resume import CheckpointError, check_world_size
 from training.resilience.checkpoint.retention import plan_deletions
+from training.runtime.events import EventLog, read_events
 
 
 def _train(tmp_path: Path, *, steps: int, mode: str = "sync", keep: int = 10, interval: int = 1) -> App:

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, load_config
-from training.events import EventLog, read_events
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.checkpoint.interval import (
     AutoInterval,
@@ -21,6 +19,8 @@ from training.resilience.checkpoint.interval import (
     interval_steps,
     young_s,
 )
+from training.runtime.events import EventLog, read_events
+from training.trainer.config import ConfigError, load_config
 
 
 def test_young_is_sqrt_2_cost_mtbf_and_daly_refines_it() -> None:

@@ -19,8 +19,8 @@ When: every `interval` steps, or with `interval: auto` the interval rank 0 choos
 (training.resilience.checkpoint.interval: Young/Daly), which train_step's loss all-reduce hands to every rank
 (`interval_proposal` / `agree_interval`), so all ranks save at the same steps.
 
-Events (`ckpt`, see training.events): stall (loop blocked: in maybe_save, and in the optimizer pre-hook
-if the copy was not done), write (this rank's shard durable; duration from the save request), commit
+Events (`ckpt`, see training.runtime.events): stall (loop blocked: in maybe_save, and in the optimizer
+pre-hook if the copy was not done), write (this rank's shard durable; duration from the save request), commit
 (rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
 whose own write failed: count distinct steps), drain (`wait()`), skipped (a second save of one step).
 A failed save is logged and counted; training goes on.
@@ -52,8 +52,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from training import torch_internals as internals
-from training.events import EventLog
 from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.resilience.checkpoint.commit import (
     CommitRecord,
@@ -82,6 +80,8 @@ from training.resilience.checkpoint.shared_reads import SHARED_READS
 from training.resilience.checkpoint.staging import HostStager, flatten_state, restore_into, take
 from training.resilience.checkpoint.worker import BackgroundWorker
 from training.resilience.checkpoint.writer import KitStorageWriter
+from training.runtime import torch_internals as internals
+from training.runtime.events import EventLog
 
 log = logging.getLogger("training.resilience.checkpoint")
 

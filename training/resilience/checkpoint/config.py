@@ -17,7 +17,7 @@ _TIERS = ("auto", "peer", "local", "off")
 TIER_KEEP_MAX = 8
 """Most memory-tier steps kept per node: each one is the node's whole share of the state, twice with peers."""
 _WEEK_S = 7 * 24 * 3600.0
-"""Ceiling of every duration (`*_s`), as training.config.MAX_SECONDS (which imports this module)."""
+"""Ceiling of every duration (`*_s`), as training.trainer.config.MAX_SECONDS (which imports this module)."""
 INTERVAL_CAP = 2**24
 """Largest interval_max: the chosen interval travels in a float32 all-reduce, exact up to 2**24."""
 

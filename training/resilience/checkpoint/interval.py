@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.events import EventLog, events_dir
 from training.resilience.checkpoint.config import CheckpointConfig
+from training.runtime.events import EventLog, events_dir
 
 log = logging.getLogger("training.resilience.checkpoint")
 

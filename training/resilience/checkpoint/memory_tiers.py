@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from training.events import EventLog
 from training.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
 from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from training.resilience.checkpoint.config import CheckpointConfig
@@ -34,6 +33,7 @@ from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard
 from training.resilience.checkpoint.staging import flatten_state, restore_into
 from training.resilience.checkpoint.tier import TIER_DIR_ENV, NodeTier, TierRecord, new_record
 from training.resilience.checkpoint.transfer import TransferError, fetch, has_buddy, plan_sources, replicate
+from training.runtime.events import EventLog
 
 log = logging.getLogger("training.resilience.checkpoint")
 

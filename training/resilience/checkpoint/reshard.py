@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.resilience.checkpoint.commit import CommitRecord
-from training.seeds import mix
+from training.runtime.seeds import mix
 
 
 @dataclass(frozen=True)

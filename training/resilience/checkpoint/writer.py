@@ -54,7 +54,6 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from training import torch_internals as internals
 from training.resilience.checkpoint.commit import (
     CHECKSUMS,
     METADATA_FILE,
@@ -63,6 +62,7 @@ from training.resilience.checkpoint.commit import (
     shard_name,
 )
 from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
+from training.runtime import torch_internals as internals
 
 _MAX_WRITE = 1 << 30
 _SMALL = 64 << 10

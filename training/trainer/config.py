@@ -3,7 +3,7 @@
 Sources, strongest first: dotted CLI overrides (`--section.field VALUE` or `--section.field=VALUE`), the
 YAML file given by `--config FILE`, the field defaults below. Unknown sections or fields are errors that
 list the valid names; every bad value raises `ConfigError` with a one-line message (rule, value, fix).
-Field docstrings are the documentation: `python -m training.train --help` prints them.
+Field docstrings are the documentation: `python -m training.trainer --help` prints them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from training.resilience.faults import FaultConfig
 from training.resilience.straggler import StragglerConfig
 
 if TYPE_CHECKING:
-    from training.shapes import ModelArgs
+    from training.contracts.shapes import ModelArgs
 
 __all__ = [
     "MAX_SECONDS", "ConfigError", "DataConfig", "InprocessConfig", "ModelConfig", "OptimConfig", "RunConfig",
@@ -63,7 +63,7 @@ class DataConfig:
     kind: Literal["synthetic", "shards"] = "synthetic"
     """Token source: a deterministic synthetic stream, or memory-mapped token shards (see make_shards)."""
     path: str = ""
-    """Folder of token shards (*.bin from `python -m training.make_shards`); only for kind=shards."""
+    """Folder of token shards (*.bin from `python -m training.trainer.make_shards`); only for kind=shards."""
     seq_len: int = 128
     """Tokens per sample (the model sees seq_len inputs and predicts seq_len targets)."""
     batch_size: int = 4
@@ -150,8 +150,8 @@ def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None)
 def model_shape(cfg: TrainConfig) -> ModelArgs:
     """The model's shape: model.hf_path's config.json (the Llama family), else model.name's; ConfigError
     (one line) for a folder that is not a causal LM's. Standard library only."""
-    from training.hf_model import HfModelError, hf_shape, read_hf_config
-    from training.shapes import MODEL_CONFIGS
+    from training.contracts.shapes import MODEL_CONFIGS
+    from training.trainer.hf_model import HfModelError, hf_shape, read_hf_config
 
     if not cfg.model.hf_path:
         return MODEL_CONFIGS[cfg.model.name]
@@ -172,7 +172,9 @@ def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
-        from training.data import check_shards  # data owns its format; it imports torch: only when needed
+        from training.trainer.data import (
+            check_shards,  # data owns its format; it imports torch: only when needed
+        )
 
         try:
             check_shards(
@@ -191,8 +193,8 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
     path = Path(cfg.model.hf_path) / "tokenizer.json"
     if not path.is_file():
         return None
-    from training.data import tokenizer_fingerprint
-    from training.hf_model import HfModelError, check_tokenizer, read_hf_config
+    from training.trainer.data import tokenizer_fingerprint
+    from training.trainer.hf_model import HfModelError, check_tokenizer, read_hf_config
 
     try:
         from tokenizers import Tokenizer
@@ -210,7 +212,7 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
 def help_text() -> str:
     """Every option with its type, default and docstring: what `--help` prints."""
     return resilience_config.help_text(
-        TrainConfig, "usage: python -m training.train [--config FILE.yaml] [--section.field VALUE ...]"
+        TrainConfig, "usage: python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]"
     )
 
 

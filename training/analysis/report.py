@@ -1,7 +1,8 @@
-"""`python -m training.report RUN_DIR [--png PATH] [--json]`: a run's metrics as a table and a PNG timeline.
+"""`python -m training.analysis.report RUN_DIR [--png PATH] [--json]`: a run's metrics as a table and a PNG
+timeline.
 
-The numbers come from `training.metrics` (one module defines them); this module only presents them. The
-timeline shows steps per rank over time, checkpoint stalls, faults, launcher detections and recoveries.
+The numbers come from `training.analysis.metrics` (one module defines them); this module only presents them.
+The timeline shows steps per rank over time, checkpoint stalls, faults, launcher detections and recoveries.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cliargs import OneLineParser, output_file_problem
-from training import exitcodes
-from training.metrics import (
+from training.analysis.metrics import (
     DETECTION_KINDS,
     FaultMetrics,
     MetricsError,
@@ -29,6 +29,7 @@ from training.metrics import (
     load_run_metrics,
     restore_source,
 )
+from training.contracts import exitcodes
 
 RESTORE_STYLE = {"memory": "gD", "peer": "bs", "shared": "mv"}
 """Timeline marker of a restore by its source (green diamonds, blue squares, purple triangles)."""
@@ -351,7 +352,7 @@ def _as_json(m: RunMetrics, png: Path | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m training.report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m training.analysis.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder: <run.root>/<run.id>")
     parser.add_argument(
         "--png", type=Path, help=f"where to write the timeline (default RUN_DIR/{DEFAULT_PNG})"

@@ -1,5 +1,5 @@
-"""`python -m training.telemetry.preview RUN_DIR [--png PATH]`: the stacks' training dashboard, drawn from a
-run's own metric records (`KIT_METRICS=file`, the local default), before any cluster exists.
+"""`python -m training.analysis.dashboard_preview RUN_DIR [--png PATH]`: the stacks' training dashboard,
+drawn from a run's own metric records (`KIT_METRICS=file`, the local default), before any cluster exists.
 
 The layout and the alarms are the catalog's (`DASHBOARD_ROWS`, `alarm_rules`), the ones the stacks deploy,
 so what a local run shows here is what CloudWatch will show for the same job. An alarm's box says whether any
@@ -15,9 +15,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from cliargs import OneLineParser, output_file_problem
-from training import exitcodes
-from training.telemetry import catalog
-from training.telemetry.emf import METRICS_DIR
+from training.contracts import exitcodes
+from training.contracts import metrics_catalog as catalog
+from training.runtime.telemetry.emf import METRICS_DIR
 
 Series = dict[str, list[tuple[float, float, str | None]]]
 """Metric name -> (unix time, value, fault class) of every record, in time order."""
@@ -112,7 +112,9 @@ def render(series: Series, png: Path, *, title: str, thresholds: catalog.AlarmTh
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m training.telemetry.preview", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="python -m training.analysis.dashboard_preview", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", type=Path, help="the run folder (<run.root>/<run.id>)")
     parser.add_argument("--png", type=Path, help="where to write it (default RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)

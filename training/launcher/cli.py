@@ -1,4 +1,4 @@
-"""The kit's heartbeat launcher: `python -m training.launch [FLAGS] -m training.train ARGS...`.
+"""The kit's heartbeat launcher: `python -m training.launcher [FLAGS] -m training.trainer ARGS...`.
 
 torchrun's engine (torch.distributed.elastic: worker groups, restart budget, multi-node restarts; the kit's
 rendezvous by default, training/launcher/rendezvous.py) with what the kit adds: hang detection from
@@ -6,10 +6,10 @@ per-step heartbeats, a never-retry exit code, SIGKILL restarts of a broken group
 from a zygote that already imported torch (a restart does not pay the 2-2.6 s import again). Flags keep
 torchrun's names where they mean the same thing; see docs/launcher.md.
 
-Exit codes (training/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart left is 75);
-75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never retried), or
-the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked before anything
-starts); 2 a bad command line or a rendezvous port in use; 128+N the launcher got signal N.
+Exit codes (training/contracts/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart
+left is 75); 75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never
+retried), or the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked before
+anything starts); 2 a bad command line or a rendezvous port in use; 128+N the launcher got signal N.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
-from training import exitcodes
+from training.contracts import exitcodes
+from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
 from training.resilience.checkpoint.tier import TIER_DIR_ENV
-from training.telemetry.settings import MetricsSettings, MetricsSettingsError
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {
@@ -128,7 +128,7 @@ def _add(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m training.launch",
+        prog="python -m training.launcher",
         description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
     )
     _add(p, "--nnodes", type=_nnodes, default=(1, 1), help="nodes: N or MIN:MAX (default 1)")
@@ -266,7 +266,7 @@ class LaunchArgs:
     target: str
     """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    """Where the launcher's live metrics go (training.telemetry.settings: the pod's environment)."""
+    """Where the launcher's live metrics go (training.contracts.metrics_settings: the pod's environment)."""
 
 
 RDZV_TIMEOUT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout")
@@ -466,7 +466,7 @@ def _make_tier_dir() -> str | None:
 
 def _prepare_environment(workdir: str) -> None:
     """Env the workers and the rendezvous handler read; set before torch creates anything."""
-    from training import pod
+    from training.runtime import pod
 
     os.environ.setdefault(pod.POD_ROOT_ENV, str(os.getpid()))  # the pod, when no Job names one
     if os.getpid() == 1:  # a container's PID 1 ignores SIGKILL from inside: the `node` fault uses this
@@ -482,7 +482,7 @@ def _prepare_environment(workdir: str) -> None:
     # Every node runs --nproc-per-node workers of one role: torch then numbers them without a store round
     # (group rank x local world + local rank, what its O(N) gather on node 0 computes anyway).
     os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")
-    from training.resilience.heartbeat import HEARTBEAT_DIR_ENV
+    from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
     from training.launcher.blame import STACKS_DIR_ENV
@@ -538,6 +538,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training.leave import leave
+    from training.runtime.process_exit import leave
 
     leave(main())

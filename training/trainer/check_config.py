@@ -1,7 +1,8 @@
-"""`python -m training.check_config [--elsewhere] <the trainer's arguments>`: check a config, run nothing.
+"""`python -m training.trainer.check_config [--elsewhere] <the trainer's arguments>`: check a config, run
+nothing.
 
-Runs the trainer's own loader (`training.config.load_config`) on the arguments the trainer would get, so
-the rules and messages are the trainer's: prints the one-line error and exits 78 (as the trainer would), or
+Runs the trainer's own loader (`training.trainer.config.load_config`) on the arguments the trainer would get,
+so the rules and messages are the trainer's: prints the one-line error and exits 78 (as the trainer would), or
 prints nothing and exits 0. No process group, no model, no data is touched. `k8s` runs it on the rendered
 trainer config before it applies a Job, so `TRAIN.optim.bogus=1` fails at render time, not in a pod.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import sys
 
 from cliargs import parse_int
-from training import exitcodes
+from training.contracts import exitcodes
 
 ELSEWHERE = "--elsewhere"
 
@@ -40,7 +41,7 @@ MEMORY = "--memory"
 
 def check(argv: list[str]) -> tuple[str | None, str | None]:
     """(error, plan line): error None if the trainer would accept `argv`; plan only with --memory."""
-    from training.config import ConfigError, load_config  # after argv handling: --help stays cheap
+    from training.trainer.config import ConfigError, load_config  # after argv handling: --help stays cheap
 
     elsewhere = ELSEWHERE in argv
     args = [a for a in argv if a != ELSEWHERE]
@@ -60,8 +61,8 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
         return " ".join(str(exc).split()), None
     if memory is None:
         return None, None
-    from training import memory_plan
-    from training.config import model_shape
+    from training.trainer import memory_plan
+    from training.trainer.config import model_shape
 
     shape = model_shape(cfg)
     host = host_mib << 20

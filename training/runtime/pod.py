@@ -36,7 +36,7 @@ DEFAULT_GRACE_S = 30.0
 """Kubernetes' default terminationGracePeriodSeconds."""
 PID1_EXIT_SIGNAL = signal.SIGUSR1
 """PID 1 of a container ignores SIGKILL sent from inside its namespace; the kit launcher, when it is PID 1,
-exits at once (no cleanup) on this signal instead (training/launch.py)."""
+exits at once (no cleanup) on this signal instead (training/launcher/cli.py)."""
 
 
 class PodError(RuntimeError):

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from training.seeds import mix
+from training.runtime.seeds import mix
 
 if TYPE_CHECKING:
-    from training.config import DataConfig
+    from training.trainer.config import DataConfig
 
 MAGIC = b"KITTOK01"
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -125,7 +125,7 @@ def check_shards(
     files = shard_files(folder)
     if not files:
         raise ValueError(
-            f"data.path={str(folder)!r} holds no *.bin shards: run python -m training.make_shards"
+            f"data.path={str(folder)!r} holds no *.bin shards: run python -m training.trainer.make_shards"
         )
     headers = [read_header(f) for f in files]
     ids: dict[int, Path] = {}  # fingerprint -> its first shard, in name order

@@ -52,7 +52,7 @@ TOKENS_PER_S = MetricSpec(
 )  # fmt: skip
 MFU = MetricSpec(
     name="MFU", unit="Percent", emitter="trainer", statistic="Average", when="every step, on a known GPU",
-    meaning="model FLOPs utilisation (training/throughput.py)",
+    meaning="model FLOPs utilisation (training/contracts/throughput.py)",
 )  # fmt: skip
 GOODPUT = MetricSpec(
     name="Goodput", unit="Percent", emitter="trainer", statistic="Minimum", when="every period",
@@ -125,7 +125,7 @@ DASHBOARD_ROWS: tuple[tuple[MetricSpec, ...], ...] = (
     (SECONDS_SINCE_STEP, SPARES_WAITING, WORLD_SIZE, CHECKPOINT_AGE_INTERVALS),
 )
 """The dashboard's graphs, four to a row: progress, time lost, faults, capacity; every metric once. The
-stacks' dashboard and the local preview (training.telemetry.preview) both lay it out from here."""
+stacks' dashboard and the local preview (training.analysis.dashboard_preview) both lay it out from here."""
 
 Comparison = Literal["GreaterThanThreshold", "LessThanThreshold", "LessThanOrEqualToThreshold"]
 

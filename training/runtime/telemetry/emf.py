@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from training.telemetry import catalog
-from training.telemetry.settings import MetricsSettings
+from training.contracts import metrics_catalog as catalog
+from training.contracts.metrics_settings import MetricsSettings
 
 METRICS_DIR = "metrics"
 """Run-folder subfolder of the `file` sink's records: one `<who>-<host>-<pid>.emf.jsonl` per process."""

@@ -154,7 +154,8 @@ INTERNALS: tuple[Internal, ...] = (
         why="a shard's bytes without an autograd call per item",
     ),
     Internal(module="torch.distributed.tensor", name="DTensor._raise_if_contains_partial_placements"),
-    # --- in-process restart (training/distributed.py) -------------------------------------------------------
+    # --- in-process restart (training/runtime/distributed.py)
+    # -------------------------------------------------------
     Internal(module="torch.distributed.distributed_c10d", name="_abort_process_group", params=("group",)),
     Internal(
         module="torch.distributed.device_mesh",
@@ -297,7 +298,7 @@ def describe(found: list[str]) -> str:
     """One line: the first problem, how many more, what to do."""
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     return (
-        f"{found[0]}{more}: the kit relies on it (training/torch_internals.py); "
+        f"{found[0]}{more}: the kit relies on it (training/runtime/torch_internals.py); "
         f"use a supported torch ({SUPPORTED_TEXT})"
     )
 

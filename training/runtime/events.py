@@ -1,6 +1,6 @@
 """JSON-lines events of a run (design, contract 3): one file per process under `<run_dir>/events/`.
 
-Every metric is computed after the fact from these lines (`training.metrics`), never in the loop.
+Every metric is computed after the fact from these lines (`training.analysis.metrics`), never in the loop.
 A line is written and flushed to the OS immediately, so it survives SIGKILL of the writer.
 
 Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "launcher"), rank
@@ -43,7 +43,7 @@ Kinds and their own fields:
                   the timeout while a rank was busy on a CPU), busy_ranks (still busy: the cap decided),
                   phase, step, ranks ({rank: "stopped" | "elsewhere" | "collective" | "unknown"}: where each
                   silent rank's main thread was), where, action ("interrupt": the rank is interrupted in
-                  place, training.resilience.hang_interrupt; "restart": the group is restarted)
+                  place, training.runtime.hang_interrupt; "restart": the group is restarted)
     hang_interrupt_unanswered global_rank, grace_s, step: the interrupted rank did not beat again within the
                   grace (stuck outside Python): the group is restarted
     busy_extension global_rank, stale_s, timeout_s, busy_ranks, phase, step: a rank silent past its timeout
@@ -103,7 +103,7 @@ class EventLog:
             self._file = open(folder / name, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     def observe(self, observer: Callable[[dict[str, Any]], None]) -> None:
-        """Call `observer` with every event from now on (the live metrics, training.telemetry), on the
+        """Call `observer` with every event from now on (the live metrics, training.runtime.telemetry), on the
         emitting thread; one that raises is dropped with one line, and the event log goes on."""
         self._observers.append(observer)
 

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from training import torch_internals as internals
+from training.contracts.ports import free_port_run
 from training.launcher import blame
-from training.ports import free_port_run
+from training.runtime import torch_internals as internals
 
 
 @dataclass

@@ -6,8 +6,8 @@ What one rank holds at its peak (the start of backward, when every saved activat
 - unsharded copies: the root module (embedding, final norm, output) stays gathered for the whole step
   (`reshard_after_forward=False`), a block is gathered while it runs (the next one too on GPU, where FSDP2
   prefetches on a side stream), and a block's gradients are fp32 until reduce-scatter;
-- saved activations, counted tensor by tensor for `training.model`'s own code (RMSNorm and rotary in fp32,
-  SDPA saving q, k, v, out and the log-sum-exp, SwiGLU saving its three projections and their product);
+- saved activations, counted tensor by tensor for `training.trainer.model`'s own code (RMSNorm and rotary in
+  fp32, SDPA saving q, k, v, out and the log-sum-exp, SwiGLU saving its three projections and their product);
   activation checkpointing keeps only each checkpointed block's input and recomputes one block in backward;
 - the loss: cross-entropy keeps fp32 log-probabilities (4 B per vocabulary entry and token); its backward
   holds the incoming and outgoing gradients at once;
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from training.shapes import ModelArgs
+from training.contracts.shapes import ModelArgs
 
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Tiers = Literal["off", "local", "peer"]
@@ -260,8 +260,9 @@ def plan_line(
     host_capacity: int,
     on_gpu: bool,
 ) -> str:
-    """The plan's one line for a trainer config (`training.config.TrainConfig`), or MemoryPlanError with the
-    fixes: the one place that maps the config onto the plan, for the trainer and for its config check."""
+    """The plan's one line for a trainer config (`training.trainer.config.TrainConfig`), or MemoryPlanError
+    with the fixes: the one place that maps the config onto the plan, for the trainer and for its config
+    check."""
     job = {
         "ranks_per_node": ranks_per_node,
         "seq_len": cfg.data.seq_len,

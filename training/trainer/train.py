@@ -1,13 +1,13 @@
-"""The trainer: `python -m training.train [--config FILE.yaml] [--section.field VALUE ...]`.
+"""The trainer: `python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]`.
 
 A Llama-style decoder trained with FSDP2 (`fully_shard` per block, then the root), AdamW, linear warmup
 then cosine decay, gradient clipping, bf16 mixed precision on GPU. Runs under any launcher that sets the
-torch.distributed environment (torchrun, `python -m training.launch`, NVRx's ft_launcher), or alone.
+torch.distributed environment (torchrun, `python -m training.launcher`, NVRx's ft_launcher), or alone.
 
 Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); 143 drained (SIGTERM: the job
 saved and committed the agreed step: training.resilience); anything else is a real failure, recorded by
 torch.distributed.elastic's `@record` for the launcher (its file written atomically:
-training.resilience.error_file).
+training.runtime.error_file).
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from pathlib import Path
 
 import torch
 
-from training import exitcodes, memory_plan, resilience, throughput
-from training.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config, model_shape
-from training.data import TokenLoader
-from training.hf_model import HfModelError, build_hf_model, check_weights, has_weights, hf_loss
-from training.model import build_model, loss_fn
+from training import resilience
+from training.contracts import exitcodes, throughput
+from training.trainer import memory_plan
+from training.trainer.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config, model_shape
+from training.trainer.data import TokenLoader
+from training.trainer.hf_model import HfModelError, build_hf_model, check_weights, has_weights, hf_loss
+from training.trainer.model import build_model, loss_fn
 
 
 def lr_schedule(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -233,6 +235,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training.leave import leave
+    from training.runtime.process_exit import leave
 
     leave(main())
