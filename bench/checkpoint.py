@@ -59,17 +59,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import stability
+from bench.checkpoint_competitors import COMPETITORS, SaveSetup, start, train_and_save, train_state
+from bench.checkpoint_measure import Measured, RssSampler, ThreadCpu, Window, settle_threads, thread_cpu_ns
 from training.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
-COMPETITORS = ("none", "sync", "dcp_thread", "dcp_staging", "kit", "nvrx")
 
 
 @dataclass(frozen=True)
@@ -92,161 +92,50 @@ RESULT_KEYS = ("stall_ratio", "efficiency", "cost_ratio", "vs_dcp_async", "mem_r
 
 
 # ------------------------------------------------------------------------------------------- worker
-@dataclass
-class Measured:
-    name: str
-    rep: int = 0
-    """Repetition this run belongs to."""
-    available: bool = True
-    reason: str = ""
-    wall_s: float = 0.0
-    """Training loop, first step to last step, final drain excluded."""
-    drain_s: float = 0.0
-    stalls_s: list[float] = field(default_factory=list)
-    """Per save: time the loop was blocked by it."""
-    step_s: list[float] = field(default_factory=list)
-    overlapped: list[bool] = field(default_factory=list)
-    """Per step: a background write of this rank was in flight when the step began."""
-    peak_rss_growth: int = 0
-    staging_bytes: int = 0
-    cpu_s: float = 0.0
-    """CPU seconds of the whole process (all threads) over loop + drain (the cross-check figure)."""
-    save_cpu_s: float = 0.0
-    """CPU seconds of the saves themselves, measured directly: the main thread inside the save calls,
-    the waits outside the steps and the drain, plus every thread born during the run, plus the checkpoint
-    group's own gloo threads (see `ThreadCpu`)."""
-    main_save_cpu_s: float = 0.0
-    """The main thread's part of save_cpu_s."""
-    loop_stall_s: float = 0.0
-    """Wall seconds the loop spent in save calls and in waits outside the steps (drain excluded); unlike
-    stalls_s it leaves out the kit's optimizer-hook wait, which a step's own time already holds."""
-    born_threads: int = 0
-    lost_threads: int = 0
-    """Threads alive at the run's start that were gone by its end (their CPU after the start would count
-    as the save's; each run first waits, bounded, for the previous run's threads to end)."""
+@dataclass(frozen=True, kw_only=True)
+class _Rank:
+    """This rank's share of the run: its FSDP2 model and optimizer, its data, and the gloo group the saves
+    use apart from training's."""
+
+    size: Size
+    rank: int
+    world: int
+    model: Any
+    opt: Any
+    ckpt_pg: Any
+    ckpt_pg_threads: set[int]
+    """The checkpoint group's gloo threads: they run the DCP saves' collectives, so their CPU is the
+    saves'."""
+
+    def step(self, i: int) -> float:
+        """One training step on batch `i` (seeded by step and rank), in seconds."""
+        import torch
+
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(1_000_003 * i + self.rank)
+        x = torch.randn(self.size.batch, self.size.width, generator=g)
+        self.model(x).pow(2).mean().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return time.perf_counter() - t0
+
+    def state(self) -> dict[str, Any]:
+        return train_state(self.model, self.opt)
 
 
-class RssSampler:
-    """Peak resident memory of this process above a baseline, sampled every 20 ms on a thread."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._proc = psutil.Process()
-        self._stop = threading.Event()
-        self.base = self._proc.memory_info().rss
-        self.peak = self.base
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        self.native_id = self._thread.native_id
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(0, self.peak - self.base)
-
-
-def _thread_cpu_ns() -> dict[int, int]:
-    """On-CPU nanoseconds of every live thread of this process (threads listed in `/proc/self/task`),
-    each read from the kernel's per-thread CPU clock, the clock `time.process_time()` sums. Unlike the
-    first field of `/proc/self/task/<tid>/schedstat`, that clock includes a running thread's current slice
-    (schedstat lags by up to a scheduler tick per running thread: ~10 ms per run here). A thread that ends
-    while being read is left out."""
-    out = {}
-    for tid in map(int, os.listdir("/proc/self/task")):
-        try:  # Linux's clock id of thread `tid` (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED))
-            out[tid] = time.clock_gettime_ns((~tid << 3) | 6)
-        except OSError:
-            continue
-    return out
-
-
-class ThreadCpu:
-    """CPU of the threads born between `__init__` and `stop()`, and of the listed `also` threads.
-
-    Born threads (the kit's writer and its group's gloo threads, DCP's executor and stager threads) may end
-    before `stop()`, so their CPU is what is left of the process's CPU delta once every thread that was
-    alive at the start has its own delta taken out. A thread alive at the start and gone at the end cannot
-    be read any more: it is counted in `lost`."""
-
-    def __init__(self, also: set[int]) -> None:
-        self._also = also
-        self._exclude: set[int] = set()
-        self._before = _thread_cpu_ns()
-        self._cpu0 = time.process_time()
-
-    def exclude(self, tid: int | None) -> None:
-        """A thread born after the start that is not the save's (the memory sampler): left out."""
-        if tid is not None:
-            self._exclude.add(tid)
-
-    def stop(self) -> tuple[float, int, int]:
-        """(CPU seconds of born + `also` threads, born threads alive now, pre-existing threads lost)."""
-        cpu = time.process_time() - self._cpu0
-        after = _thread_cpu_ns()
-        kept = [t for t in self._before if t in after]
-        pre = sum(after[t] - self._before[t] for t in kept) / 1e9
-        also = sum(after[t] - self._before[t] for t in kept if t in self._also) / 1e9
-        left_out = sum(after.get(t, 0) for t in self._exclude if t not in self._before) / 1e9
-        born = sum(1 for t in after if t not in self._before and t not in self._exclude)
-        return max(0.0, cpu - pre - left_out) + also, born, len(self._before) - len(kept)
-
-
-class Window:
-    """Accumulates the wall and this thread's CPU time spent inside `with window:` blocks."""
-
-    def __init__(self) -> None:
-        self.wall_s = 0.0
-        self.cpu_s = 0.0
-
-    def __enter__(self) -> Window:
-        self._t0, self._c0 = time.perf_counter(), time.thread_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall_s += time.perf_counter() - self._t0
-        self.cpu_s += time.thread_time() - self._c0
-
-
-def _settle_threads(baseline: set[int], timeout_s: float = 5.0) -> None:
-    """Wait (bounded) until the threads a previous run started have ended, so that none of them ends
-    during the next run's measurement (its CPU could not be told apart). One still there after the
-    timeout stays for good: it joins `baseline`, so later runs do not wait for it again."""
-    deadline = time.monotonic() + timeout_s
-    while extra := set(_thread_cpu_ns()) - baseline:
-        if time.monotonic() >= deadline:
-            baseline |= extra
-            return
-        time.sleep(0.01)
-
-
-def _worker(args: argparse.Namespace) -> None:
-    import gc
-
+def _start_rank(size: Size) -> _Rank:
+    """Joins the gloo job (RANK, WORLD_SIZE from the parent) and builds the model every competitor trains."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
 
-    from training.resilience.checkpoint.checkpointer import Checkpointer
-    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
-    from training.runtime.events import EventLog, read_events
-
-    size = QUICK if args.quick else FULL
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world,))
-    before_pg = set(_thread_cpu_ns())
+    before_pg = set(thread_cpu_ns())
     ckpt_pg = dist.new_group(backend="gloo")
-    ckpt_pg_threads = set(_thread_cpu_ns()) - before_pg  # its gloo workers run the saves' collectives
+    ckpt_pg_threads = set(thread_cpu_ns()) - before_pg
     torch.manual_seed(0)
     layers = [torch.nn.Linear(size.width, size.width) for _ in range(size.layers)]
     model = torch.nn.Sequential(*layers)
@@ -254,176 +143,164 @@ def _worker(args: argparse.Namespace) -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    work = Path(args.dir)
+    return _Rank(
+        size=size,
+        rank=rank,
+        world=world,
+        model=model,
+        opt=opt,
+        ckpt_pg=ckpt_pg,
+        ckpt_pg_threads=ckpt_pg_threads,
+    )
 
-    def step(i: int) -> float:
-        t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(1_000_003 * i + rank)
-        x = torch.randn(size.batch, size.width, generator=g)
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        return time.perf_counter() - t0
 
-    def state() -> dict[str, Any]:
-        msd, osd = get_state_dict(model, opt)
-        return {"model": msd, "optim": osd}
+def _local_bytes(r: _Rank) -> int:
+    """Bytes of this rank's shard of the model and optimizer state: its checkpoint size."""
+    import torch
+    from torch.distributed.tensor import DTensor
 
-    for i in range(1, 3):
-        step(i)  # AdamW state exists from here on
     ckpt_bytes = 0
-    for v in list(state()["model"].values()) + [
-        t for s in state()["optim"]["state"].values() for t in s.values()
+    for v in list(r.state()["model"].values()) + [
+        t for s in r.state()["optim"]["state"].values() for t in s.values()
     ]:
         if isinstance(v, torch.Tensor):
             ckpt_bytes += (v.to_local() if isinstance(v, DTensor) else v).nbytes
+    return ckpt_bytes
 
-    # Warm-up (the first DCP call of a process costs seconds extra), then calibrate the interval.
-    dcp.save(state(), checkpoint_id=work / "warm", process_group=ckpt_pg)
+
+@dataclass(frozen=True)
+class _Calibration:
+    sync_s: float
+    """One dcp.save after the warm-up."""
+    step_s: float
+    """Median training step."""
+    interval: int
+    """Steps between saves, the largest any rank asked for (see MIN_INTERVAL)."""
+
+
+def _calibrate(r: _Rank, work: Path) -> _Calibration:
+    """Times a sync save and a step so that sync's efficiency comes out about 60 %."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    # Warm-up first: the first DCP call of a process costs seconds extra.
+    dcp.save(r.state(), checkpoint_id=work / "warm", process_group=r.ckpt_pg)
     t0 = time.perf_counter()
-    dcp.save(state(), checkpoint_id=work / "calib", process_group=ckpt_pg)
+    dcp.save(r.state(), checkpoint_id=work / "calib", process_group=r.ckpt_pg)
     sync_s = time.perf_counter() - t0
-    step_s = statistics.median(step(i) for i in range(3, 7))
+    step_s = statistics.median(r.step(i) for i in range(3, 7))
     want = torch.tensor([max(MIN_INTERVAL, round(1.5 * sync_s / step_s))])
     dist.all_reduce(want, op=dist.ReduceOp.MAX)
-    interval = int(want.item())
-    total_steps = (size.saves + 1) * interval
-    baseline_threads = set(_thread_cpu_ns())
+    return _Calibration(sync_s=sync_s, step_s=step_s, interval=int(want.item()))
 
-    def run(name: str) -> Measured:
-        m = Measured(name=name)
-        folder = work / name
-        pending: dict[str, Any] = {"fut": None, "staging": None}
-        ckpt = None
-        stager = None
-        window = Window()
-        _settle_threads(baseline_threads)
-        dist.barrier()
-        gc.collect()
-        threads = ThreadCpu(ckpt_pg_threads)  # before the Checkpointer: its threads are the saves'
-        if name == "kit":
-            events = EventLog(folder, role="trainer", rank=rank)
-            # the writer in the idle class: this bench's node does nothing but train (docs/checkpointing.md)
-            cfg = CheckpointConfig(
-                mode="async", backend="kit", interval=interval, keep=2, writer_priority="idle"
-            )
-            ckpt = Checkpointer(cfg, run_dir=folder, rank=rank, world_size=world, events=events)
-        if name == "dcp_staging":
-            stager = DefaultStager(StagingOptions(False, False, True, False))
 
-        def in_flight() -> bool:
-            if ckpt is not None:
-                save = ckpt._inflight
-                return save is not None and not save.done.is_set()
-            fut = pending["fut"]
-            return fut is not None and not fut.done()
+def _measure(
+    name: str,
+    r: _Rank,
+    setup: SaveSetup,
+    *,
+    folder: Path,
+    steps: int,
+    interval: int,
+    baseline_threads: set[int],
+) -> Measured:
+    """One competitor's run on this rank: the timed loop, then the drain, with its CPU and peak memory."""
+    import gc
 
-        def wait_previous() -> None:
-            if pending["fut"] is not None:
-                pending["fut"].result()
-                pending["fut"] = None
+    import torch.distributed as dist
 
-        sampler = RssSampler()
-        threads.exclude(sampler.native_id)
-        dist.barrier()
-        cpu0 = time.process_time()
-        t_start = time.perf_counter()
-        for i in range(1, total_steps + 1):
-            m.overlapped.append(in_flight())
-            if pending["staging"] is not None:  # dcp_staging: the copy must finish before opt.step
-                t0 = time.perf_counter()
-                with window:
-                    pending["staging"].result()
-                pending["staging"] = None
-                m.stalls_s[-1] += time.perf_counter() - t0
-            m.step_s.append(step(100 + i))
-            if i % interval or i == total_steps or name == "none":
-                continue
-            t0 = time.perf_counter()
-            path = folder / f"step_{i:08d}"
-            with window:
-                if name == "kit":
-                    ckpt.maybe_save(i, {"app_model": model_state(model, opt)})
-                elif name == "sync":
-                    dcp.save(state(), checkpoint_id=path, process_group=ckpt_pg)
-                elif name == "dcp_thread":
-                    wait_previous()
-                    pending["fut"] = dcp.async_save(state(), checkpoint_id=path, process_group=ckpt_pg)
-                elif name == "dcp_staging":
-                    wait_previous()
-                    resp = dcp.async_save(
-                        state(), checkpoint_id=path, process_group=ckpt_pg, async_stager=stager
-                    )
-                    pending["fut"], pending["staging"] = resp.upload_completion, resp.staging_completion
-            m.stalls_s.append(time.perf_counter() - t0)
-        m.wall_s = time.perf_counter() - t_start
-        m.loop_stall_s = window.wall_s
-        t0 = time.perf_counter()
-        with window:
-            if ckpt is not None:
-                ckpt.wait()
-            wait_previous()
-        m.drain_s = time.perf_counter() - t0
-        m.cpu_s = time.process_time() - cpu0
-        born_cpu, m.born_threads, m.lost_threads = threads.stop()
-        m.main_save_cpu_s = window.cpu_s
-        m.save_cpu_s = born_cpu + window.cpu_s
-        m.peak_rss_growth = sampler.stop()
-        if ckpt is not None:
-            m.staging_bytes = ckpt._stager.nbytes if ckpt._stager else 0
-            ckpt.close()
-            # The kit's stalls are its own events (maybe_save plus any optimizer-hook wait for the copy).
-            mine = [e for e in read_events(folder) if e["kind"] == "ckpt" and e["phase"] == "stall"]
-            per_step: dict[int, float] = {}
-            for e in mine:
-                if e["rank"] == rank:
-                    per_step[e["step"]] = per_step.get(e["step"], 0.0) + e["duration_s"]
-            m.stalls_s = [per_step[s] for s in sorted(per_step)]
-        if stager is not None:
-            stager.close()
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
-        return m
+    m = Measured(name=name)
+    window = Window()
+    settle_threads(baseline_threads)
+    dist.barrier()
+    gc.collect()
+    threads = ThreadCpu(r.ckpt_pg_threads)  # before the competitor: the threads it starts are the saves'
+    comp = start(name, setup, folder)
+    sampler = RssSampler()
+    threads.exclude(sampler.native_id)
+    dist.barrier()
+    cpu0 = time.process_time()
+    t_start = time.perf_counter()
+    train_and_save(comp, m, step=r.step, steps=steps, interval=interval, step_seed=100, window=window)
+    m.wall_s = time.perf_counter() - t_start
+    m.loop_stall_s = window.wall_s
+    t0 = time.perf_counter()
+    with window:
+        comp.drain()
+    m.drain_s = time.perf_counter() - t0
+    m.cpu_s = time.process_time() - cpu0
+    born_cpu, m.born_threads, m.lost_threads = threads.stop()
+    m.main_save_cpu_s = window.cpu_s
+    m.save_cpu_s = born_cpu + window.cpu_s
+    m.peak_rss_growth = sampler.stop()
+    comp.finish(m)
+    dist.barrier()
+    if r.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    return m
 
+
+def _worker(args: argparse.Namespace) -> None:
+    """One rank: calibrate, then every competitor once per repetition in an order rotated by one each time;
+    the figures go to OUT/rank<N>.json for the parent."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.staging import StagingOptions
+
+    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+
+    size = QUICK if args.quick else FULL
+    r = _start_rank(size)
+    work = Path(args.dir)
+    for i in range(1, 3):
+        r.step(i)  # AdamW state exists from here on
+    ckpt_bytes = _local_bytes(r)
+    cal = _calibrate(r, work)
+    total_steps = (size.saves + 1) * cal.interval
+    baseline_threads = set(thread_cpu_ns())
+    setup = SaveSetup(
+        model=r.model,
+        opt=r.opt,
+        ckpt_pg=r.ckpt_pg,
+        rank=r.rank,
+        world_size=r.world,
+        # the writer in the idle class: this bench's node does nothing but train (docs/checkpointing.md)
+        kit=CheckpointConfig(
+            mode="async", backend="kit", interval=cal.interval, keep=2, writer_priority="idle"
+        ),
+        kit_app_key="app_model",
+        staging=StagingOptions(False, False, True, False),
+    )
     reason = nvrx_unavailable_reason() or "needs a GPU run (bench/gpu/checkpoint_gpu.py)"
     runnable = [n for n in COMPETITORS if n != "nvrx"]
     results = []
     for rep in range(size.reps):
         shift = rep % len(runnable)
         for name in runnable[shift:] + runnable[:shift]:
-            m = run(name)
+            m = _measure(
+                name,
+                r,
+                setup,
+                folder=work / name,
+                steps=total_steps,
+                interval=cal.interval,
+                baseline_threads=baseline_threads,
+            )
             m.rep = rep
             results.append(m)
         results.append(Measured(name="nvrx", rep=rep, available=False, reason=reason))
     out = {
-        "rank": rank,
-        "interval": interval,
+        "rank": r.rank,
+        "interval": cal.interval,
         "steps": total_steps,
         "reps": size.reps,
         "ckpt_bytes": ckpt_bytes,
-        "calib_sync_s": sync_s,
-        "calib_step_s": step_s,
-        "results": [asdict(r) for r in results],
+        "calib_sync_s": cal.sync_s,
+        "calib_step_s": cal.step_s,
+        "results": [asdict(m) for m in results],
     }
-    (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(out))
+    (Path(args.out) / f"rank{r.rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
-
-
-def model_state(model: Any, opt: Any) -> Any:
-    """The model and optimizer as one Stateful (what a trainer's TrainState would hand over)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.checkpoint.stateful import Stateful
-
-    class _State(Stateful):
-        def state_dict(self) -> dict[str, Any]:
-            msd, osd = get_state_dict(model, opt)
-            return {"model": msd, "optim": osd}
-
-        def load_state_dict(self, sd: dict[str, Any]) -> None:
-            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-    return _State()
 
 
 # ------------------------------------------------------------------------------------------- parent

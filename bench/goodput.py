@@ -12,7 +12,7 @@
   torchrun         torch.distributed.run --max-restarts (the study's Kubernetes baseline: a hang is seen only
                    when the healthy rank's collective times out, 60 s as the study's NCCL timeout), sync
                    checkpoints every 500 steps
-The launcher command lines are bench/recovery.py's. Every figure comes from the run's events through
+The launcher command lines are bench/recovery_cases.py's. Every figure comes from the run's events through
 training.analysis.metrics, over the job's wall time from this process's clock (launch to exit: start-up
 counts).
 
@@ -27,7 +27,7 @@ The plan's validation (issue 36): `make plan`'s model (ops/plan/schedule.py), fe
 step, its interval, the schedule's faults) and each mechanism's per-phase costs from
 docs/benchmarks/calibration.json, predicts each mechanism's strict goodput; the run prints both.
 `--calibrate` measures those costs (apart from the runs it predicts): each RESULT mechanism fault-free (60
-steps) and with one exception and one hang (bench/recovery.py's fault steps), --reps times (default 3)
+steps) and with one exception and one hang (bench/recovery_cases.py's fault steps), --reps times (default 3)
 interleaved, and rewrites that file's section.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
 `--only kit,kit-sync` runs just those mechanisms (at either size) to look at them; it writes no doc.
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.recovery import HANG_STEP, NVRX_MECHANISMS, Case, Outcome, release, run_case
+from bench.recovery_cases import HANG_STEP, NVRX_MECHANISMS, Case, Outcome, release, run_case
 from ops.plan.calibration import CalibrationError, GoodputPhases, goodput_phases, read_sections, write_section
 from ops.plan.failures import PlanInputError
 from ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
@@ -98,7 +98,7 @@ SCALES = {
 class Mechanism:
     label: str
     base: str
-    """bench/recovery.py's mechanism whose command line this one uses."""
+    """bench/recovery_cases.py's mechanism whose command line this one uses."""
     mode: str
     """Checkpoint mode: async or sync."""
     study_interval: bool
@@ -141,7 +141,7 @@ def interval_args(mech: Mechanism, scale: Scale) -> list[str]:
 
 SCHEDULE_SEED = 42
 RANKS = 2
-"""bench/recovery.py's job: 2 ranks on one node."""
+"""bench/recovery_cases.py's job: 2 ranks on one node."""
 
 
 def mechanism_args(mech: Mechanism, scale: Scale) -> list[str]:
@@ -174,7 +174,7 @@ def planned_faults(scale: Scale) -> tuple[tuple[str, int], ...]:
 
 
 CALIBRATION_FAULTS = ("exception", "hang")
-"""The schedule's kinds: one of each alone, at bench/recovery.py's fault steps (two after a save)."""
+"""The schedule's kinds: one of each alone, at bench/recovery_cases.py's fault steps (two after a save)."""
 CALIBRATION_STEPS = 60
 CALIBRATION_INTERVAL = 5
 CALIBRATION_REPS = 3
@@ -509,7 +509,7 @@ def _only(parser: argparse.ArgumentParser, value: str | None) -> set[str] | None
     return chosen
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="200 steps, scaled by 1/10; the RESULT mechanisms only; no doc"
@@ -531,18 +531,19 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated mechanisms to run ({', '.join(m.label for m in MECHANISMS)}), for a look at "
         "one of them: no doc is written; ratios to mechanisms not run print nan",
     )
-    args = parser.parse_args(argv)
-    if args.reps is not None and args.reps < 1:
-        parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
-    only = _only(parser, args.only)
-    scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    return parser
+
+
+def _chosen_mechanisms(scale: Scale, only: set[str] | None) -> list[Mechanism] | None:
+    """The mechanisms this scale runs (NVRx's only where ft_launcher is installed), narrowed by --only;
+    None, with the error printed, where the full scale lacks NVRx."""
     nvrx = shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) is not None
     mechanisms = [m for m in MECHANISMS if nvrx or m.base not in NVRX_MECHANISMS]
     if not nvrx:
         if scale.name == "full":
             print("error: NVRx is not installed; run `make bench-setup` (nvidia-resiliency-ext==0.4.1)",
                   file=sys.stderr)  # fmt: skip
-            return 2
+            return None
         print("note: NVRx is not installed: the ft_launcher run is skipped", flush=True)
     if scale.name == "smoke":
         mechanisms = [m for m in mechanisms if m.label in ("kit", "torchrun")]  # the test's time budget
@@ -550,6 +551,51 @@ def main(argv: list[str] | None = None) -> int:
         mechanisms = [m for m in mechanisms if m.label in RESULT_MECHANISMS]
     if only is not None:
         mechanisms = [m for m in mechanisms if m.label in only]
+    return mechanisms
+
+
+def _progress_line(mech: Mechanism, rep: int, reps: int, run: Run) -> str:
+    """One run's outcome as the benchmark prints it while it goes."""
+    m, g = run.metrics, run.goodput
+    recovered = _fmt(m.recovery_s_total if m else None, ".1f", " s")
+    return (
+        f"{mech.label:12} rep {rep + 1}/{reps}: exit {run.outcome.returncode}, wall "
+        f"{run.outcome.wall_s:.1f} s, strict {_fmt(g.strict if g else None)}, lost "
+        f"{m.lost_steps if m else '-'}, recovery {recovered}"
+        + (f"  [{run.outcome.note}]" if run.outcome.note else "")
+    )
+
+
+def _measure_all(
+    mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path, *, reps: int, doc: Path | None
+) -> tuple[dict[str, list[Run]], Path | None]:
+    """Every mechanism `reps` times, each run printed as it ends: (runs per mechanism label, the kit's first
+    run's timeline PNG, drawn beside `doc` when there is one)."""
+    results: dict[str, list[Run]] = {}
+    png: Path | None = None
+    for rep in range(reps):
+        for index, mech in enumerate(mechanisms, start=rep * len(MECHANISMS)):
+            run = measure(mech, scale, workdir, index, timeout_s=2400)
+            results.setdefault(mech.label, []).append(run)
+            print(_progress_line(mech, rep, reps, run), flush=True)
+            m = run.metrics
+            if doc is not None and mech.label == "kit" and rep == 0 and m is not None:
+                png = doc.with_name(doc.stem + "_timeline.png")
+                folder = run_dir(workdir, mech, index)
+                write_timeline(read_events(folder), m, png, title="bench.goodput: the kit, study schedule")
+    return results, png
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.reps is not None and args.reps < 1:
+        parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
+    only = _only(parser, args.only)
+    scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    mechanisms = _chosen_mechanisms(scale, only)
+    if mechanisms is None:
+        return 2
     try:
         phases = goodput_phases(read_sections())
     except CalibrationError as exc:
@@ -563,28 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
     workdir = Path(tempfile.mkdtemp(prefix="kit-bench-goodput-"))
     started = time.monotonic()
-    results: dict[str, list[Run]] = {}
-    png: Path | None = None
     try:
-        for rep in range(args.reps):
-            for index, mech in enumerate(mechanisms, start=rep * len(MECHANISMS)):
-                run = measure(mech, scale, workdir, index, timeout_s=2400)
-                results.setdefault(mech.label, []).append(run)
-                m, g = run.metrics, run.goodput
-                recovered = _fmt(m.recovery_s_total if m else None, ".1f", " s")
-                print(
-                    f"{mech.label:12} rep {rep + 1}/{args.reps}: exit {run.outcome.returncode}, wall "
-                    f"{run.outcome.wall_s:.1f} s, strict {_fmt(g.strict if g else None)}, lost "
-                    f"{m.lost_steps if m else '-'}, recovery {recovered}"
-                    + (f"  [{run.outcome.note}]" if run.outcome.note else ""),
-                    flush=True,
-                )
-                if doc is not None and mech.label == "kit" and rep == 0 and m is not None:
-                    png = doc.with_name(doc.stem + "_timeline.png")
-                    folder = run_dir(workdir, mech, index)
-                    write_timeline(
-                        read_events(folder), m, png, title="bench.goodput: the kit, study schedule"
-                    )
+        results, png = _measure_all(mechanisms, scale, workdir, reps=args.reps, doc=doc)
     finally:
         release(workdir, keep=args.keep)
     elapsed = time.monotonic() - started

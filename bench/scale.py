@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import queue
 import signal
@@ -53,7 +54,7 @@ from pathlib import Path
 from bench import scale_launchers
 from ops.plan.calibration import growth, project, write_section
 from training.launcher.cli import RDZV_DEFAULTS
-from training.launcher.rendezvous import STALL_WINDOW_S
+from training.launcher.rendezvous.liveness import STALL_WINDOW_S
 
 REPO = Path(__file__).resolve().parents[1]
 KEEP_ALIVE = {
@@ -75,99 +76,142 @@ BYTES_GROWTH_GOAL = 1.1
 # --- a client process: many light nodes ---------------------------------------------------------------------
 
 
-def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, design: str) -> int:
-    """Run `count` light nodes of a job of `nodes` members; print one JSON line per event on stdout."""
-    import logging
+@dataclass(frozen=True)
+class _ClientJob:
+    """What every light node of a client process shares: the store, the job and the node's part in it."""
 
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    endpoint: str
+    run_id: str
+    nodes: int
+    """Member nodes of the job (min and max of the rendezvous)."""
+    role: str
+    """member, spare or victim."""
+    design: str
+    """kit or c10d."""
 
-    from training.launcher import rendezvous, spares
-    from training.runtime import torch_internals as internals
 
-    out_lock = threading.Lock()
-    cas = {"sets": 0, "failed": 0}
-    original_set = C10dRendezvousBackend.set_state
+class _ClientOut:
+    """The client's stdout (one JSON line per event) and its compare-and-set counters, behind one lock as
+    every node thread writes both."""
 
-    def counting_set(self, state, token=None):  # type: ignore[no-untyped-def]
-        result = original_set(self, state, token)
-        with out_lock:
-            cas["sets"] += 1
-            cas["failed"] += 0 if result is not None and result[2] else 1
-        return result
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sets = 0
+        self.failed = 0
 
-    C10dRendezvousBackend.set_state = counting_set  # type: ignore[method-assign]
-
-    def emit(**fields: object) -> None:
-        with out_lock:
+    def emit(self, **fields: object) -> None:
+        with self.lock:
             print(json.dumps({"ts": time.time(), **fields}), flush=True)
 
-    class Verdicts(logging.Handler):
-        """The kit leader's verdict on a lost node (its log line) as an event: the detection."""
+    def count_cas(self) -> None:
+        """Counts every write of the rendezvous state to the store, and those that failed (another node
+        wrote first), by wrapping the backend's `set_state` for this process."""
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-        def emit(self, record: logging.LogRecord) -> None:
-            if "is gone" in record.getMessage():
-                emit(event="dead_seen")
+        original_set = C10dRendezvousBackend.set_state
+        out = self
 
-    logging.getLogger("kit.launch").addHandler(Verdicts())
+        def counting_set(self, state, token=None):  # type: ignore[no-untyped-def]
+            result = original_set(self, state, token)
+            with out.lock:
+                out.sets += 1
+                out.failed += 0 if result is not None and result[2] else 1
+            return result
+
+        C10dRendezvousBackend.set_state = counting_set  # type: ignore[method-assign]
+
+
+class _Verdicts(logging.Handler):
+    """The kit leader's verdict on a lost node (its log line) as an event: the detection."""
+
+    def __init__(self, out: _ClientOut) -> None:
+        super().__init__()
+        self._out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "is gone" in record.getMessage():
+            self._out.emit(event="dead_seen")
+
+
+def _rendezvous_handler(job: _ClientJob) -> object:
+    """One node's handler of the job's design with the launcher's keep-alive; a c10d spare first waits for
+    the members' first round (the kit's spare says what it is)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from training.launcher import rendezvous
+    from training.launcher.rendezvous import c10d
+
+    params = RendezvousParameters(
+        backend=job.design,
+        endpoint=job.endpoint,
+        run_id=job.run_id,
+        min_nodes=job.nodes,
+        max_nodes=job.nodes,
+        is_host=False,
+        join_timeout=600,
+    )
+    if job.design == "kit":
+        return rendezvous.kit_handler(
+            params,
+            keep_alive_s=KEEP_ALIVE["kit"][0],
+            attempts=KEEP_ALIVE["kit"][1],
+            spare=job.role == "spare",
+        )
+    interval, attempts = KEEP_ALIVE["c10d"]
+    handler = c10d.c10d_handler(params, keep_alive_s=interval, attempts=attempts)
+    if job.role == "spare":
+        c10d.wait_for_first_round(handler, FORM_TIMEOUT_S)
+    return handler
+
+
+def _light_node(index: int, job: _ClientJob, out: _ClientOut, told: threading.Event) -> None:
+    """What the kit's agent does with its handler, without workers: join, then every monitor interval check
+    the membership, re-joining when the workers failed (`told`, once) or a node waits."""
+    from training.runtime import torch_internals as internals
+
+    handler = _rendezvous_handler(job)
+    kit = job.design == "kit"
+    name = f"{job.role}{index}@{os.getpid()}"
+
+    def join() -> None:
+        called = time.time()
+        info = handler.next_rendezvous()  # type: ignore[attr-defined]
+        out.emit(event="joined", node=name, called=called, round=_round(handler), rank=info.rank)
+
+    join()
+    answered = False
+    while True:
+        time.sleep(MONITOR_S)
+        if not kit:
+            state = internals.state_holder(handler).state
+            if len(state.participants) < job.nodes and state.complete:
+                out.emit(event="member_dropped", node=name, members=len(state.participants))
+        if told.is_set() and not answered:  # the workers failed: the agent re-joins
+            answered = True
+            join()
+        elif handler.num_nodes_waiting() > 0:  # type: ignore[attr-defined]
+            out.emit(event="waiting_seen", node=name)
+            join()
+
+
+def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, design: str) -> int:
+    """Run `count` light nodes of a job of `nodes` members; print one JSON line per event on stdout."""
     import faulthandler
 
+    job = _ClientJob(endpoint, run_id, nodes, role, design)
+    out = _ClientOut()
+    out.count_cas()
+    logging.getLogger("kit.launch").addHandler(_Verdicts(out))
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stuck client's stacks, on stderr
     told = threading.Event()  # SIGUSR1: the node's workers failed (what a lost peer does to them)
     signal.signal(signal.SIGUSR1, lambda *_: told.set())
-
-    def node(index: int) -> None:
-        params = RendezvousParameters(
-            backend=design,
-            endpoint=endpoint,
-            run_id=run_id,
-            min_nodes=nodes,
-            max_nodes=nodes,
-            is_host=False,
-            join_timeout=600,
-        )
-        kit = design == "kit"
-        if kit:
-            handler: object = rendezvous.kit_handler(
-                params,
-                keep_alive_s=KEEP_ALIVE["kit"][0],
-                attempts=KEEP_ALIVE["kit"][1],
-                spare=role == "spare",
-            )
-        else:
-            interval, attempts = KEEP_ALIVE["c10d"]
-            handler = spares.c10d_handler(params, keep_alive_s=interval, attempts=attempts)
-            if role == "spare":
-                spares.wait_for_first_round(handler, FORM_TIMEOUT_S)
-        name = f"{role}{index}@{os.getpid()}"
-
-        def join() -> None:
-            called = time.time()
-            info = handler.next_rendezvous()  # type: ignore[attr-defined]
-            emit(event="joined", node=name, called=called, round=_round(handler), rank=info.rank)
-
-        join()
-        answered = False
-        while True:
-            time.sleep(MONITOR_S)
-            if not kit:
-                state = internals.state_holder(handler).state
-                if len(state.participants) < nodes and state.complete:
-                    emit(event="member_dropped", node=name, members=len(state.participants))
-            if told.is_set() and not answered:  # the workers failed: the agent re-joins
-                answered = True
-                join()
-            elif handler.num_nodes_waiting() > 0:  # type: ignore[attr-defined]
-                emit(event="waiting_seen", node=name)
-                join()
-
     for index in range(count):
-        threading.Thread(target=node, args=(index,), daemon=True).start()
+        threading.Thread(target=_light_node, args=(index, job, out, told), daemon=True).start()
     while True:  # the CAS counters once a second; the coordinator ends the process
         time.sleep(1.0)
-        with out_lock:
-            sets, failed = cas["sets"], cas["failed"]
-        emit(event="cas", sets=sets, failed=failed, cpu_s=sum(os.times()[:2]))
+        with out.lock:
+            sets, failed = out.sets, out.failed
+        out.emit(event="cas", sets=sets, failed=failed, cpu_s=sum(os.times()[:2]))
 
 
 def _round(handler: object) -> int:

@@ -27,12 +27,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from training.launcher.rendezvous import STALL_WINDOW_S
+from training.launcher.rendezvous.liveness import STALL_WINDOW_S
 from training.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,6 +128,24 @@ def _launch(nodes: int, rank: int, endpoint: str, run_dir: Path, log: Path) -> s
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """The N launchers and the spare of one run, and the folder their events go to."""
+
+    nodes: int
+    run_dir: Path
+    launchers: list[subprocess.Popen[bytes]]
+
+    def rounds(self, t: int) -> list[dict]:
+        return [e for e in read_events(self.run_dir) if e["kind"] == "rdzv_round" and e["round"] == t]
+
+    def steps_of(self, world: int, after: float) -> list[dict]:
+        return [
+            e for e in read_events(self.run_dir)
+            if e["kind"] == "step" and e["world"] == world and e["ts"] > after
+        ]  # fmt: skip
+
+
 def measure(nodes: int) -> dict[str, float]:
     """One N: start-up, formation, steady, silent node loss with the spare (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix=f"scale{nodes}-") as tmp, store_process() as (store, endpoint):
@@ -134,74 +153,9 @@ def measure(nodes: int) -> dict[str, float]:
         launchers: list[subprocess.Popen[bytes]] = []
         try:
             started = time.time()
-            cpu_start = 0.0
             for rank in range(nodes + 1):  # rank N is the hot spare
                 launchers.append(_launch(nodes, rank, endpoint, run_dir, Path(tmp) / f"node{rank}.log"))
-
-            def rounds(t: int) -> list[dict]:
-                return [e for e in read_events(run_dir) if e["kind"] == "rdzv_round" and e["round"] == t]
-
-            first = _until(lambda: (r := rounds(1)) and len(r) >= nodes and r, FORM_TIMEOUT_S, "round 1")
-            formed = max(e["asked_at"] + e["wait_s"] for e in first)
-            formation_s = formed - max(e["asked_at"] for e in first)
-            startup_s, startup_cpu = formed - started, _cpu(launchers) - cpu_start
-
-            def steps_of(world: int, after: float) -> list[dict]:
-                return [
-                    e for e in read_events(run_dir)
-                    if e["kind"] == "step" and e["world"] == world and e["ts"] > after
-                ]  # fmt: skip
-
-            trained = _until(lambda: steps_of(nodes, formed), FORM_TIMEOUT_S, "the first step")[0]["ts"]
-            time.sleep(2.0)  # the heartbeat monitors learn the step time
-            t0 = time.time()
-            store0, cpu0 = proc_stat(store.pid), _cpu(launchers)
-            time.sleep(STEADY_S)
-            t1 = time.time()
-            store1, cpu1 = proc_stat(store.pid), _cpu(launchers)
-            memory_mb = _rss_mb(launchers)
-            span = t1 - t0
-            steady_steps = len([e for e in steps_of(nodes, t0) if e["ts"] <= t1])
-            # a loss in steady training: the start-up's stalls are out of every node's beat-gap window
-            time.sleep(max(0.0, trained + STALL_WINDOW_S + 1.0 - time.time()))
-            restarts_before = [e for e in read_events(run_dir) if e["kind"] == "restart"]
-
-            victim = _tree(launchers[nodes - 1].pid)  # node N-1: launcher, zygote, worker
-            for p in victim:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(signal.SIGSTOP)
-            lost = time.time()
-            cpu_lost = _cpu(launchers)
-
-            def back() -> list[dict]:
-                r = rounds(2)
-                return r if len(r) >= nodes else []
-
-            second = _until(back, RECOVERY_TIMEOUT_S, "the round with the spare")
-            first_step = _until(lambda: steps_of(nodes, lost), RECOVERY_TIMEOUT_S, "the first step after")
-            events = [e for e in read_events(run_dir) if e["ts"] > lost]
-            signals = [e["ts"] for e in events if e["kind"] in ("hang_detected", "restart")]
-            reformed = max(e["asked_at"] + e["wait_s"] for e in second)
-            step_at = first_step[0]["ts"]
-            return {
-                "nodes": nodes,
-                "startup_s": startup_s,
-                "startup_cpu_per_node": startup_cpu / (nodes + 1),
-                "formation_s": formation_s,
-                "store_cpu": (store1[0] - store0[0]) / span,
-                "store_bytes_s": (store1[1] - store0[1]) / span,
-                "machine_cpu_per_node": (cpu1 - cpu0) / span / (nodes + 1),
-                "memory_mb_per_node": memory_mb / (nodes + 1),
-                "steps_s": steady_steps / span,
-                "false_restarts": len(restarts_before),
-                "false_expiries": _gone_verdicts(Path(tmp)),
-                "detect_s": min(signals) - lost if signals else float("nan"),
-                "reform_s": reformed - lost,
-                "first_step_s": step_at - lost,
-                # each node's longest gap between its rendezvous beats, round 1 to its round-2 join
-                "beat_gap_max_s": max(e["beat_gap_max_s"] for e in second),
-                "event_cpu_per_node": (_cpu(launchers) - cpu_lost) / nodes,
-            }
+            return _measure_on(_Launched(nodes, run_dir, launchers), store, Path(tmp), started)
         finally:
             for launcher in launchers:
                 for p in _tree(launcher.pid):
@@ -209,6 +163,85 @@ def measure(nodes: int) -> dict[str, float]:
                         p.kill()
             for launcher in launchers:
                 launcher.wait()
+
+
+def _measure_on(job: _Launched, store: subprocess.Popen[str], tmp: Path, started: float) -> dict[str, float]:
+    """`measure` on launchers started at `started`: each phase in turn."""
+    startup, formed, trained = _startup(job, started)
+    steady = _steady(job, store, formed)
+    # a loss in steady training: the start-up's stalls are out of every node's beat-gap window
+    time.sleep(max(0.0, trained + STALL_WINDOW_S + 1.0 - time.time()))
+    restarts_before = [e for e in read_events(job.run_dir) if e["kind"] == "restart"]
+    loss = _node_loss(job, tmp)
+    return {"nodes": job.nodes, **startup, **steady, "false_restarts": len(restarts_before), **loss}
+
+
+def _startup(job: _Launched, started: float) -> tuple[dict[str, float], float, float]:
+    """(start-up and formation figures, when round 1 formed, when its first step ended)."""
+    nodes = job.nodes
+    first = _until(lambda: (r := job.rounds(1)) and len(r) >= nodes and r, FORM_TIMEOUT_S, "round 1")
+    formed = max(e["asked_at"] + e["wait_s"] for e in first)
+    formation_s = formed - max(e["asked_at"] for e in first)
+    startup_s, startup_cpu = formed - started, _cpu(job.launchers)
+    trained = _until(lambda: job.steps_of(nodes, formed), FORM_TIMEOUT_S, "the first step")[0]["ts"]
+    figures = {
+        "startup_s": startup_s,
+        "startup_cpu_per_node": startup_cpu / (nodes + 1),
+        "formation_s": formation_s,
+    }
+    return figures, formed, trained
+
+
+def _steady(job: _Launched, store: subprocess.Popen[str], formed: float) -> dict[str, float]:
+    """STEADY_S of fault-free training once the heartbeat monitors know the step time."""
+    nodes = job.nodes
+    time.sleep(2.0)  # the heartbeat monitors learn the step time
+    t0 = time.time()
+    store0, cpu0 = proc_stat(store.pid), _cpu(job.launchers)
+    time.sleep(STEADY_S)
+    t1 = time.time()
+    store1, cpu1 = proc_stat(store.pid), _cpu(job.launchers)
+    memory_mb = _rss_mb(job.launchers)
+    span = t1 - t0
+    steady_steps = len([e for e in job.steps_of(nodes, t0) if e["ts"] <= t1])
+    return {
+        "store_cpu": (store1[0] - store0[0]) / span,
+        "store_bytes_s": (store1[1] - store0[1]) / span,
+        "machine_cpu_per_node": (cpu1 - cpu0) / span / (nodes + 1),
+        "memory_mb_per_node": memory_mb / (nodes + 1),
+        "steps_s": steady_steps / span,
+    }
+
+
+def _node_loss(job: _Launched, tmp: Path) -> dict[str, float]:
+    """Node N-1 stopped silently: detection, the round re-formed with the spare, the first step after."""
+    nodes = job.nodes
+    victim = _tree(job.launchers[nodes - 1].pid)  # node N-1: launcher, zygote, worker
+    for p in victim:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGSTOP)
+    lost = time.time()
+    cpu_lost = _cpu(job.launchers)
+
+    def back() -> list[dict]:
+        r = job.rounds(2)
+        return r if len(r) >= nodes else []
+
+    second = _until(back, RECOVERY_TIMEOUT_S, "the round with the spare")
+    first_step = _until(lambda: job.steps_of(nodes, lost), RECOVERY_TIMEOUT_S, "the first step after")
+    events = [e for e in read_events(job.run_dir) if e["ts"] > lost]
+    signals = [e["ts"] for e in events if e["kind"] in ("hang_detected", "restart")]
+    reformed = max(e["asked_at"] + e["wait_s"] for e in second)
+    step_at = first_step[0]["ts"]
+    return {
+        "false_expiries": _gone_verdicts(tmp),
+        "detect_s": min(signals) - lost if signals else float("nan"),
+        "reform_s": reformed - lost,
+        "first_step_s": step_at - lost,
+        # each node's longest gap between its rendezvous beats, round 1 to its round-2 join
+        "beat_gap_max_s": max(e["beat_gap_max_s"] for e in second),
+        "event_cpu_per_node": (_cpu(job.launchers) - cpu_lost) / nodes,
+    }
 
 
 def _gone_verdicts(folder: Path) -> int:

@@ -22,23 +22,16 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.checkpoint import COMPETITORS, Measured, RssSampler, _summarize, _table, model_state
+from bench.checkpoint import _summarize, _table
+from bench.checkpoint_competitors import COMPETITORS, SaveSetup, start, train_and_save, train_state
+from bench.checkpoint_measure import Measured, RssSampler
 
 WIDTH = 4096
-
-
-def _local_flat(obj: Any, path: str = "") -> dict[str, Any]:
-    """Model and optimizer state as one flat dict of local tensors (what torch.save per rank holds)."""
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_local_flat(v, f"{path}/{k}"))
-        return out
-    return {path: obj.to_local() if hasattr(obj, "to_local") else obj}
 
 
 def _layers_that_fit(ckpt_gb: float, work: Path) -> int:
@@ -53,18 +46,38 @@ def _layers_that_fit(ckpt_gb: float, work: Path) -> int:
     return max(1, int(min(gpu, host, disk, budget)))
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class _Gpu:
+    """The model every competitor trains: FSDP2 over a 1-GPU mesh, NCCL for training, gloo for the saves."""
+
+    model: Any
+    opt: Any
+    ckpt_pg: Any
+    batch: int
+    layers: int
+
+    def step(self, i: int) -> float:
+        """One training step on batch `i`, in seconds, the GPU synchronised at its end."""
+        import torch
+
+        t0 = time.perf_counter()
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randn(self.batch, WIDTH, device="cuda", generator=g)
+        self.model(x).float().pow(2).mean().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def state(self) -> dict[str, Any]:
+        return train_state(self.model, self.opt)
+
+
+def _join() -> tuple[Any, Any]:
+    """A one-process job on a free local port: (the 1-GPU mesh, the gloo group for the saves)."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from training.resilience.checkpoint.checkpointer import Checkpointer
-    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
-    from training.runtime.events import EventLog, read_events
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,8 +86,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     dist.init_process_group("cpu:gloo,cuda:nccl")
     torch.cuda.set_device(0)
     mesh = init_device_mesh("cuda", (1,))
-    ckpt_pg = dist.new_group(backend="gloo")
-    work = Path(tempfile.mkdtemp(prefix="bench-ckpt-gpu-", dir=args.dir))
+    return mesh, dist.new_group(backend="gloo")
+
+
+def _build_model(args: argparse.Namespace, work: Path, mesh: Any, ckpt_pg: Any) -> _Gpu:
+    """The largest model that fits (`_layers_that_fit`), sharded with FSDP2."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
     n_layers = _layers_that_fit(args.ckpt_gb, work)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(WIDTH, WIDTH, device="cuda") for _ in range(n_layers)]
@@ -83,122 +102,76 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    return _Gpu(model=model, opt=opt, ckpt_pg=ckpt_pg, batch=args.batch, layers=n_layers)
 
-    def step(i: int) -> float:
-        t0 = time.perf_counter()
-        g = torch.Generator(device="cuda").manual_seed(i)
-        x = torch.randn(args.batch, WIDTH, device="cuda", generator=g)
-        model(x).float().pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
-    def state() -> dict[str, Any]:
-        msd, osd = get_state_dict(model, opt)
-        return {"model": msd, "optim": osd}
+def _calibrate(gpu: _Gpu, work: Path) -> tuple[float, float]:
+    """(one sync dcp.save after a warm-up, the median step), in seconds; both checkpoints removed."""
+    import torch.distributed.checkpoint as dcp
 
-    for i in range(3):
-        step(i)
-    ckpt_bytes = 12 * sum(p.numel() for p in model.parameters())
-    dcp.save(state(), checkpoint_id=work / "warm", process_group=ckpt_pg)
+    dcp.save(gpu.state(), checkpoint_id=work / "warm", process_group=gpu.ckpt_pg)
     shutil.rmtree(work / "warm")
     t0 = time.perf_counter()
-    dcp.save(state(), checkpoint_id=work / "calib", process_group=ckpt_pg)
+    dcp.save(gpu.state(), checkpoint_id=work / "calib", process_group=gpu.ckpt_pg)
     sync_s = time.perf_counter() - t0
     shutil.rmtree(work / "calib")
-    step_s = statistics.median(step(i) for i in range(3, 13))
+    return sync_s, statistics.median(gpu.step(i) for i in range(3, 13))
+
+
+def _measure(name: str, gpu: _Gpu, setup: SaveSetup, folder: Path, *, steps: int, interval: int) -> Measured:
+    """One competitor's run: the timed loop, then the drain, with the peak host memory."""
+    m = Measured(name=name)
+    comp = start(name, setup, folder)
+    sampler = RssSampler()
+    t_start = time.perf_counter()
+    train_and_save(
+        comp, m, step=gpu.step, steps=steps, interval=interval, step_seed=1000, window=nullcontext()
+    )
+    m.wall_s = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    comp.drain()
+    m.drain_s = time.perf_counter() - t0
+    m.peak_rss_growth = sampler.stop()
+    comp.finish(m)
+    shutil.rmtree(folder, ignore_errors=True)
+    return m
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    """Calibrate, then every competitor once; one that cannot run is reported with its reason."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.staging import StagingOptions
+
+    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+
+    mesh, ckpt_pg = _join()
+    work = Path(tempfile.mkdtemp(prefix="bench-ckpt-gpu-", dir=args.dir))
+    gpu = _build_model(args, work, mesh, ckpt_pg)
+    for i in range(3):
+        gpu.step(i)
+    ckpt_bytes = 12 * sum(p.numel() for p in gpu.model.parameters())
+    sync_s, step_s = _calibrate(gpu, work)
     interval = max(1, round(1.5 * sync_s / step_s))
     total = (args.saves + 1) * interval
-    cuda_opts = StagingOptions(True, False, True, True)
-
-    def run(name: str) -> Measured:
-        m = Measured(name=name)
-        folder = work / name
-        ckpt = stager = nvrx = None
-        pend: dict[str, Any] = {"fut": None, "staging": None}
-        if name == "kit":
-            cfg = CheckpointConfig(mode="async", backend="kit", interval=interval, keep=2)
-            ckpt = Checkpointer(
-                cfg, run_dir=folder, rank=0, world_size=1, events=EventLog(folder, role="trainer", rank=0)
-            )
-        elif name == "dcp_staging":
-            stager = DefaultStager(cuda_opts)
-        elif name == "nvrx":
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.torch_ckpt import TorchAsyncCheckpoint
-
-            nvrx = TorchAsyncCheckpoint(persistent_queue=True)
-            folder.mkdir(parents=True)
-
-        def wait_previous() -> None:
-            if pend["fut"] is not None:
-                pend["fut"].result()
-                pend["fut"] = None
-            if nvrx is not None:
-                nvrx.finalize_async_save(blocking=True, no_dist=True)
-
-        sampler = RssSampler()
-        t_start = time.perf_counter()
-        for i in range(1, total + 1):
-            if ckpt is not None:
-                m.overlapped.append(ckpt._inflight is not None and not ckpt._inflight.done.is_set())
-            else:
-                m.overlapped.append(pend["fut"] is not None and not pend["fut"].done())
-            if pend["staging"] is not None:
-                t0 = time.perf_counter()
-                pend["staging"].result()
-                pend["staging"] = None
-                m.stalls_s[-1] += time.perf_counter() - t0
-            m.step_s.append(step(1000 + i))
-            if i % interval or i == total or name == "none":
-                continue
-            t0 = time.perf_counter()
-            path = folder / f"step_{i:08d}"
-            if name == "kit":
-                ckpt.maybe_save(i, {"app": model_state(model, opt)})
-            elif name == "sync":
-                dcp.save(state(), checkpoint_id=path, process_group=ckpt_pg)
-                shutil.rmtree(path)
-            elif name == "dcp_thread":
-                wait_previous()
-                pend["fut"] = dcp.async_save(state(), checkpoint_id=path, process_group=ckpt_pg)
-            elif name == "dcp_staging":
-                wait_previous()
-                r = dcp.async_save(state(), checkpoint_id=path, process_group=ckpt_pg, async_stager=stager)
-                pend["fut"], pend["staging"] = r.upload_completion, r.staging_completion
-            elif name == "nvrx":
-                wait_previous()
-                nvrx.async_save(_local_flat(state()), str(path) + ".pt")
-            m.stalls_s.append(time.perf_counter() - t0)
-        m.wall_s = time.perf_counter() - t_start
-        t0 = time.perf_counter()
-        if ckpt is not None:
-            ckpt.wait()
-        wait_previous()
-        m.drain_s = time.perf_counter() - t0
-        m.peak_rss_growth = sampler.stop()
-        if ckpt is not None:
-            m.staging_bytes = ckpt._stager.nbytes
-            ckpt.close()
-            per: dict[int, float] = {}
-            for e in read_events(folder):
-                if e["kind"] == "ckpt" and e["phase"] == "stall":
-                    per[e["step"]] = per.get(e["step"], 0.0) + e["duration_s"]
-            m.stalls_s = [per[s] for s in sorted(per)]
-        if stager is not None:
-            stager.close()
-        if nvrx is not None:
-            nvrx.close()
-        shutil.rmtree(folder, ignore_errors=True)
-        return m
-
+    setup = SaveSetup(
+        model=gpu.model,
+        opt=gpu.opt,
+        ckpt_pg=ckpt_pg,
+        rank=0,
+        world_size=1,
+        kit=CheckpointConfig(mode="async", backend="kit", interval=interval, keep=2),
+        kit_app_key="app",
+        staging=StagingOptions(True, False, True, True),
+        keep_sync_saves=False,
+    )
     results = []
     for name in COMPETITORS:
         if name == "nvrx" and (reason := nvrx_unavailable_reason()):
             results.append(Measured(name=name, available=False, reason=reason))
             continue
         try:
-            results.append(run(name))
+            results.append(_measure(name, gpu, setup, work / name, steps=total, interval=interval))
         except Exception as exc:  # report a competitor that cannot run, keep the others
             results.append(Measured(name=name, available=False, reason=" ".join(str(exc).split())[:200]))
     shutil.rmtree(work, ignore_errors=True)
@@ -210,7 +183,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "ckpt_bytes": ckpt_bytes,
         "calib_sync_s": sync_s,
         "calib_step_s": step_s,
-        "layers": n_layers,
+        "layers": gpu.layers,
         "gpu": torch.cuda.get_device_name(0),
         "results": [asdict(r) for r in results],
     }

@@ -355,65 +355,11 @@ def _fault_metrics(events: Sequence[Event], fault: Event, until: float = float("
     t0 = _ts(fault)
     resumes = [e for e in events if e["kind"] in RESUME_KINDS and _is_trainer(e) and _ts(e) >= t0]
     first_resume = resumes[0] if resumes else None
-    # Every rank's first resume of the same kind after the fault and before the next one (a rank on a
-    # replacement node has a launcher of its own, so its attempt count starts again at 0).
-    # Only the world the first resume formed: an elastic job that shrank resumes the lost rank only when it
-    # grows back, a membership change of its own, not this fault's recovery.
-    worlds = {_process(e): e.get("world_size") for e in events if e["kind"] == "start" and _is_trainer(e)}
-    per_rank: dict[int, Event] = {}
-    if first_resume is not None:
-        world = worlds.get(_process(first_resume))
-        for e in resumes:
-            if e["kind"] == first_resume["kind"] and _ts(e) < until and worlds.get(_process(e)) == world:
-                per_rank.setdefault(int(e["rank"]), e)
-
-    recovery_end: float | None = None
-    restart_begin: float | None = None
-    for rank, resume in per_rank.items():
-        step = _first_step_after(events, rank, _ts(resume))
-        if step is None:
-            recovery_end = restart_begin = None
-            break
-        end = _ts(step)
-        begin = float(step.get("t_start") or end - float(step.get("duration_s") or 0.0))
-        recovery_end = end if recovery_end is None else max(recovery_end, end)
-        restart_begin = begin if restart_begin is None else max(restart_begin, begin)
-
+    per_rank = _resumes_per_rank(events, resumes, until)
+    recovery_end, restart_begin = _recovery_end(events, per_rank)
     horizon = _ts(first_resume) if first_resume is not None else float("inf")
-    detections = [
-        e
-        for e in events
-        if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
-    ]
-    # The launcher marks the rank that failed first (`first`); its peers' failures follow it.
-    detection = next((e for e in detections if e.get("first", True)), detections[0] if detections else None)
-    detect_s: float | None = None
-    detected_by: str | None = None
-    blamed: int | None = None
-    if detection is not None:
-        detect_s, detected_by = _ts(detection) - t0, str(detection["kind"])
-        blamed = _int(detection.get("global_rank"))
-    else:
-        # In-process: the restart began (ts - duration_s of its `inprocess_restart` event, which may come
-        # after the `resume` it contains) within this fault's recovery.
-        window_end = recovery_end if recovery_end is not None else horizon
-        began = [
-            _ts(e) - float(e.get("duration_s") or 0.0)
-            for e in resumes
-            if e["kind"] == "inprocess_restart" and _ts(e) <= window_end
-        ]
-        if began:
-            detect_s, detected_by = max(0.0, min(began) - t0), "inprocess"
-
-    resume_step: int | None = None
-    if first_resume is not None:
-        key = "restored_step" if first_resume["kind"] == "inprocess_restart" else "step"
-        resume_step = _int(first_resume.get(key))
-    before = [int(e["step"]) for e in events if e["kind"] == "step" and _is_trainer(e) and _ts(e) <= t0]
-    lost: int | None = None
-    if first_resume is not None and before:
-        lost = max(0, max(before) - (resume_step or 0))
-
+    detect_s, detected_by, blamed = _detection(events, resumes, t0, horizon, recovery_end)
+    resume_step, lost = _resume_point(events, first_resume, t0)
     target = fault.get("target_rank", fault.get("rank"))
     node = _int(fault.get("target_node"))
     return FaultMetrics(
@@ -435,6 +381,80 @@ def _fault_metrics(events: Sequence[Event], fault: Event, until: float = float("
         shared_bytes=_total(per_rank.values(), "shared_bytes"),
         lost_steps=lost,
     )
+
+
+def _resumes_per_rank(events: Sequence[Event], resumes: Sequence[Event], until: float) -> dict[int, Event]:
+    """Every rank's first resume of the same kind as the first one after the fault, before the next fault.
+
+    A rank on a replacement node has a launcher of its own, so its attempt count starts again at 0. Only the
+    world the first resume formed counts: an elastic job that shrank resumes the lost rank only when it
+    grows back, a membership change of its own, not this fault's recovery."""
+    worlds = {_process(e): e.get("world_size") for e in events if e["kind"] == "start" and _is_trainer(e)}
+    per_rank: dict[int, Event] = {}
+    if resumes:
+        first_resume = resumes[0]
+        world = worlds.get(_process(first_resume))
+        for e in resumes:
+            if e["kind"] == first_resume["kind"] and _ts(e) < until and worlds.get(_process(e)) == world:
+                per_rank.setdefault(int(e["rank"]), e)
+    return per_rank
+
+
+def _recovery_end(
+    events: Sequence[Event], per_rank: Mapping[int, Event]
+) -> tuple[float | None, float | None]:
+    """(end, start) of the last first step after a resume over the ranks; both None when a rank that resumed
+    never finished a step."""
+    recovery_end: float | None = None
+    restart_begin: float | None = None
+    for rank, resume in per_rank.items():
+        step = _first_step_after(events, rank, _ts(resume))
+        if step is None:
+            return None, None
+        end = _ts(step)
+        begin = float(step.get("t_start") or end - float(step.get("duration_s") or 0.0))
+        recovery_end = end if recovery_end is None else max(recovery_end, end)
+        restart_begin = begin if restart_begin is None else max(restart_begin, begin)
+    return recovery_end, restart_begin
+
+
+def _detection(
+    events: Sequence[Event], resumes: Sequence[Event], t0: float, horizon: float, recovery_end: float | None
+) -> tuple[float | None, str | None, int | None]:
+    """(seconds from the fault to its detection, what detected it, the rank the launcher blamed)."""
+    detections = [
+        e
+        for e in events
+        if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS and t0 <= _ts(e) <= horizon
+    ]
+    # The launcher marks the rank that failed first (`first`); its peers' failures follow it.
+    detection = next((e for e in detections if e.get("first", True)), detections[0] if detections else None)
+    if detection is not None:
+        return _ts(detection) - t0, str(detection["kind"]), _int(detection.get("global_rank"))
+    # In-process: the restart began (ts - duration_s of its `inprocess_restart` event, which may come
+    # after the `resume` it contains) within this fault's recovery.
+    window_end = recovery_end if recovery_end is not None else horizon
+    began = [
+        _ts(e) - float(e.get("duration_s") or 0.0)
+        for e in resumes
+        if e["kind"] == "inprocess_restart" and _ts(e) <= window_end
+    ]
+    if began:
+        return max(0.0, min(began) - t0), "inprocess", None
+    return None, None, None
+
+
+def _resume_point(
+    events: Sequence[Event], first_resume: Event | None, t0: float
+) -> tuple[int | None, int | None]:
+    """(the step training resumed from, the steps done before the fault that were lost)."""
+    if first_resume is None:
+        return None, None
+    key = "restored_step" if first_resume["kind"] == "inprocess_restart" else "step"
+    resume_step = _int(first_resume.get(key))
+    before = [int(e["step"]) for e in events if e["kind"] == "step" and _is_trainer(e) and _ts(e) <= t0]
+    lost = max(0, max(before) - (resume_step or 0)) if before else None
+    return resume_step, lost
 
 
 def _total(events: Iterable[Event], key: str) -> int | None:
@@ -530,6 +550,99 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Steps:
+    """The reference rank's steps: how many ran, how many the result kept, how long they took."""
+
+    computed: int
+    completed: int
+    median_s: float
+    startup_s: float
+    time_s: float
+    tokens_per_s: float | None
+    mfu: float | None
+
+
+def _step_figures(
+    evs: Sequence[Event], ref: int, steps: Sequence[Event], ends: Sequence[Event], t_first: float
+) -> _Steps:
+    """`steps`: the reference rank's `step` events; `ends`: every trainer's `end` event."""
+    startup_s = 0.0
+    if steps:
+        first = steps[0]
+        startup_s = max(0.0, float(first.get("t_start") or _ts(first)) - t_first)
+    final = max((int(e["step"]) for e in ends), default=None)
+    # Count distinct step numbers up to the final one, so 0- and 1-based numbering give the same answer.
+    distinct = {int(e["step"]) for e in steps if final is None or int(e["step"]) <= final}
+    durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s") or 0.0) for e in steps]
+    rates = [float(e["tokens_per_s"]) for e in steps if isinstance(e.get("tokens_per_s"), (int, float))]
+    mfus = [float(e["mfu"]) for e in steps if isinstance(e.get("mfu"), (int, float))]
+    return _Steps(
+        computed=len(steps),
+        completed=len(distinct),
+        median_s=statistics.median(durations) if durations else 0.0,
+        startup_s=startup_s,
+        time_s=sum(float(e.get("duration_s") or 0.0) for e in steps),
+        tokens_per_s=statistics.median(rates) if rates else None,
+        mfu=statistics.median(mfus) if mfus else None,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Checkpoints:
+    """The run's checkpoints: the reference rank's time in them, and the saves committed or failed."""
+
+    stall_s: float
+    drain_s: float
+    write_s: float
+    committed: int
+    failed: int
+
+
+def _checkpoint_figures(mine: Sequence[Event], trainer: Sequence[Event]) -> _Checkpoints:
+    """Times from the reference rank's events (`mine`); commits and failures from every rank's."""
+
+    def ckpt_sum(phase: str) -> float:
+        return sum(
+            float(e.get("duration_s") or 0.0) for e in mine if e["kind"] == "ckpt" and e.get("phase") == phase
+        )
+
+    # One final wait can be logged by two layers (trainer and checkpointer): keep one per process and step.
+    drains: dict[tuple[Any, Any], float] = {}
+    for e in mine:
+        if e["kind"] == "ckpt" and e.get("phase") == "drain":
+            key = (e.get("pid"), e.get("step"))
+            drains[key] = max(drains.get(key, 0.0), float(e.get("duration_s") or 0.0))
+    ckpt = [e for e in trainer if e["kind"] == "ckpt"]
+    committed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "commit"}
+    failed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "failed"}
+    return _Checkpoints(
+        stall_s=ckpt_sum("stall"),
+        drain_s=sum(drains.values()),
+        write_s=ckpt_sum("write"),
+        committed=len(committed),
+        failed=len(failed),
+    )
+
+
+def _all_faults(evs: Sequence[Event]) -> list[FaultMetrics]:
+    """Every fault's metrics; what follows the next fault is the next fault's."""
+    fault_events = _unique_faults(evs)
+    nexts = [_ts(f) for f in fault_events[1:]] + [float("inf")] * bool(fault_events)
+    return [_fault_metrics(evs, f, until) for f, until in zip(fault_events, nexts, strict=True)]
+
+
+def _restart_counts(evs: Sequence[Event], trainer: Sequence[Event]) -> tuple[int, int, int]:
+    """(worker-group attempts, the launcher's restarts, in-process restarts counted once per restart)."""
+    attempts = {int(e.get("attempt") or 0) for e in evs}
+    restarts = sum(1 for e in evs if e.get("role") == "launcher" and e["kind"] == "restart")
+    inprocess = defaultdict(int)
+    for e in trainer:
+        if e["kind"] == "inprocess_restart":
+            inprocess[int(e["rank"])] += 1
+    return max(attempts, default=0) + 1, restarts, max(inprocess.values(), default=0)
+
+
 def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     """All of the design's metrics from one run's events (any order; sorted here by time)."""
     given = list(events)
@@ -540,84 +653,40 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     ranks = sorted({int(e["rank"]) for e in trainer})
     ref = ranks[0]
     mine = [e for e in trainer if int(e["rank"]) == ref]
-
     starts = [e for e in trainer if e["kind"] == "start"]
     ends = [e for e in trainer if e["kind"] == "end"]
-    world_size = max((int(e.get("world_size") or 0) for e in starts), default=0) or len(ranks)
     t_first = _ts(starts[0]) if starts else _ts(trainer[0])
     t_last = _ts(ends[-1]) if ends else _ts(trainer[-1])
     wall_s = max(0.0, t_last - t_first)
-
     steps = [e for e in mine if e["kind"] == "step"]
-    steps_computed = len(steps)
-    startup_s = 0.0
-    if steps:
-        first = steps[0]
-        startup_s = max(0.0, float(first.get("t_start") or _ts(first)) - t_first)
-    final = max((int(e["step"]) for e in ends), default=None)
-    # Count distinct step numbers up to the final one, so 0- and 1-based numbering give the same answer.
-    distinct = {int(e["step"]) for e in steps if final is None or int(e["step"]) <= final}
-    steps_completed = len(distinct)
-    durations = _fault_free_durations(evs, ref) or [float(e.get("duration_s") or 0.0) for e in steps]
-    median_step_s = statistics.median(durations) if durations else 0.0
-    rates = [float(e["tokens_per_s"]) for e in steps if isinstance(e.get("tokens_per_s"), (int, float))]
-    mfus = [float(e["mfu"]) for e in steps if isinstance(e.get("mfu"), (int, float))]
-
-    def ckpt_sum(phase: str) -> float:
-        return sum(
-            float(e.get("duration_s") or 0.0) for e in mine if e["kind"] == "ckpt" and e.get("phase") == phase
-        )
-
-    stall_s = ckpt_sum("stall")
-    # One final wait can be logged by two layers (trainer and checkpointer): keep one per process and step.
-    drains: dict[tuple[Any, Any], float] = {}
-    for e in mine:
-        if e["kind"] == "ckpt" and e.get("phase") == "drain":
-            key = (e.get("pid"), e.get("step"))
-            drains[key] = max(drains.get(key, 0.0), float(e.get("duration_s") or 0.0))
-    drain_s = sum(drains.values())
-    ckpt = [e for e in trainer if e["kind"] == "ckpt"]
-    committed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "commit"}
-    failed = {(e.get("attempt"), e.get("step")) for e in ckpt if e.get("phase") == "failed"}
-
-    fault_events = _unique_faults(evs)
-    nexts = [_ts(f) for f in fault_events[1:]] + [float("inf")] * bool(fault_events)
-    faults = [_fault_metrics(evs, f, until) for f, until in zip(fault_events, nexts, strict=True)]
-    recovery_total = sum(f.recovery_s or 0.0 for f in faults)
-    downtime_total = sum(f.downtime_s or 0.0 for f in faults)
-    step_time_total = sum(float(e.get("duration_s") or 0.0) for e in steps)
-
-    attempts = {int(e.get("attempt") or 0) for e in evs}
-    restarts = sum(1 for e in evs if e.get("role") == "launcher" and e["kind"] == "restart")
-    inprocess = defaultdict(int)
-    for e in trainer:
-        if e["kind"] == "inprocess_restart":
-            inprocess[int(e["rank"])] += 1
-
+    counted = _step_figures(evs, ref, steps, ends, t_first)
+    ckpt = _checkpoint_figures(mine, trainer)
+    faults = _all_faults(evs)
+    attempts, restarts, inprocess_restarts = _restart_counts(evs, trainer)
     launchers = [e for e in evs if e["kind"] == "launcher_start"]
     metrics = RunMetrics(
-        world_size=world_size,
+        world_size=max((int(e.get("world_size") or 0) for e in starts), default=0) or len(ranks),
         spare_nodes=max((int(e.get("spares") or 0) for e in launchers), default=0),
         training_nodes=max((int(e.get("nodes") or 0) for e in launchers), default=0),
         wall_s=wall_s,
-        steps_completed=steps_completed,
-        steps_computed=steps_computed,
-        lost_steps=max(0, steps_computed - steps_completed),
-        median_step_s=median_step_s,
-        stall_s=stall_s,
-        drain_s=drain_s,
-        efficiency=1.0 - _ratio(stall_s, wall_s),
-        checkpoints_committed=len(committed),
-        checkpoints_failed=len(failed),
+        steps_completed=counted.completed,
+        steps_computed=counted.computed,
+        lost_steps=max(0, counted.computed - counted.completed),
+        median_step_s=counted.median_s,
+        stall_s=ckpt.stall_s,
+        drain_s=ckpt.drain_s,
+        efficiency=1.0 - _ratio(ckpt.stall_s, wall_s),
+        checkpoints_committed=ckpt.committed,
+        checkpoints_failed=ckpt.failed,
         faults=faults,
-        recovery_s_total=recovery_total,
-        downtime_s_total=downtime_total,
-        step_time_s=step_time_total,
-        startup_s=startup_s,
+        recovery_s_total=sum(f.recovery_s or 0.0 for f in faults),
+        downtime_s_total=sum(f.downtime_s or 0.0 for f in faults),
+        step_time_s=counted.time_s,
+        startup_s=counted.startup_s,
         finished=bool(ends),
-        attempts=max(attempts, default=0) + 1,
+        attempts=attempts,
         restarts=restarts,
-        inprocess_restarts=max(inprocess.values(), default=0),
+        inprocess_restarts=inprocess_restarts,
         faults_recovered=sum(1 for f in faults if f.recovery_s is not None),
         restores={
             source: n
@@ -626,10 +695,10 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         },
         faults_unfired=list(dict.fromkeys(str(e.get("fault")) for e in trainer if e["kind"] == UNFIRED)),
         stragglers=_stragglers(evs, steps),
-        checkpoint_write_s=ckpt_sum("write"),
+        checkpoint_write_s=ckpt.write_s,
         events_skipped=len(given) - len(evs),
-        tokens_per_s=statistics.median(rates) if rates else None,
-        mfu=statistics.median(mfus) if mfus else None,
+        tokens_per_s=counted.tokens_per_s,
+        mfu=counted.mfu,
         world_spans=_world_spans(mine, t_first, t_last),
         reshards=sum(1 for e in mine if e["kind"] == "resharded"),
     )

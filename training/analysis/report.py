@@ -224,6 +224,44 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
     trainer = [e for e in events if e.get("role") == "trainer" and e.get("rank") is not None]
     t0 = min(float(e["ts"]) for e in trainer)
     fig, (ax, ax_dur) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
+    per_rank = _plot_steps(ax, ax_dur, trainer, t0)
+    ref = min(int(e["rank"]) for e in trainer)
+    _plot_stalls(ax, ax_dur, trainer, t0, ref)
+    _plot_faults(ax, ax_dur, m, t0)
+    detections = [
+        float(e["ts"]) - t0 for e in events if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS
+    ]
+    if detections:
+        ax.plot(detections, [0] * len(detections), "kx", ms=7, label="launcher detection", clip_on=False)
+    _plot_restarts(ax, trainer, t0, ref)
+    ax.set_xlim(left=0)
+    ax.set_ylabel("step")
+    ax.set_title(title or _timeline_title(m), fontsize=10)
+    _plot_stragglers(ax, ax_dur, trainer, t0)
+    _plot_world(ax_dur, m)
+    ax.legend(loc="upper left", fontsize=8)
+    ax_dur.set_ylabel("compute per rank (s)" if per_rank else "step time (s)")
+    ax_dur.set_xlabel("seconds since the first trainer start")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def _timeline_title(m: RunMetrics) -> str:
+    return (
+        f"goodput {_pct(m.goodput)} · efficiency {_pct(m.efficiency)} · "
+        f"{m.faults_recovered}/{len(m.faults)} faults recovered"
+        + (f" · {m.tokens_per_s:,.0f} tokens/s per GPU" if m.tokens_per_s is not None else "")
+        + (f" · MFU {_pct(m.mfu)}" if m.mfu is not None else "")
+    )
+
+
+def _plot_steps(ax: Any, ax_dur: Any, trainer: Sequence[Mapping[str, Any]], t0: float) -> bool:
+    """Each rank's steps over time (upper panel) and its step or compute times (lower panel); True when the
+    lower panel shows compute per rank."""
+    import matplotlib.pyplot as plt
 
     # One line per (rank, attempt, process) so a restart shows as a break and a drop back to the resumed step
     # (a replacement node's launcher counts its attempts from 0 again: its process is another line).
@@ -251,8 +289,11 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
         xs, steps, durs, computes = zip(*pts, strict=True)
         ax.plot(xs, steps, ".-", ms=3, lw=1, color=color, label=label)
         ax_dur.plot(xs, computes if per_rank else durs, ".-" if per_rank else ".", ms=3, lw=0.8, color=color)
+    return per_rank
 
-    ref = min(int(e["rank"]) for e in trainer)
+
+def _plot_stalls(ax: Any, ax_dur: Any, trainer: Sequence[Mapping[str, Any]], t0: float, ref: int) -> None:
+    """The reference rank's checkpoint stalls, shaded on both panels."""
     stalled = False
     for e in trainer:
         if e["kind"] == "ckpt" and e.get("phase") == "stall" and int(e["rank"]) == ref:
@@ -267,6 +308,10 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
                     label=None if stalled else "ckpt stall",
                 )
                 stalled = True
+
+
+def _plot_faults(ax: Any, ax_dur: Any, m: RunMetrics, t0: float) -> None:
+    """Each fault as a red line with its kind and target, and its recovery shaded."""
     for i, f in enumerate(m.faults):
         x = f.ts - t0
         for a in (ax, ax_dur):
@@ -285,13 +330,11 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
             ax.axvspan(
                 x, x + f.recovery_s, color="red", alpha=0.12, lw=0, label="recovery" if i == 0 else None
             )
-    detections = [
-        float(e["ts"]) - t0 for e in events if e.get("role") == "launcher" and e["kind"] in DETECTION_KINDS
-    ]
-    if detections:
-        ax.plot(detections, [0] * len(detections), "kx", ms=7, label="launcher detection", clip_on=False)
 
-    for source, style in RESTORE_STYLE.items():  # where each restore found the state (the reference rank's)
+
+def _plot_restarts(ax: Any, trainer: Sequence[Mapping[str, Any]], t0: float, ref: int) -> None:
+    """Where each of the reference rank's restores found the state, and when workers started."""
+    for source, style in RESTORE_STYLE.items():
         xs = [
             float(e["ts"]) - t0
             for e in trainer
@@ -301,16 +344,10 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
             ax.plot(xs, [0] * len(xs), style, ms=7, label=f"restore: {source}", clip_on=False)
     starts = sorted({round(float(e["ts"]) - t0, 3) for e in trainer if e["kind"] == "start"})
     ax.plot(starts, [0] * len(starts), "g^", ms=6, label="workers start", clip_on=False)
-    ax.set_xlim(left=0)
-    ax.set_ylabel("step")
-    ax.set_title(
-        title
-        or f"goodput {_pct(m.goodput)} · efficiency {_pct(m.efficiency)} · "
-        f"{m.faults_recovered}/{len(m.faults)} faults recovered"
-        + (f" · {m.tokens_per_s:,.0f} tokens/s per GPU" if m.tokens_per_s is not None else "")
-        + (f" · MFU {_pct(m.mfu)}" if m.mfu is not None else ""),
-        fontsize=10,
-    )
+
+
+def _plot_stragglers(ax: Any, ax_dur: Any, trainer: Sequence[Mapping[str, Any]], t0: float) -> None:
+    """Each straggler verdict as a dashed purple line with its rank and score."""
     for i, s in enumerate(e for e in trainer if e["kind"] == "straggler"):
         x = float(s["ts"]) - t0
         for a in (ax, ax_dur):
@@ -322,15 +359,6 @@ def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path
             (x, 0.5), xycoords=("data", "axes fraction"), rotation=90, va="center", ha="right", fontsize=7,
             color="purple",
         )  # fmt: skip
-    _plot_world(ax_dur, m)
-    ax.legend(loc="upper left", fontsize=8)
-    ax_dur.set_ylabel("compute per rank (s)" if per_rank else "step time (s)")
-    ax_dur.set_xlabel("seconds since the first trainer start")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
 
 
 def _plot_world(ax: Any, m: RunMetrics) -> None:

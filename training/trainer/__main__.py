@@ -1,7 +1,6 @@
-"""`python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]`: the kit's trainer
-(train.py)."""
+"""`python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]`: the kit's trainer."""
 
-from training.runtime.process_exit import leave
+from training import resilience
 from training.trainer.train import main
 
-leave(main())
+resilience.leave(main())

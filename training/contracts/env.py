@@ -1,0 +1,41 @@
+"""Every environment variable one part of the kit sets for another, named once.
+
+Two boundaries cross through the environment: the pod's (k8s/spec.py and the local runner render these
+into every container; the launcher and the trainer read them) and the launcher's (the kit launcher sets
+these for its workers). A name read on one side and written on the other lives here, so a rename is one
+edit and a reader can see the whole contract in one place. The live-metrics variables are
+`metrics_settings`'s; torch.distributed's own (RANK, WORLD_SIZE, MASTER_ADDR, ...) are torch's.
+"""
+
+from __future__ import annotations
+
+# -- set by the Job (k8s/spec.py) or the local runner (k8s/local.py), read in the pod -----------------------
+
+CONFIG = "KIT_CONFIG"
+"""The job's resilience/trainer config file (the ConfigMap's train.yaml): `load_config` reads it when no
+--config is given."""
+POD_NAME = "POD_NAME"
+"""The pod's name (downward API `metadata.name`): how a process finds the pod it belongs to."""
+NODE_NAME = "KIT_NODE_NAME"
+"""The pod's node (downward API `spec.nodeName`): the node a straggler's launcher cordons."""
+GRACE_S = "KIT_TERMINATION_GRACE_S"
+"""The Job's terminationGracePeriodSeconds: how long a drained pod has between SIGTERM and SIGKILL."""
+TIER_BASE = "KIT_TIER_BASE"
+"""Where the launcher makes its node's memory-tier folder (default `SHM`); the local runner gives each pod its
+own, as each pod on EKS has its own /dev/shm."""
+SHM = "/dev/shm"
+"""The pod's memory-backed folder (an emptyDir of medium Memory on EKS)."""
+
+# -- set by the kit launcher for its workers ---------------------------------------------------------------
+
+HEARTBEAT_DIR = "KIT_HEARTBEAT_DIR"
+"""The folder each rank beats into (training/runtime/heartbeat.py) and the launcher watches."""
+TIER_DIR = "KIT_TIER_DIR"
+"""The node's memory-tier folder, made by the launcher so it outlives every worker."""
+SPARES = "KIT_SPARES"
+"""The job's hot spares (--spares): the straggler policy `replace` evicts a node only when a spare can
+take over."""
+STACKS_DIR = "KIT_STACKS_DIR"
+"""Where a rank writes its Python stacks when the launcher asks (training/runtime/stacks.py)."""
+POD_ROOT_PID = "KIT_POD_ROOT_PID"
+"""The pod's main process when no POD_NAME is set (a launcher started by hand)."""
