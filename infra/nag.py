@@ -7,13 +7,12 @@ managed policy is named. Everything else the checks would flag is fixed in the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
-if TYPE_CHECKING:
-    from infra.stacks.kit import Kit
+from infra.constructs.addons import ClusterAddons, NetworkingAddons
+from infra.constructs.cluster import Cluster
+from infra.constructs.gpu_nodegroup import GpuNodeGroup
 
 _PREFIX = "AwsSolutions::AwsSolutions-"
 _POLICY = "Policy::arn:<AWS::Partition>:iam::aws:policy/"
@@ -38,25 +37,26 @@ def _ack(scope: IConstruct, finding: str, reason: str) -> None:
     Validations.of(scope).acknowledge(Acknowledgment(id=f"{_PREFIX}{finding}", reason=reason))
 
 
-def acknowledge_findings(kit: Kit) -> None:
-    """Attach the kit's acknowledgments to the constructs they concern."""
-    control_plane = kit.cluster.control_plane
+def acknowledge_findings(
+    *, control_plane: Cluster, gpu: GpuNodeGroup, networking: NetworkingAddons, addons: ClusterAddons
+) -> None:
+    """Attach the kit's acknowledgments to the constructs they concern (the cluster stack's; the other
+    stacks need none). Takes the constructs, not the stacks, so the stacks may import this module."""
     _ack(
         control_plane.cluster,
         f"IAM4[{_POLICY}AmazonEKSClusterPolicy]",
         "EKS requires this AWS-managed policy on the cluster service role; a copy would drift from what "
         "EKS needs",
     )
-    for role in (control_plane.system_node_role, kit.cluster.gpu.node_role):
+    for role in (control_plane.system_node_role, gpu.node_role):
         for policy, reason in NODE_ROLE_POLICIES.items():
             _ack(role, f"IAM4[{_POLICY}{policy}]", reason)
     _ack(
-        kit.cluster.networking.cni_role,
+        networking.cni_role,
         f"IAM4[{_POLICY}AmazonEKS_CNI_Policy]",
         "the VPC CNI assigns pod IPs and ENIs; AWS maintains the policy as the CNI's API use changes; "
         "bound by Pod Identity to the aws-node service account only (not the node role)",
     )
-    addons = kit.cluster.addons
     _ack(
         addons.fsx_csi_role,
         "IAM5[Resource::*]",

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
 
 from infra import eks_images, kubernetes_versions, sizing
 from infra.errors import ConfigError
-
-if TYPE_CHECKING:
-    from infra.config import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig, StorageConfig
+from infra.sections import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig, StorageConfig
 
 
 def check_cross_rules(

@@ -1,5 +1,6 @@
 """Rules over typed JobValues: one field at a time (`check_fields`), then across fields, the hardware and
-the stack outputs (`check_rules`); `advice` lists what is allowed but probably a mistake.
+the stack outputs (`check_rules`); `advice` lists what is allowed but probably a mistake. Each of the two is
+a tuple of small named checks applied in order, so a rule is found by name and the first broken one wins.
 
 Every broken rule raises `ValuesError` with one line: the key, the value seen, the rule and the fix.
 Kubernetes naming rules come from `k8s.names`, derived numbers from `k8s.derived`.
@@ -45,7 +46,7 @@ from k8s.model import (
     ValuesError,
 )
 from k8s.overrides import key_label as _key_label
-from k8s.profiles import get_profile
+from k8s.profiles import Profile, get_profile
 from k8s.versions import version_problem
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -97,8 +98,8 @@ def _check_keep_alive(v: JobValues) -> None:
         )
 
 
-def check_fields(v: JobValues) -> None:
-    """Rules about one field at a time."""
+def _check_run_id(v: JobValues) -> None:
+    """RUN_ID names the Job, its Service and its run folder."""
     if names.dns1035_label(v.run_id) or len(v.run_id) > RUN_ID_MAX:  # it names the Service too
         _fail(
             "RUN_ID",
@@ -106,21 +107,32 @@ def check_fields(v: JobValues) -> None:
             f"must be lower-case letters, digits and '-', start with a letter, end with a "
             f"letter or digit, at most {RUN_ID_MAX} characters (e.g. llama-4n-async)",
         )
-    _check_names(v)
-    _check_image(v)
-    _check_entrypoint(v)
+
+
+def _check_gang(v: JobValues) -> None:
+    """A gang trains on one node or more; hot spares are optional."""
     if v.nodes < 1:
         _fail("NODES", v.nodes, "must be at least 1")
     if v.spares < 0:
         _fail("SPARES", v.spares, "must be 0 or more")
-    elastic.check_fields(v)
+
+
+def _check_replacement_wait(v: JobValues) -> None:
+    """The wait for the group to re-form is the rendezvous join timeout, within the kit launcher's bounds."""
     if not 1 <= v.replacement_wait_s <= RDZV_TIMEOUT_MAX_S:
         _fail("REPLACEMENT_WAIT_S", v.replacement_wait_s, f"must be 1 to {RDZV_TIMEOUT_MAX_S} seconds")
-    _check_keep_alive(v)
+
+
+def _check_node_failures(v: JobValues) -> None:
+    """How many failures of a node, within which window, give it up."""
     if v.node_failure_limit is not None and v.node_failure_limit < 0:
         _fail("NODE_FAILURE_LIMIT", v.node_failure_limit, "must be 0 (never give a node up) or more")
     if v.node_failure_window_s < 1:
         _fail("NODE_FAILURE_WINDOW_S", v.node_failure_window_s, "must be at least 1 second")
+
+
+def _check_training_numbers(v: JobValues) -> None:
+    """Sizes, counts and budgets of the training run and its checkpoints."""
     if not v.checkpoint_write_mib_s > 0:
         _fail("CHECKPOINT_WRITE_MIB_S", v.checkpoint_write_mib_s, "must be above 0 MiB/s")
     for name in ("procs_per_node", "steps", "checkpoint_interval", "seq_len", "batch_size", "log_every"):
@@ -131,6 +143,10 @@ def check_fields(v: JobValues) -> None:
         _fail("CHECKPOINT_KEEP", v.checkpoint_keep, "must be at least 2 (the newest may still be in flight)")
     if v.max_restarts is not None and v.max_restarts < 0:
         _fail("MAX_RESTARTS", v.max_restarts, "must be 0 or more")
+
+
+def _check_heartbeat(v: JobValues) -> None:
+    """The launcher's monitor and heartbeat timings, one at a time (`_check_timeouts` relates them)."""
     if v.monitor_interval_s <= 0:
         _fail("MONITOR_INTERVAL_S", v.monitor_interval_s, "must be above 0 seconds")
     if v.heartbeat_timeout != "auto":
@@ -142,8 +158,16 @@ def check_fields(v: JobValues) -> None:
         _fail("HEARTBEAT_LOAD_TIMEOUT_S", v.heartbeat_load_timeout_s, "must be above 0 seconds")
     if v.heartbeat_safety_factor is not None and v.heartbeat_safety_factor < 1:
         _fail("HEARTBEAT_SAFETY_FACTOR", v.heartbeat_safety_factor, "must be at least 1")
+
+
+def _check_rdzv_port(v: JobValues) -> None:
+    """The rendezvous port and the two above it are the job's; none may be privileged or past 65535."""
     if not 1024 <= v.rdzv_port <= 65533:
         _fail("RDZV_PORT", v.rdzv_port, "must be between 1024 and 65533 (the next two ports are used too)")
+
+
+def _check_pod_numbers(v: JobValues) -> None:
+    """What the Job and its pods are given: lifetimes, retries, memory and storage."""
     for name in (
         "ttl_seconds_after_finished",
         "backoff_limit_per_index",
@@ -159,33 +183,65 @@ def check_fields(v: JobValues) -> None:
         _fail("SHM_GIB", v.shm_gib, "must be at least 1")
     if v.fsx_storage_gib < 1:
         _fail("FSX_STORAGE_GIB", v.fsx_storage_gib, "must be at least 1")
+
+
+def _check_inprocess(v: JobValues) -> None:
+    """In-process restart's barrier timeout and restart budget."""
     if v.inprocess_barrier_timeout_s is not None and v.inprocess_barrier_timeout_s <= 0:
         _fail("INPROCESS_BARRIER_TIMEOUT_S", v.inprocess_barrier_timeout_s, "must be above 0 seconds")
     if v.inprocess_max_restarts is not None and v.inprocess_max_restarts < 0:
         _fail("INPROCESS_MAX_RESTARTS", v.inprocess_max_restarts, "must be 0 or more")
+
+
+def _check_kubernetes_version(v: JobValues) -> None:
+    """The manifests need Job features and schemas of the versions `k8s.versions` supports."""
     if problem := version_problem(v.kubernetes_version):
         _fail("KUBERNETES_VERSION", v.kubernetes_version, problem)
+
+
+def _check_nccl_debug(v: JobValues) -> None:
+    """NCCL_DEBUG is one of NCCL's log levels."""
     if v.nccl_debug.upper() not in ("VERSION", "WARN", "INFO", "TRACE"):
         _fail("NCCL_DEBUG", v.nccl_debug, "must be VERSION, WARN, INFO or TRACE")
+
+
+def _check_env(v: JobValues) -> None:
+    """Each ENV entry (`_check_env_entry`)."""
     for name, value in v.env.items():
         _check_env_entry(name, value)
+
+
+def _check_node_selector(v: JobValues) -> None:
+    """NODE_SELECTOR entries are Kubernetes label keys and values."""
     for key, value in v.node_selector.items():
         if problem := names.qualified_name(key):
             _fail(f"NODE_SELECTOR.{key}", value, f"the label key {problem}")
         if problem := names.label_value(value):
             _fail(f"NODE_SELECTOR.{key}", value, f"the label value {problem}")
+
+
+def _check_gpu_node_taint(v: JobValues) -> None:
+    """The pods tolerate GPU_NODE_TAINT, so it must be a taint."""
     if v.gpu_node_taint and not _TAINT.match(v.gpu_node_taint):
         _fail(
             "GPU_NODE_TAINT",
             v.gpu_node_taint,
             "must be key=value:Effect (NoSchedule, PreferNoSchedule, NoExecute)",
         )
+
+
+def _check_fault_schedule_kinds(v: JobValues) -> None:
+    """The fault schedule's weighted kinds, in the trainer's syntax."""
     if v.fault_schedule_kinds is not None and not _KINDS.match(v.fault_schedule_kinds):
         _fail(
             "FAULT_SCHEDULE_KINDS",
             v.fault_schedule_kinds,
             "must be KIND:WEIGHT,... e.g. exception:0.6,hang:0.4",
         )
+
+
+def _check_data_path(v: JobValues) -> None:
+    """Shards live on FSx, outside the run folders; other data kinds read no path."""
     if v.data_kind == "shards":
         if not v.data_path.startswith(FSX_MOUNT + "/"):
             _fail(
@@ -277,6 +333,40 @@ def _check_env_entry(name: str, value: str) -> None:
         _fail(f"ENV.{name}", "<redacted>", "looks like a secret; mount it from a Kubernetes Secret instead")
 
 
+_FieldCheck = typing.Callable[[JobValues], None]
+
+_FIELD_CHECKS: tuple[_FieldCheck, ...] = (
+    _check_run_id,
+    _check_names,
+    _check_image,
+    _check_entrypoint,
+    _check_gang,
+    elastic.check_fields,
+    _check_replacement_wait,
+    _check_keep_alive,
+    _check_node_failures,
+    _check_training_numbers,
+    _check_heartbeat,
+    _check_rdzv_port,
+    _check_pod_numbers,
+    _check_inprocess,
+    _check_kubernetes_version,
+    _check_nccl_debug,
+    _check_env,
+    _check_node_selector,
+    _check_gpu_node_taint,
+    _check_fault_schedule_kinds,
+    _check_data_path,
+)
+"""Rules about one field at a time, in the order `check_fields` applies them (the first broken one raises)."""
+
+
+def check_fields(v: JobValues) -> None:
+    """Rules about one field at a time (`_FIELD_CHECKS`), before any rule across fields reads them."""
+    for check in _FIELD_CHECKS:
+        check(v)
+
+
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 _SECRET_VALUE = re.compile(
     r"(AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}|-----BEGIN [A-Z ]*PRIVATE KEY|ghp_[A-Za-z0-9]{30,}"
@@ -315,9 +405,19 @@ def parse_faults(spec: str) -> list[dict[str, Any]]:
     return faults
 
 
-def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
-    """Rules across fields, the hardware and the stack outputs (the study's timeout invariants included)."""
-    profile = get_profile(v.profile)
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """What the rules across fields read besides the values."""
+
+    profile: Profile
+    """The values' PROFILE: the node's hardware and the env every pod gets."""
+    allow_placeholders: bool
+    """A dry run's placeholders may stand in for the stack outputs."""
+
+
+def _check_profile_instance(v: JobValues, given: _Given) -> None:
+    """PROFILE describes the instance type the GPU node group runs."""
+    profile = given.profile
     if v.gpu_instance_type and profile.requires_image and v.gpu_instance_type not in profile.instance_family:
         _fail(
             "PROFILE",
@@ -325,6 +425,11 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"expects {profile.instance_type} but the GPU node group runs "
             f"{v.gpu_instance_type}; set PROFILE to match it",
         )
+
+
+def _check_per_node_counts(v: JobValues, given: _Given) -> None:
+    """One pod per node takes all of its GPUs and EFA devices, with one rank per GPU."""
+    profile = given.profile
     if v.gpus_per_node is not None and v.gpus_per_node != profile.gpus:
         _fail(
             "GPUS_PER_NODE",
@@ -345,8 +450,12 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             v.procs_per_node,
             f"must equal the {profile.gpus} GPUs of {profile.instance_type} (one rank per GPU)",
         )
+
+
+def _check_node_group_size(v: JobValues, given: _Given) -> None:
+    """NODES fits the GPU node group (its max size, else its current size) when the outputs give one."""
     bound = v.gpu_max_nodes or v.gpu_node_count
-    if bound and profile.requires_image and v.nodes > bound:
+    if bound and given.profile.requires_image and v.nodes > bound:
         what = "may scale to" if v.gpu_max_nodes else "has"
         _fail(
             "NODES",
@@ -354,28 +463,37 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"the GPU node group {what} {bound} nodes; ask for at most that many or raise gpu.max_nodes "
             "and redeploy",
         )
-    if profile.requires_image:
-        if not v.image:
-            _fail(
-                "IMAGE",
-                "''",
-                "an EKS profile needs the trainer image; pass OUTPUTS=cdk-outputs.json "
-                "(EcrRepositoryUri) or IMAGE=<uri:tag> (make image builds it)",
-            )
-        if not allow_placeholders:
-            for name in ("image", "fsx_file_system_id", "fsx_dns_name", "fsx_mount_name", "cluster_name"):
-                value = getattr(v, name)
-                if PLACEHOLDER in value:
-                    _fail(
-                        _key_label(name), value, "is a dry-run placeholder; deploy first or set it explicitly"
-                    )
-            if not v.fsx_pvc and not (v.fsx_file_system_id and v.fsx_dns_name and v.fsx_mount_name):
-                _fail(
-                    "FSX_FILE_SYSTEM_ID",
-                    v.fsx_file_system_id or "''",
-                    "the FSx volume needs the stack outputs "
-                    "FsxFileSystemId, FsxDnsName and FsxMountName (or FSX_PVC=<existing claim>)",
-                )
+
+
+def _check_stack_outputs(v: JobValues, given: _Given) -> None:
+    """An EKS job needs the trainer image and the FSx volume, and real values where a dry run fills in
+    placeholders."""
+    if not given.profile.requires_image:
+        return
+    if not v.image:
+        _fail(
+            "IMAGE",
+            "''",
+            "an EKS profile needs the trainer image; pass OUTPUTS=cdk-outputs.json "
+            "(EcrRepositoryUri) or IMAGE=<uri:tag> (make image builds it)",
+        )
+    if given.allow_placeholders:
+        return
+    for name in ("image", "fsx_file_system_id", "fsx_dns_name", "fsx_mount_name", "cluster_name"):
+        value = getattr(v, name)
+        if PLACEHOLDER in value:
+            _fail(_key_label(name), value, "is a dry-run placeholder; deploy first or set it explicitly")
+    if not v.fsx_pvc and not (v.fsx_file_system_id and v.fsx_dns_name and v.fsx_mount_name):
+        _fail(
+            "FSX_FILE_SYSTEM_ID",
+            v.fsx_file_system_id or "''",
+            "the FSx volume needs the stack outputs "
+            "FsxFileSystemId, FsxDnsName and FsxMountName (or FSX_PVC=<existing claim>)",
+        )
+
+
+def _check_claim_namespace(v: JobValues, given: _Given) -> None:
+    """A pod can mount only claims of its own namespace."""
     if v.fsx_pvc and v.fsx_pvc_namespace and v.namespace != v.fsx_pvc_namespace:
         _fail(
             "NAMESPACE",
@@ -383,7 +501,15 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"the FSx claim {v.fsx_pvc} lives in namespace {v.fsx_pvc_namespace}; "
             f"use NAMESPACE={v.fsx_pvc_namespace} (a pod can mount only claims of its own namespace)",
         )
+
+
+def _check_elastic(v: JobValues, given: _Given) -> None:
+    """Elastic node counts against the global batch (`k8s.elastic`)."""
     elastic.check_rules(v)
+
+
+def _check_spares_launcher(v: JobValues, given: _Given) -> None:
+    """Only the kit launcher keeps hot spares."""
     if v.spares and v.launcher != "kit":
         _fail(
             "SPARES",
@@ -391,8 +517,13 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"hot spares need LAUNCHER=kit ({v.launcher} is a baseline and keeps its own set-up); "
             "use SPARES=0 or LAUNCHER=kit",
         )
-    # With ENTRYPOINT the checkpoint's size is the script's: the kit sizes /dev/shm and the grace period as
-    # for the profile's default model and leaves SHM_GIB and TERMINATION_GRACE_S to the user, unchecked.
+
+
+def _check_termination_grace(v: JobValues, given: _Given) -> None:
+    """The grace period lets a leaving pod finish a save in flight and write one more checkpoint.
+
+    With ENTRYPOINT the checkpoint's size is the script's: the kit sizes /dev/shm and the grace period as
+    for the profile's default model and leaves SHM_GIB and TERMINATION_GRACE_S to the user, unchecked."""
     needed = grace_needed_s(v)
     if v.termination_grace_s is not None and v.termination_grace_s < needed and not v.entrypoint:
         _fail(
@@ -402,6 +533,10 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"({staging_gib(v) * v.nodes:.2f} GiB at CHECKPOINT_WRITE_MIB_S={v.checkpoint_write_mib_s:g}) "
             f"and commit it before the pod is killed; use at least {needed}, or leave it unset",
         )
+
+
+def _check_fault_targets(v: JobValues, given: _Given) -> None:
+    """Every fault of FAULT_SPEC hits a pod, a rank and a step the job has."""
     ws = world_size(v)
     pods = v.nodes + v.spares
     for fault in parse_faults(v.fault_spec):
@@ -421,12 +556,20 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             )
         if "step" in fault and v.steps is not None and fault["step"] > v.steps:
             _fail("FAULT_SPEC", v.fault_spec, f"step={int(fault['step'])} is after the last step ({v.steps})")
-    if v.fault_schedule_seed is not None and ws < 2:
+
+
+def _check_fault_schedule(v: JobValues, given: _Given) -> None:
+    """The fault schedule spares rank 0, so it needs another rank to fault."""
+    if v.fault_schedule_seed is not None and world_size(v) < 2:
         _fail(
             "FAULT_SCHEDULE_SEED",
             v.fault_schedule_seed,
             "the schedule never faults rank 0, so it needs a world size of 2 or more",
         )
+
+
+def _check_checkpoint_interval(v: JobValues, given: _Given) -> None:
+    """A fixed interval writes at least one checkpoint, and only when checkpoints are on."""
     fixed_interval = v.checkpoint_interval if isinstance(v.checkpoint_interval, int) else None
     if fixed_interval is not None and v.steps is not None and fixed_interval > v.steps:
         _fail(
@@ -438,8 +581,11 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
         _fail(
             "CHECKPOINT_INTERVAL", v.checkpoint_interval, "is set but CHECKPOINT_MODE=off; remove one of them"
         )
-    _check_timeouts(v)
-    memory = profile.memory_gib
+
+
+def _check_tiers(v: JobValues, given: _Given) -> None:
+    """Memory tiers need the kit launcher, checkpoints, and room in /dev/shm for their copies."""
+    memory = given.profile.memory_gib
     chosen = tiers(v)
     if chosen != "off" and v.launcher != "kit":
         _fail(
@@ -463,6 +609,11 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
                 + ("SHM_GIB" if v.shm_gib is not None else f"half its {memory} GiB memory")
                 + f"): {smaller}, or more NODES",
             )
+
+
+def _check_shm(v: JobValues, given: _Given) -> None:
+    """/dev/shm counts against the pod's memory, and holds one node's async checkpoint staging."""
+    memory = given.profile.memory_gib
     shm = shm_gib(v)
     if shm > memory // 2:
         _fail("SHM_GIB", shm, f"is more than half the pod's {memory} GiB memory (the shm counts against it)")
@@ -473,13 +624,21 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
             f"is below the {staging_gib(v):.1f} GiB one node stages per async checkpoint; "
             "raise SHM_GIB or use more NODES",
         )
-    if v.hugepages_2mi_mib and profile.name == "local":
+
+
+def _check_hugepages(v: JobValues, given: _Given) -> None:
+    """Hugepages serve EFA, which the local profile has none of."""
+    if v.hugepages_2mi_mib and given.profile.name == "local":
         _fail(
             "HUGEPAGES_2MI_MIB",
             v.hugepages_2mi_mib,
             "hugepages are for EFA nodes; remove it on PROFILE=local",
         )
-    user_env = {**profile.env, **v.env}
+
+
+def _check_nccl_env(v: JobValues, given: _Given) -> None:
+    """NCCL settings that break the kit's restarts, from the profile's env or ENV."""
+    user_env = {**given.profile.env, **v.env}
     if v.inprocess and user_env.get("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0") != "0":
         _fail(
             "ENV.TORCH_NCCL_RETHROW_CUDA_ERRORS",
@@ -494,7 +653,7 @@ def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
         )
 
 
-def _check_timeouts(v: JobValues) -> None:
+def _check_timeouts(v: JobValues, given: _Given) -> None:
     """Timeout invariants (reference/seed-system.md section 14.6), checked before anything runs."""
     hb = heartbeat_seconds(v)
     if hb is not None:
@@ -538,6 +697,37 @@ def _check_timeouts(v: JobValues) -> None:
             v.heartbeat_timeout,
             "torchrun has no heartbeat; remove it or use LAUNCHER=kit",
         )
+
+
+_CrossCheck = typing.Callable[[JobValues, _Given], None]
+
+_CROSS_CHECKS: tuple[_CrossCheck, ...] = (
+    _check_profile_instance,
+    _check_per_node_counts,
+    _check_node_group_size,
+    _check_stack_outputs,
+    _check_claim_namespace,
+    _check_elastic,
+    _check_spares_launcher,
+    _check_termination_grace,
+    _check_fault_targets,
+    _check_fault_schedule,
+    _check_checkpoint_interval,
+    _check_timeouts,
+    _check_tiers,
+    _check_shm,
+    _check_hugepages,
+    _check_nccl_env,
+)
+"""Rules across fields, the hardware and the stack outputs, in the order `check_rules` applies them."""
+
+
+def check_rules(v: JobValues, *, allow_placeholders: bool = False) -> None:
+    """Rules across fields, the hardware and the stack outputs (`_CROSS_CHECKS`; the study's timeout
+    invariants included), once every field passed `check_fields`."""
+    given = _Given(profile=get_profile(v.profile), allow_placeholders=allow_placeholders)
+    for check in _CROSS_CHECKS:
+        check(v, given)
 
 
 def advice(v: JobValues) -> list[str]:

@@ -31,6 +31,8 @@ _LOGS = {
     "scheduler": eks.ClusterLoggingTypes.SCHEDULER,
 }
 ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+_PRIVATE_SUBNETS = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+"""The control plane and the system nodes live in the private subnets (egress through NAT)."""
 
 
 def kubectl_layer(scope: Construct, version: str) -> object:
@@ -72,34 +74,7 @@ class Cluster(Construct):
         self.secrets_key = kms.Key(
             self, "SecretsKey", enable_key_rotation=True, description=f"EKS secrets encryption for {name}"
         )
-        private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
-        kubectl = None
-        if with_kubectl:
-            kubectl = eks.KubectlProviderOptions(
-                kubectl_layer=kubectl_layer(self, cfg.kubernetes_version),
-                # A private-only endpoint is reachable from inside the VPC only.
-                private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
-                if cfg.endpoint_access == "private"
-                else None,
-            )
-        self.cluster = eks.Cluster(
-            self,
-            "Cluster",
-            cluster_name=name,
-            version=eks.KubernetesVersion.of(cfg.kubernetes_version),
-            vpc=vpc,
-            vpc_subnets=[private_subnets],
-            endpoint_access=endpoint_access(cfg),
-            cluster_logging=[_LOGS[name_] for name_ in cfg.control_plane_logs],
-            secrets_encryption_key=self.secrets_key,
-            # Managed node groups below; no Auto Mode, no default capacity.
-            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
-            default_capacity=0,
-            # vpc-cni, kube-proxy and CoreDNS come as managed add-ons (versioned, updatable) instead.
-            bootstrap_self_managed_addons=False,
-            kubectl_provider_options=kubectl,
-            output_config_command=False,
-        )
+        self.cluster = self._control_plane(cfg, name=name, vpc=vpc, with_kubectl=with_kubectl)
         for index, arn in enumerate(cfg.admin_principal_arns):
             self.cluster.grant_access(
                 f"Admin{index}",
@@ -111,7 +86,48 @@ class Cluster(Construct):
                 ],
             )
 
-        system_lt = ec2.CfnLaunchTemplate(
+        system_lt = self._system_launch_template(cfg, instance_tags)
+        self.system_node_role = node_role(self, "SystemNodeRole")
+        self.system_nodegroup = self._system_nodegroup(cfg, system_lt)
+
+    def _control_plane(
+        self, cfg: ClusterConfig, *, name: str, vpc: ec2.IVpc, with_kubectl: bool
+    ) -> eks.Cluster:
+        """The cluster in the private subnets, its secrets sealed with `secrets_key`, without default
+        capacity or self-managed add-ons (managed node groups and add-ons replace them)."""
+        kubectl = None
+        if with_kubectl:
+            kubectl = eks.KubectlProviderOptions(
+                kubectl_layer=kubectl_layer(self, cfg.kubernetes_version),
+                # A private-only endpoint is reachable from inside the VPC only.
+                private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
+                if cfg.endpoint_access == "private"
+                else None,
+            )
+        return eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=name,
+            version=eks.KubernetesVersion.of(cfg.kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[_PRIVATE_SUBNETS],
+            endpoint_access=endpoint_access(cfg),
+            cluster_logging=[_LOGS[name_] for name_ in cfg.control_plane_logs],
+            secrets_encryption_key=self.secrets_key,
+            # Managed node groups below; no Auto Mode, no default capacity.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            # vpc-cni, kube-proxy and CoreDNS come as managed add-ons (versioned, updatable) instead.
+            bootstrap_self_managed_addons=False,
+            kubectl_provider_options=kubectl,
+            output_config_command=False,
+        )
+
+    def _system_launch_template(
+        self, cfg: ClusterConfig, instance_tags: Mapping[str, str]
+    ) -> ec2.CfnLaunchTemplate:
+        """The system nodes' instance type, IMDSv2, encrypted root volume and tags."""
+        return ec2.CfnLaunchTemplate(
             self,
             "SystemLaunchTemplate",
             tag_specifications=lt.template_tag_specifications(instance_tags),
@@ -122,8 +138,10 @@ class Cluster(Construct):
                 tag_specifications=lt.instance_tag_specifications(instance_tags),
             ),
         )
-        self.system_node_role = node_role(self, "SystemNodeRole")
-        self.system_nodegroup = eks.Nodegroup(
+
+    def _system_nodegroup(self, cfg: ClusterConfig, launch_template: ec2.CfnLaunchTemplate) -> eks.Nodegroup:
+        """On-demand system nodes with auto-repair, replaced one at a time."""
+        return eks.Nodegroup(
             self,
             "SystemNodegroup",
             cluster=self.cluster,
@@ -133,9 +151,9 @@ class Cluster(Construct):
             else eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             capacity_type=eks.CapacityType.ON_DEMAND,
             launch_template_spec=eks.LaunchTemplateSpec(
-                id=system_lt.ref, version=system_lt.attr_latest_version_number
+                id=launch_template.ref, version=launch_template.attr_latest_version_number
             ),
-            subnets=private_subnets,
+            subnets=_PRIVATE_SUBNETS,
             min_size=cfg.system_nodes,
             desired_size=cfg.system_nodes,
             max_size=cfg.system_max_nodes,

@@ -75,20 +75,47 @@ class Storage(Construct):
         client_security_group: ec2.ISecurityGroup,
     ) -> None:
         super().__init__(scope, construct_id)
-        persistent = cfg.deployment_type.startswith("PERSISTENT")
-        self.key = (
-            kms.Key(
-                self,
-                "Key",
-                enable_key_rotation=True,
-                description="FSx for Lustre encryption at rest (kept with the file system)",
-                removal_policy=RemovalPolicy.RETAIN,
-            )
-            if persistent  # SCRATCH file systems are always encrypted with an AWS-owned key
-            else None
+        self.key = self._encryption_key(cfg)
+        self.file_system = self._file_system(cfg, vpc=vpc, subnet=subnet)
+        self.file_system.connections.allow_default_port_from(
+            client_security_group, "Lustre clients (GPU nodes)"
         )
+        fsx_group = self.file_system.connections.security_groups[0]
+        allow_lustre_callbacks(
+            self,
+            client_group_id=client_security_group.security_group_id,
+            fsx_group_id=fsx_group.security_group_id,
+        )
+        self.overrides: dict[str, object] = {"LustreConfiguration.LogConfiguration": {"Level": LOG_LEVEL}}
+        if cfg.deployment_type == "PERSISTENT_2":
+            self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}
+        if cfg.efa_enabled:
+            self.overrides.update(_enable_efa(fsx_group, client_security_group))
+        self.cfn = self.file_system.node.default_child
+        for path, value in self.overrides.items():
+            self.cfn.add_property_override(path, value)
+
+        self.data_repository_association: fsx.CfnDataRepositoryAssociation | None = None
+        if cfg.s3_bucket is not None and cfg.deployment_type == "PERSISTENT_2":
+            self.data_repository_association = self._bucket_link(cfg.s3_bucket)
+
+    def _encryption_key(self, cfg: StorageConfig) -> kms.Key | None:
+        """A retained customer key for PERSISTENT file systems (SCRATCH ones are always encrypted with an
+        AWS-owned key)."""
+        if not cfg.deployment_type.startswith("PERSISTENT"):
+            return None
+        return kms.Key(
+            self,
+            "Key",
+            enable_key_rotation=True,
+            description="FSx for Lustre encryption at rest (kept with the file system)",
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+    def _file_system(self, cfg: StorageConfig, *, vpc: ec2.IVpc, subnet: ec2.ISubnet) -> fsx.LustreFileSystem:
+        """The file system; PERSISTENT_1 and SCRATCH_2 link a bucket by import and export paths."""
         link_by_path = cfg.s3_bucket is not None and cfg.deployment_type != "PERSISTENT_2"
-        self.file_system = fsx.LustreFileSystem(
+        return fsx.LustreFileSystem(
             self,
             "FileSystem",
             vpc=vpc,
@@ -106,49 +133,37 @@ class Storage(Construct):
                 auto_import_policy=fsx.LustreAutoImportPolicy.NEW_CHANGED_DELETED if link_by_path else None,
             ),
         )
-        self.file_system.connections.allow_default_port_from(
-            client_security_group, "Lustre clients (GPU nodes)"
-        )
-        fsx_group = self.file_system.connections.security_groups[0]
-        allow_lustre_callbacks(
-            self,
-            client_group_id=client_security_group.security_group_id,
-            fsx_group_id=fsx_group.security_group_id,
-        )
-        self.overrides: dict[str, object] = {"LustreConfiguration.LogConfiguration": {"Level": LOG_LEVEL}}
-        if cfg.deployment_type == "PERSISTENT_2":
-            self.overrides["LustreConfiguration.MetadataConfiguration"] = {"Mode": "AUTOMATIC"}
-        if cfg.efa_enabled:
-            # FSx guide, EFA-enabled file systems: every group of the file system allows all traffic within
-            # itself (the EFA group already does; egress here is open to all).
-            fsx_group.connections.allow_internally(
-                ec2.Port.all_traffic(), "EFA-enabled FSx: all traffic within the group"
-            )
-            self.overrides["LustreConfiguration.EfaEnabled"] = True
-            self.overrides["SecurityGroupIds"] = [
-                fsx_group.security_group_id,
-                client_security_group.security_group_id,
-            ]
-        self.cfn = self.file_system.node.default_child
-        for path, value in self.overrides.items():
-            self.cfn.add_property_override(path, value)
 
-        self.data_repository_association: fsx.CfnDataRepositoryAssociation | None = None
-        if cfg.s3_bucket is not None and cfg.deployment_type == "PERSISTENT_2":
-            # PERSISTENT_2 cannot use import/export paths; it links buckets through associations.
-            self.data_repository_association = fsx.CfnDataRepositoryAssociation(
-                self,
-                "S3Link",
-                file_system_id=self.file_system.file_system_id,
-                file_system_path=DATA_PATH,
-                data_repository_path=f"s3://{cfg.s3_bucket}/",
-                batch_import_meta_data_on_create=True,
-                s3=fsx.CfnDataRepositoryAssociation.S3Property(
-                    auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
-                        events=_ALL_EVENTS
-                    ),
-                    auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
-                        events=_ALL_EVENTS
-                    ),
+    def _bucket_link(self, bucket: str) -> fsx.CfnDataRepositoryAssociation:
+        """PERSISTENT_2 cannot use import/export paths; it links a bucket through an association."""
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            "S3Link",
+            file_system_id=self.file_system.file_system_id,
+            file_system_path=DATA_PATH,
+            data_repository_path=f"s3://{bucket}/",
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=_ALL_EVENTS
                 ),
-            )
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=_ALL_EVENTS
+                ),
+            ),
+        )
+
+
+def _enable_efa(fsx_group: ec2.ISecurityGroup, client_group: ec2.ISecurityGroup) -> dict[str, object]:
+    """Open the file system's group to all traffic within itself; return the overrides that turn EFA on and
+    add the EFA group to the file system.
+
+    FSx guide, EFA-enabled file systems: every group of the file system allows all traffic within itself
+    (the EFA group already does; egress here is open to all)."""
+    fsx_group.connections.allow_internally(
+        ec2.Port.all_traffic(), "EFA-enabled FSx: all traffic within the group"
+    )
+    return {
+        "LustreConfiguration.EfaEnabled": True,
+        "SecurityGroupIds": [fsx_group.security_group_id, client_group.security_group_id],
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput
+from aws_cdk import aws_fsx as fsx
 from constructs import Construct
 
 from infra import references
@@ -57,49 +58,68 @@ class ClusterStack(KitStack):
         super().__init__(
             scope, construct_id, cfg=cfg, suffix="cluster", description="FSDP kit: EKS cluster and GPU nodes"
         )
-        deploy_objects = cfg.kubernetes.deploy_objects
-        file_system = storage.file_system
         efa_digest = references.digest(
             references.replacing_inputs(network.efa_security_group.node.default_child)
         )
         fsx_digest = references.digest(references.replacing_inputs(storage.cfn, storage.overrides))
+        self._add_nodes(cfg, network=network, efa_digest=efa_digest)
+        self._let_fsx_reach_nodes(storage.file_system)
+        self._add_addons(cfg)
+        if cfg.kubernetes.deploy_objects:
+            self._add_kubernetes_objects(cfg, file_system=storage.file_system, fsx_digest=fsx_digest)
+        for key, (value, description) in self._outputs(
+            cfg,
+            file_system=storage.file_system,
+            repository_uri=repository_uri,
+            efa_digest=efa_digest,
+            fsx_digest=fsx_digest,
+        ).items():
+            CfnOutput(self, key, value=value, description=description)
+
+    def _add_nodes(self, cfg: KitConfig, *, network: Network, efa_digest: str) -> None:
+        """The control plane with its system nodes, the GPU nodes, and the networking add-ons both need."""
         self.control_plane = Cluster(
             self,
             "Eks",
             cfg=cfg.cluster,
             name=cfg.prefix,
             vpc=network.vpc,
-            with_kubectl=deploy_objects,
+            with_kubectl=cfg.kubernetes.deploy_objects,
             instance_tags=self.kit_tags,
         )
-        cluster = self.control_plane.cluster
-        self.networking = NetworkingAddons(self, "NetworkingAddons", cluster=cluster)
+        self.networking = NetworkingAddons(self, "NetworkingAddons", cluster=self.control_plane.cluster)
         self.gpu = GpuNodeGroup(
             self,
             "Gpu",
             cfg=cfg.gpu,
-            cluster=cluster,
+            cluster=self.control_plane.cluster,
             subnet=network.private_subnet_in(cfg.gpu.availability_zone),
             efa_security_group=network.efa_security_group,
             instance_tags=self.kit_tags,
             references_digest=efa_digest,
         )
-        # The primary interface also carries the cluster security group: Lustre callbacks must be let in there
-        # as well as on the EFA group (the FSx guide asks it of every client group).
-        fsx_group = file_system.connections.security_groups[0]
-        allow_lustre_callbacks(
-            self,
-            client_group_id=cluster.cluster_security_group_id,
-            fsx_group_id=fsx_group.security_group_id,
-            references_digest=references.digest(references.replacing_inputs(fsx_group.node.default_child)),
-        )
+        # The networking add-ons are DaemonSets a node needs before it is Ready.
         for nodegroup in (self.control_plane.system_nodegroup, self.gpu.nodegroup):
             for addon in self.networking.all:
                 nodegroup.node.add_dependency(addon)
+
+    def _let_fsx_reach_nodes(self, file_system: fsx.LustreFileSystem) -> None:
+        """Lustre callbacks into the cluster security group too: the nodes' primary interfaces carry it
+        besides the EFA group, and the FSx guide asks it of every client group."""
+        fsx_group = file_system.connections.security_groups[0]
+        allow_lustre_callbacks(
+            self,
+            client_group_id=self.control_plane.cluster.cluster_security_group_id,
+            fsx_group_id=fsx_group.security_group_id,
+            references_digest=references.digest(references.replacing_inputs(fsx_group.node.default_child)),
+        )
+
+    def _add_addons(self, cfg: KitConfig) -> None:
+        """The cluster add-ons on the system nodes, and the training dashboard and alarms when enabled."""
         self.addons = ClusterAddons(
             self,
             "Addons",
-            cluster=cluster,
+            cluster=self.control_plane.cluster,
             system_nodes=self.control_plane.system_nodegroup,
             pod_identity_agent=self.networking.pod_identity_agent,
         )
@@ -108,28 +128,44 @@ class ClusterStack(KitStack):
             if cfg.monitoring.enabled
             else None
         )
-        if deploy_objects:
-            DevicePlugins(
-                self,
-                "DevicePlugins",
-                cfg=cfg.kubernetes,
-                cluster=cluster,
-                after=[self.control_plane.system_nodegroup],
-            )
-            FsxVolume(
-                self,
-                "FsxVolume",
-                cluster=cluster,
-                file_system=file_system,
-                storage_gib=cfg.storage.storage_gib,
-                namespace=cfg.kubernetes.namespace,
-                references_digest=fsx_digest,
-                after=[self.addons.fsx_csi],
-            )
 
+    def _add_kubernetes_objects(
+        self, cfg: KitConfig, *, file_system: fsx.LustreFileSystem, fsx_digest: str
+    ) -> None:
+        """The device plugins and the FSx PV/PVC (kubernetes.deploy_objects)."""
+        cluster = self.control_plane.cluster
+        DevicePlugins(
+            self,
+            "DevicePlugins",
+            cfg=cfg.kubernetes,
+            cluster=cluster,
+            after=[self.control_plane.system_nodegroup],
+        )
+        FsxVolume(
+            self,
+            "FsxVolume",
+            cluster=cluster,
+            file_system=file_system,
+            storage_gib=cfg.storage.storage_gib,
+            namespace=cfg.kubernetes.namespace,
+            references_digest=fsx_digest,
+            after=[self.addons.fsx_csi],
+        )
+
+    def _outputs(
+        self,
+        cfg: KitConfig,
+        *,
+        file_system: fsx.LustreFileSystem,
+        repository_uri: str,
+        efa_digest: str,
+        fsx_digest: str,
+    ) -> dict[str, tuple[str, str]]:
+        """OUTPUT_KEYS (and the PVC's with Kubernetes objects): key -> (value, description)."""
+        deploy_objects = cfg.kubernetes.deploy_objects
         spec = GPU_INSTANCES[cfg.gpu.instance_type]
         outputs = {
-            "ClusterName": (cluster.cluster_name, "EKS cluster name"),
+            "ClusterName": (self.control_plane.cluster.cluster_name, "EKS cluster name"),
             "Region": (cfg.region, "AWS region of the kit"),
             "FsxFileSystemId": (
                 file_system.file_system_id,
@@ -162,5 +198,4 @@ class ClusterStack(KitStack):
         if deploy_objects:
             outputs["FsxPvcName"] = (volume_names(fsx_digest)[1], "PVC bound to the FSx PV")
             outputs["FsxPvcNamespace"] = (cfg.kubernetes.namespace, "namespace of the FSx PVC")
-        for key, (value, description) in outputs.items():
-            CfnOutput(self, key, value=value, description=description)
+        return outputs

@@ -47,7 +47,12 @@ def build_kit(app: App, cfg: KitConfig) -> Kit:
         registry, "the EcrRepositoryUri output names the registry stack's repository"
     )
     kit = Kit(network=network, storage=storage, registry=registry, cluster=cluster)
-    acknowledge_findings(kit)
+    acknowledge_findings(
+        control_plane=cluster.control_plane,
+        gpu=cluster.gpu,
+        networking=cluster.networking,
+        addons=cluster.addons,
+    )
     if cfg.nag:
         Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return kit
