@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from k8s.derived import procs_per_node
 from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
 from k8s.profiles import get_profile
-from training.resilience.batch import default_global_batch, world_sizes_keeping
-from training.trainer.config import DataConfig
+from training.contracts import defaults
+from training.contracts.global_batch import default_global_batch, world_sizes_keeping
 
 if TYPE_CHECKING:
     from k8s.model import JobValues
@@ -33,7 +33,7 @@ def micro_batch(v: JobValues) -> int:
     plan_batch refuses, in its pods, a node count its micro-batch cannot split)."""
     if v.entrypoint:
         return 1
-    return v.batch_size or get_profile(v.profile).batch_size or DataConfig.batch_size
+    return v.batch_size or get_profile(v.profile).batch_size or defaults.MICRO_BATCH
 
 
 def _trained(v: JobValues, name: str, *, least: int) -> int | None:

@@ -40,8 +40,8 @@ import psutil
 
 from k8s.render import Manifest
 from k8s.spec import INDEX_ANNOTATION
+from training.contracts import env as kit_env
 from training.contracts.ports import free_port_run
-from training.launcher.cli import SHM, TIER_BASE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -193,7 +193,7 @@ class LocalRunner:
         self.on_line = on_line
         self.port = free_port()
         self.paths = self._prepare_volumes()
-        shm = SHM if os.path.isdir(SHM) else None
+        shm = kit_env.SHM if os.path.isdir(kit_env.SHM) else None
         self.memory_root = Path(tempfile.mkdtemp(prefix="kit-local-", dir=shm))
         """Each pod's own memory (its /dev/shm on EKS): the launcher's memory-tier folder goes under it,
         and it goes with the pod."""
@@ -351,7 +351,7 @@ class LocalRunner:
         record = PodRecord(name=name, index=index, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
         host, pod = self._host_env(), self.pod_env(index, name)
-        env = {**host, **pod, TIER_BASE_ENV: str(self._pod_memory(name))}
+        env = {**host, **pod, kit_env.TIER_BASE: str(self._pod_memory(name))}
         if "PYTHONPATH" in pod:  # ENV.PYTHONPATH replaces the image's /app (the kit); here the repo is it
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [pod["PYTHONPATH"], host["PYTHONPATH"]]))
         proc = self._popen(self.pod_argv(env), env, record)

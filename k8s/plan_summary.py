@@ -16,7 +16,7 @@ from k8s.model import JobValues
 from ops.plan.calibration import CalibrationError
 from ops.plan.failures import PlanInputError
 from ops.plan.planner import job_summary
-from training.resilience.checkpoint.config import CheckpointConfig
+from training.contracts import defaults
 
 PLANNED_PROFILES = frozenset({"p5"})
 
@@ -41,7 +41,7 @@ def plan_lines(values: JobValues, config_yaml: str) -> tuple[str | None, list[st
             model=model,
             batch_tokens=world_size(values) * int(data["batch_size"]) * int(data["seq_len"]),
             tiers=checkpoint.get("tiers", "off") == "peer",
-            interval=checkpoint.get("interval", CheckpointConfig().interval),
+            interval=checkpoint.get("interval", defaults.CHECKPOINT_INTERVAL),
         )
     except (PlanInputError, CalibrationError) as exc:
         return f"plan: not computed ({exc})", []

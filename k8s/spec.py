@@ -34,8 +34,8 @@ from k8s.model import (
     ValuesError,
 )
 from k8s.profiles import get_profile
+from training.contracts import env as kit_env
 from training.contracts import metrics_settings as telemetry
-from training.launcher.node_cordon import NODE_NAME_ENV
 
 CONFIG_DIR = "/etc/kit"
 CONFIG_FILE = "train.yaml"
@@ -51,7 +51,7 @@ RUN_ID_LABEL = "kit.io/run-id"
 MANAGED_BY = "kit"
 NODE_CORDON_ROLE = "kit-node-cordon"
 """The ClusterRole that lets a trainer pod cordon and label its own node (STRAGGLER_POLICY=replace with
-spares; training/launcher/node_cordon.py). Cluster-scoped and the same for every run, so runs share it."""
+spares; training/launcher/node_actions.py). Cluster-scoped and the same for every run, so runs share it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,8 +387,8 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": telemetry.JOB_ENV, "value": v.run_id},
         {"name": telemetry.LOG_GROUP_ENV, "value": telemetry.log_group_name(v.cluster_name or "local")},
     ]
-    if cordons_nodes(v):  # the node a straggler's pod cordons (training/launcher/node_cordon.py)
-        owned.append(_field_env(NODE_NAME_ENV, "spec.nodeName"))
+    if cordons_nodes(v):  # the node a straggler's pod cordons (training/launcher/node_actions.py)
+        owned.append(_field_env(kit_env.NODE_NAME, "spec.nodeName"))
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
         owned.append({"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"})
@@ -504,6 +504,62 @@ def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
     }
 
 
+def _selector_and_labels(v: JobValues) -> tuple[dict[str, str], dict[str, str]]:
+    """(selector, labels): the selector picks this run's pods; the labels add who manages them and how."""
+    selector = {"app.kubernetes.io/name": "kit-trainer", RUN_ID_LABEL: v.run_id}
+    labels = {
+        **selector,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/instance": v.run_id,
+        "kit.io/profile": v.profile,
+        "kit.io/launcher": v.launcher,
+    }
+    return selector, labels
+
+
+def _ports(port: int) -> list[dict[str, Any]]:
+    """The rendezvous port and the two stores above it (hence RDZV_PORT's upper bound)."""
+    return [
+        {"name": "rdzv", "port": port},
+        {"name": "store", "port": port + 1},
+        {"name": "store-inproc", "port": port + 2},
+    ]
+
+
+def _affinity(v: JobValues) -> dict[str, Any] | None:
+    """GPU pods of one run on distinct nodes: each takes a whole node (one pod per node)."""
+    if not get_profile(v.profile).gpus:
+        return None
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {RUN_ID_LABEL: v.run_id}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+
+
+def _volumes(v: JobValues, claim: str) -> list[dict[str, Any]]:
+    """The shared file system, the memory-backed /dev/shm and the trainer config (`_volume_mounts`)."""
+    return [
+        {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(v)}Gi"}},
+        {"name": "config", "configMap": {"name": f"{v.run_id}-config"}},
+    ]
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    """Where `_volumes` appear in the trainer container (a new list each time: a spec is plain data)."""
+    return [
+        {"name": "fsx", "mountPath": FSX_MOUNT},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+    ]
+
+
 def job_spec(v: JobValues) -> JobSpec:
     """Derive the template context from validated values."""
     job = service = v.run_id
@@ -513,34 +569,10 @@ def job_spec(v: JobValues) -> JobSpec:
     config = trainer_config(v)
     config_yaml = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
     digest = hashlib.sha256(config_yaml.encode()).hexdigest()
-    selector = {"app.kubernetes.io/name": "kit-trainer", RUN_ID_LABEL: v.run_id}
-    labels = {
-        **selector,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        "app.kubernetes.io/instance": v.run_id,
-        "kit.io/profile": v.profile,
-        "kit.io/launcher": v.launcher,
-    }
-    job_labels = {**labels, **({KUEUE_QUEUE_LABEL: v.kueue_queue} if v.kueue_queue else {})}
+    selector, labels = _selector_and_labels(v)
     claim, pv, pvc = _storage(v)
     port = v.rdzv_port
-    ports = [
-        {"name": "rdzv", "port": port},
-        {"name": "store", "port": port + 1},
-        {"name": "store-inproc", "port": port + 2},
-    ]
-    affinity = None
-    if get_profile(v.profile).gpus:
-        affinity = {
-            "podAntiAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "labelSelector": {"matchLabels": {RUN_ID_LABEL: v.run_id}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }
-                ]
-            }
-        }
+    affinity = _affinity(v)
     return JobSpec(
         values={k: getattr(v, k) for k in v.__dataclass_fields__},
         namespace=v.namespace,
@@ -549,7 +581,7 @@ def job_spec(v: JobValues) -> JobSpec:
         configmap_name=f"{v.run_id}-config",
         service_account=v.service_account,
         labels=labels,
-        job_labels=job_labels,
+        job_labels={**labels, **({KUEUE_QUEUE_LABEL: v.kueue_queue} if v.kueue_queue else {})},
         selector=selector,
         pod_annotations={CHECKSUM_ANNOTATION: digest},
         nodes=v.nodes,
@@ -557,7 +589,7 @@ def job_spec(v: JobValues) -> JobSpec:
         world_size=world_size(v),
         master_addr=addr,
         master_port=port,
-        ports=ports,
+        ports=_ports(port),
         rdzv_endpoint=f"{addr}:{port}",
         run_dir=run_dir,
         image=v.image or "kit-trainer:local",
@@ -573,16 +605,8 @@ def job_spec(v: JobValues) -> JobSpec:
         keeps_exit_78="the kit launcher exits 78 itself"
         if v.launcher == "kit"
         else f"{v.launcher} runs inside the kit's sh wrappers, which keep the trainer's 78",
-        volumes=[
-            {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(v)}Gi"}},
-            {"name": "config", "configMap": {"name": f"{v.run_id}-config"}},
-        ],
-        volume_mounts=[
-            {"name": "fsx", "mountPath": FSX_MOUNT},
-            {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        ],
+        volumes=_volumes(v, claim),
+        volume_mounts=_volume_mounts(),
         config_yaml=config_yaml,
         config_sha256=digest,
         config_comment=CONFIG_COMMENTS[bool(v.entrypoint)],

@@ -222,12 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         return plain(args, seed=cfg.run.seed, steps=cfg.training.steps)
     steps = cfg.training.steps
     try:  # the micro-batches per rank that keep the global batch on this world size (a resharded resume)
-        accum = resilience.plan_batch(
+        plan = resilience.plan_batch(
             cfg, micro_batch=args.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
-        ).accum
+        )
     except resilience.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 78
+    cfg, accum = plan.config, plan.accum  # the planned config: its checkpoints declare the global batch
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
         ctx = job.ctx

@@ -1,4 +1,4 @@
-"""What faults and checkpoint stalls cost, from a run folder's events through `training.analysis.metrics`.
+"""What faults and checkpoint stalls cost, from a run's metrics (`python -m training.analysis.report --json`).
 
 GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). Buckets, from RunMetrics:
   stall     checkpoint stalls (stall_s) plus the final drain (drain_s)
@@ -17,12 +17,19 @@ steps_completed x 1000; cost of one fault = its recovery plus its rework, and th
 
 from __future__ import annotations
 
-import importlib
+import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ops.aws import OpsError
+from training.contracts.run_layout import EVENTS_DIR
+
+REPORT_TIMEOUT_S = 600.0
+"""A run's metrics take seconds to compute even for a long run; more means something hangs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,22 +66,27 @@ class FaultCost:
         return sum(f.usd for f in self.per_fault) / len(self.per_fault) if self.per_fault else None
 
 
-def load_metrics(run_dir: Path) -> Any:
-    """RunMetrics via training.analysis.metrics, imported lazily (ops depends on boto3 only otherwise)."""
+def load_metrics(run_dir: Path, *, python: str = sys.executable) -> Any:
+    """The run's metrics as `python -m training.analysis.report RUN_DIR --json` prints them (the one module
+    that defines them; ops reads its JSON as data and imports nothing of the trainer), as attributes."""
     if not run_dir.is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} is not a folder; pass <run.root>/<run.id>")
-    if not (run_dir / "events").is_dir():
+    if not (run_dir / EVENTS_DIR).is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} has no events/ folder; pass a run folder (contract 3)")
+    command = [python, "-m", "training.analysis.report", str(run_dir), "--json", "--no-png"]
     try:
-        metrics = importlib.import_module("training.analysis.metrics")
-    except ImportError as exc:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=REPORT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OpsError(f"cannot run {' '.join(command[1:4])} ({exc}); run from the repository root") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise OpsError(f"cannot compute metrics from {run_dir}: {why.removeprefix('error: ')}")
+    try:
+        return json.loads(done.stdout, object_hook=lambda fields: SimpleNamespace(**fields))
+    except json.JSONDecodeError as exc:
         raise OpsError(
-            f"cannot import training.analysis.metrics ({exc}); run from the repository root"
+            f"the metrics of {run_dir} are not JSON ({exc.msg}): rerun with the same checkout"
         ) from None
-    try:
-        return metrics.load_run_metrics(run_dir)
-    except ValueError as exc:  # MetricsError is a ValueError
-        raise OpsError(f"cannot compute metrics from {run_dir}: {exc}") from None
 
 
 def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
@@ -98,7 +110,7 @@ def fault_cost(m: Any, usd_per_gpu_hour: float, price_source: str) -> FaultCost:
     spare_gh = spares * per_node * m.wall_s / h
     by_world: dict[int, float] = {}
     for span in getattr(m, "world_spans", None) or []:
-        by_world[span.world_size] = by_world.get(span.world_size, 0.0) + span.rank_hours
+        by_world[span.world_size] = by_world.get(span.world_size, 0.0) + span.world_size * span.duration_s / h
     training_gh = sum(by_world.values()) if len(by_world) > 1 else gpus * m.wall_s / h
     gpu_hours = {
         "total": training_gh + spare_gh,

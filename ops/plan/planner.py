@@ -16,9 +16,9 @@ from ops.cost.prices import ec2_hourly
 from ops.plan.calibration import ScalePhases, phase_times, read_sections, scale_phases
 from ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
 from ops.plan.model import MECHANISMS, Job, Mechanism, Outcome, evaluate, spares_needed
+from training.contracts.hf_config import HfModelError, hf_shape, read_hf_config
 from training.contracts.shapes import MODEL_CONFIGS, ModelArgs
 from training.contracts.throughput import PEAK_BF16_FLOPS
-from training.trainer.hf_model import HfModelError, hf_shape, read_hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS_PER_NODE = 8

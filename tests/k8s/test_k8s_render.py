@@ -780,7 +780,7 @@ CORDON_KINDS = ("ClusterRole", "ClusterRoleBinding")
 
 def test_k8s_straggler_replace_lets_the_pods_cordon_their_node() -> None:
     """STRAGGLER_POLICY=replace with a spare: the pods get their node's name and an API token, and the job's
-    ServiceAccount may patch nodes (cordon, label), nothing more (training/launcher/node_cordon.py)."""
+    ServiceAccount may patch nodes (cordon, label), nothing more (training/launcher/node_actions.py)."""
     replace = ["STRAGGLER_POLICY=replace", "SPARES=1"]
     manifests = _render(["RUN_ID=t", "NAMESPACE=team-a", "SERVICE_ACCOUNT=trainer", *replace])
     role, binding = (_obj(manifests, kind) for kind in CORDON_KINDS)

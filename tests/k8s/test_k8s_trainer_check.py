@@ -130,9 +130,9 @@ def test_p5_job_without_activation_checkpointing_is_refused_at_render() -> None:
 def test_k8s_trainer_fields_are_trainer_config_fields() -> None:
     """k8s keeps its own list (it does not import the trainer): every name in it must exist there."""
     from k8s.model import TRAINER_FIELDS
-    from training.trainer.config import sections
+    from training.trainer.config import TrainConfig
 
-    known = sections()
+    known = TrainConfig.sections()
     for section, names in TRAINER_FIELDS.items():
         fields = set(known[section].__dataclass_fields__)
         assert set(names) <= fields, (section, set(names) - fields)

@@ -18,11 +18,15 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from training.launcher.rendezvous import KitRendezvous, Settings, StoreLink
 
+LIFETIME_S = 300.0
+"""A node left behind by its test (whose limit is 120 s) ends by itself."""
+
 
 def main() -> int:
     endpoint, run_id, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
     host, port = endpoint.rsplit(":", 1)
     spare = "spare" in sys.argv[4:]
+    end = time.monotonic() + LIFETIME_S
     handler = KitRendezvous(
         StoreLink(host, int(port), is_host=False), Settings(run_id, nodes, nodes, spare=spare)
     )
@@ -36,6 +40,9 @@ def main() -> int:
         while handler.num_nodes_waiting() == 0:
             if handler.is_closed():
                 return 0
+            if time.monotonic() > end:
+                print(json.dumps({"exit": f"ended itself after {LIFETIME_S:g} s"}), flush=True)
+                return 1
             time.sleep(0.1)
 
 

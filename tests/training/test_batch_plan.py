@@ -3,6 +3,7 @@ against real commit records in a run folder (before any process group, as the tr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,11 @@ def test_a_fresh_job_declares_its_own_product_and_records_the_plan(tmp_path: Pat
     cfg = _config(tmp_path, "--training.grad_accum_steps", "2")
     plan = resilience.plan_batch(cfg, micro_batch=4, world_size=3)
     assert (plan.global_batch, plan.accum) == (24, 2)
-    assert (cfg.training.global_batch, cfg.training.grad_accum_steps) == (24, 2)  # what checkpoints declare
+    planned = plan.config.training  # what checkpoints declare
+    assert (planned.global_batch, planned.grad_accum_steps) == (24, 2)
+    assert (cfg.training.global_batch, cfg.training.grad_accum_steps) == (0, 2)  # frozen, left as loaded
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.training.global_batch = 24  # type: ignore[misc]
     assert plan.line() == (
         "global batch 24 samples per optimizer step (data.batch_size x training.grad_accum_steps x world "
         "size): 3 rank(s) x 2 micro-batch(es) x 4 samples"

@@ -14,12 +14,13 @@ from pathlib import Path
 from trainer_helpers import REPO, trainer_env
 
 from training.launcher import blame
+from training.runtime import stacks as stacks_module
 
 HANGING_WORKER = textwrap.dedent(
     """
     import sys, time
     from torch.distributed.elastic.multiprocessing.errors import record
-    from training.launcher import blame
+    from training.runtime import stacks
 
     def stuck():
         print("ready", flush=True)
@@ -28,7 +29,7 @@ HANGING_WORKER = textwrap.dedent(
 
     @record
     def main():
-        blame.install()
+        stacks.install()
         stuck()
 
     main()
@@ -41,7 +42,7 @@ def test_a_rank_asleep_under_record_is_elsewhere_not_in_a_collective(tmp_path: P
     script.write_text(HANGING_WORKER)
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    env = trainer_env(tmp_path) | {blame.STACKS_DIR_ENV: str(stacks), "RANK": "3"}
+    env = trainer_env(tmp_path) | {stacks_module.STACKS_DIR_ENV: str(stacks), "RANK": "3"}
     with subprocess.Popen(
         [sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
     ) as proc:
@@ -52,7 +53,7 @@ def test_a_rank_asleep_under_record_is_elsewhere_not_in_a_collective(tmp_path: P
             proc.kill()
     assert found.state == "elsewhere", found
     assert found.where.startswith(f"{script.name}:") and found.where.endswith(" in stuck"), found
-    dump = blame.stack_path(stacks, 3, proc.pid).read_text()
+    dump = stacks_module.stack_path(stacks, 3, proc.pid).read_text()
     assert f"{blame.COLLECTIVE_PATH}elastic" in dump  # the @record frame is there, and is not the verdict
 
 

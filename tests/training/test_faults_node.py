@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.agent import NodeFailures
+from training.launcher.node_failures import NodeFailures
 from training.resilience.faults import Fault, NodeFaultTarget, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,10 @@ if depth < 2:
     argv = [sys.executable, "-c", code, folder, str(depth + 1), code, action]
     subprocess.Popen(argv, start_new_session=True)
 else:
+    deadline = time.monotonic() + 20
     while len(os.listdir(folder)) < 3:
+        if time.monotonic() > deadline:
+            sys.exit(f"pod {folder}: its three processes never all started")
         time.sleep(0.02)
     from training.runtime import pod
     if action == "kill_pod":

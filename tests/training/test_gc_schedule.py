@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
+from training.resilience.config import ConfigError, TrainingConfig
 from training.resilience.gc_schedule import FULL_EVERY, GcSchedule
-from training.trainer.config import ConfigError, TrainingConfig
 
 
 @pytest.fixture

@@ -10,14 +10,9 @@ from types import SimpleNamespace
 import pytest
 from test_memory_plan import P5  # one p5 job for both plans
 
+from training.contracts.hf_config import HfModelError, check_tokenizer, hf_shape, read_hf_config
 from training.contracts.shapes import MODEL_CONFIGS
-from training.trainer.hf_model import (
-    HfModelError,
-    check_tokenizer,
-    check_weights,
-    hf_shape,
-    read_hf_config,
-)
+from training.trainer.hf_model import check_weights
 from training.trainer.memory_plan import MemoryPlanError, plan, plan_line
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -61,7 +56,7 @@ def test_the_8b_config_is_refused_where_it_cannot_fit():
     ) as err:
         plan_line(cfg, shape, world=8, **job)
     assert "\n" not in str(err.value)
-    cfg.model.activation_checkpointing = "full"
+    cfg.model.activation_checkpointing = "full"  # a stand-in config (SimpleNamespace), not the frozen one
     assert plan_line(cfg, shape, world=16, **job).startswith("memory plan: ")
 
 

@@ -1,4 +1,4 @@
-"""training/launcher/node_cordon.py against a real HTTPS server on 127.0.0.1 that plays the Kubernetes API
+"""training/launcher/node_actions.py against a real HTTPS server on 127.0.0.1 that plays the Kubernetes API
 server: it checks what a real one checks (method, path, content type, bearer token, a merge-patch body) and
 answers 200 or 403 as RBAC would. The pod's service-account folder (token, ca.crt) is a temporary one whose
 CA signed the server's certificate, so the client's TLS verification is the real one, with no test hook in
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.node_cordon import (
+from training.launcher.node_actions import (
     FIELD_MANAGER,
     NODE_NAME_ENV,
     REASON_ANNOTATION,

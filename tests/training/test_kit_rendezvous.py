@@ -1,4 +1,4 @@
-"""The kit's rendezvous (training/launcher/rendezvous.py) against the kit's real store process: rounds, kept
+"""The kit's rendezvous (training/launcher/rendezvous/) against the kit's real store process: rounds, kept
 ranks, spares, silent and departed nodes, a flapping node, a lost leader, the store's restart, the job's end.
 
 Members run as handlers on threads of this process (the agent's calls: next_rendezvous, num_nodes_waiting);
@@ -23,7 +23,8 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
 from training.contracts.ports import free_port_run
-from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink, beat_value, parse_beat
+from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
+from training.launcher.rendezvous.liveness import beat_value, parse_beat
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = Path(__file__).with_name("rdzv_node.py")

@@ -159,12 +159,13 @@ def test_bad_flags_exit_2_with_one_line(argv: list[str], message: str) -> None:
 def test_the_temp_folder_is_tmpdir_when_set_else_memory(monkeypatch, tmp_path: Path) -> None:
     """Heartbeats are replaced every step: in memory (/dev/shm) they never wait on a disk's journal; a TMPDIR
     the user set wins."""
+    from training.contracts import env
     from training.launcher import cli as launch
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert launch._workdir_parent() is None, "TMPDIR set: tempfile's choice, i.e. TMPDIR"
     monkeypatch.delenv("TMPDIR")
-    expected = launch.SHM if os.access(launch.SHM, os.W_OK | os.X_OK) else None
+    expected = env.SHM if os.access(env.SHM, os.W_OK | os.X_OK) else None
     assert launch._workdir_parent() == expected
-    monkeypatch.setattr(launch, "SHM", str(tmp_path / "absent"))
+    monkeypatch.setattr(env, "SHM", str(tmp_path / "absent"))
     assert launch._workdir_parent() is None, "no /dev/shm: tempfile's default"

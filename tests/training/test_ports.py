@@ -12,7 +12,7 @@ from torch.distributed import HashStore
 from torch.distributed.elastic.rendezvous import api as rendezvous_api
 
 from training.contracts.ports import free_port_run
-from training.launcher import spares
+from training.launcher.rendezvous import c10d
 
 
 def _free_run(count: int) -> int:
@@ -60,7 +60,7 @@ def test_no_free_run_is_an_error_naming_the_count() -> None:
 
 def test_the_kit_rendezvous_gives_rank_0_a_port_run_that_is_free() -> None:
     """Rank 0 of a round publishes MASTER_PORT through torch's RendezvousStoreInfo.build."""
-    spares.install_join_fix()
+    c10d.install_join_fix()
     assert rendezvous_api.get_free_port is free_port_run
     for _ in range(10):
         port = rendezvous_api.RendezvousStoreInfo.build(0, HashStore(), "127.0.0.1").master_port

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tests.fixtures.tokenizers import EOS, corpus_files, train_bpe_tokenizer, wordlevel_tokenizer
 from training.contracts import exitcodes
 from training.trainer import make_shards, prepare_data
-from training.trainer.data import TokenShards, check_shards, read_header, shard_files, tokenizer_fingerprint
+from training.trainer.shards import TokenShards, check_shards, read_header, shard_files, tokenizer_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from training.contracts import exitcodes
 from training.launcher.agent import KitElasticAgent
-from training.launcher.spares import KitOpExecutor
+from training.launcher.rendezvous.c10d import KitOpExecutor
 from training.runtime import torch_internals as internals
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,9 @@ import pytest
 from trainer_helpers import REPO
 
 from training.trainer.config import ConfigError, DataConfig, load_config
-from training.trainer.data import TokenLoader, TokenShards, read_header
+from training.trainer.data import TokenLoader
 from training.trainer.make_shards import EOS, decode
+from training.trainer.shards import TokenShards, read_header
 
 
 def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.CompletedProcess]:

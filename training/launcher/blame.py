@@ -9,62 +9,34 @@ Two kinds of evidence, both taken by the launcher without trusting the workers' 
 - **Hangs** (`probe`): a hung rank and its peers all stop beating, within a step of each other. The peers
   are blocked inside a collective waiting for it; the hung rank is somewhere else (or SIGSTOPped). On
   request each worker's faulthandler writes every thread's Python stack to a file, from C, so it works
-  while the main thread is blocked in gloo or NCCL (`install`, called by the zygote and the trainer).
+  while the main thread is blocked in gloo or NCCL (training/runtime/stacks.py, installed in every worker).
   A rank whose main thread is not in `torch.distributed` now, or that is stopped, is the one that hung.
   "Now" is the innermost frames: torch.distributed frames further out (torchelastic's `@record` around
   the trainer's `main`, a DCP call into the program's own code) say nothing about where it waits.
 
-Standard library only: workers import `install` without pulling in the launcher.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import os
 import re
 import select
-import signal
 import sysconfig
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
-STACKS_DIR_ENV = "KIT_STACKS_DIR"
-STACK_SIGNAL = signal.SIGUSR2
+from training.runtime.stacks import STACK_SIGNAL, stack_path
+
 TORCH_PATH = f"{os.sep}torch{os.sep}"
 COLLECTIVE_PATH = f"{TORCH_PATH}distributed{os.sep}"
 """A frame under this path among the main thread's innermost library frames means the rank waits in a
 collective (FSDP hooks, c10d, DCP)."""
 _STDLIB = tuple({sysconfig.get_paths()[key] + os.sep for key in ("stdlib", "platstdlib")})
 _THIRD_PARTY = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-
-_stack_file: TextIO | None = None
-
-
-def stack_path(directory: str | os.PathLike[str], rank: int, pid: int) -> Path:
-    return Path(directory) / f"rank_{rank}_{pid}.txt"
-
-
-def install() -> None:
-    """In a worker: dump every thread's stack to the launcher's folder on STACK_SIGNAL. No-op without it."""
-    global _stack_file
-    directory, rank = os.environ.get(STACKS_DIR_ENV), os.environ.get("RANK")
-    if not directory or rank is None or not rank.isdigit():
-        return
-    path = stack_path(directory, int(rank), os.getpid())
-    if _stack_file is not None and _stack_file.name == str(path):
-        return
-    try:
-        stream = open(path, "w", encoding="utf-8")  # noqa: SIM115 - held open for the signal handler
-    except OSError:
-        return  # no dump; the launcher falls back to the stalest heartbeat
-    stream.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
-    stream.flush()
-    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
-    _stack_file = stream
 
 
 @dataclass(frozen=True, kw_only=True)

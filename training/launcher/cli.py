@@ -24,13 +24,14 @@ import signal
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass, field
-from typing import Literal, NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
-from training.contracts import exitcodes
+from training.contracts import env, exitcodes
 from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
+from training.launcher.args import LaunchArgs
 from training.launcher.shim import ZYGOTE_SOCKET_NAME
-from training.resilience.checkpoint.tier import TIER_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {
@@ -60,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(exitcodes.USAGE, f"kit-launch: error: {message} (see --help)\n")
 
 
-def _positive_float(name: str):
+def _positive_float(name: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -101,7 +102,7 @@ def _safety_factor(text: str) -> float:
     return value
 
 
-def _nonneg_int(name: str):
+def _nonneg_int(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         if not text.isdigit():
             raise argparse.ArgumentTypeError(f"{name} must be an integer >= 0, got {text!r}")
@@ -120,20 +121,19 @@ def _nnodes(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def _add(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+def _add(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """Register --a-b and torchrun's --a_b spelling."""
     names = [name] + ([name.replace("-", "_").replace("__", "--", 1)] if "-" in name[2:] else [])
     parser.add_argument(*names, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m training.launcher",
-        description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
-    )
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
     _add(p, "--nnodes", type=_nnodes, default=(1, 1), help="nodes: N or MIN:MAX (default 1)")
     _add(p, "--nproc-per-node", type=_nonneg_int("--nproc-per-node"), default=1, help="workers per node")
     _add(p, "--node-rank", type=_nonneg_int("--node-rank"), default=0, help="node rank (static rendezvous)")
+
+
+def _add_rendezvous_flags(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--rdzv-backend",
@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--rdzv-id", default="", help="job id shared by all nodes")
     _add(p, "--rdzv-conf", default="", help="extra rendezvous settings, KEY=VALUE,... (e.g. is_host=1)")
     _add(p, "--standalone", action="store_true", help="single node, local rendezvous on a free port")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add(p, "--max-restarts", type=_nonneg_int("--max-restarts"), default=3, help="restart budget")
     _add(
         p,
@@ -156,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(p, "--log-dir", default=None, help="folder for worker logs (torchelastic layout)")
     _add(p, "--run-dir", default=None, help="run folder; launcher events go to <run-dir>/events/")
+
+
+def _add_heartbeat_flags(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--heartbeat-timeout",
@@ -195,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         "in its training thread) and the group is restarted only if it does not beat again within this "
         "many seconds (default 2; 0: restart the group at once)",
     )
+
+
+def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--worker-start",
@@ -203,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="zygote: fork warm workers that already imported torch (default); exec: a fresh python",
     )
     _add(p, "--shutdown-timeout", type=_nonneg_int("--shutdown-timeout"), default=30, help="SIGTERM grace, s")
+
+
+def _add_spare_flags(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--spares",
@@ -227,46 +239,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds over which --node-failure-limit counts (default 600)",
     )
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
     _add(p, "--no-python", action="store_true", help="run the target as a program, not with python")
     p.add_argument("training_script", help="module (with -m), script or program to run on every worker")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+
+
+FLAG_GROUPS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
+    _add_node_flags,
+    _add_rendezvous_flags,
+    _add_run_flags,
+    _add_heartbeat_flags,
+    _add_worker_flags,
+    _add_spare_flags,
+    _add_target_flags,
+)
+"""The flags in --help's order: each adds its own, all in the one options list."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m training.launcher",
+        description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
+    )
+    for add_flags in FLAG_GROUPS:
+        add_flags(p)
     return p
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchArgs:
-    """The checked command line."""
-
-    min_nodes: int
-    max_nodes: int
-    nproc_per_node: int
-    node_rank: int
-    rdzv_backend: str
-    rdzv_endpoint: str
-    rdzv_id: str
-    rdzv_configs: dict[str, str]
-    max_restarts: int
-    monitor_interval: float
-    log_dir: str | None
-    run_dir: str | None
-    heartbeat_timeout_s: float | None
-    heartbeat_load_timeout_s: float
-    heartbeat_safety_factor: float
-    heartbeat_min_timeout_s: float
-    hang_interrupt_grace_s: float
-    zygote: bool
-    shutdown_timeout: int
-    spares: int
-    node_failure_limit: int
-    node_failure_window_s: float
-    entrypoint: str
-    argv: list[str]
-    target_kind: Literal["module", "script", "program"]
-    target: str
-    """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
-    metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    """Where the launcher's live metrics go (training.contracts.metrics_settings: the pod's environment)."""
 
 
 RDZV_TIMEOUT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout")
@@ -307,73 +308,164 @@ def keep_alive_problem(interval: str, attempts: str) -> str:
     return ""
 
 
-def parse_args(argv: list[str]) -> LaunchArgs:
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    if a.nproc_per_node < 1:
-        parser.error("--nproc-per-node must be >= 1")
-    min_nodes, max_nodes = a.nnodes
-    backend, endpoint, run_id = a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id
-    standalone = a.standalone or (max_nodes == 1 and not endpoint)
-    if standalone:
-        if max_nodes > 1:
-            parser.error("--standalone runs one node; drop it or use --nnodes=1")
-        backend, endpoint, run_id = "kit", "127.0.0.1:0", run_id or str(uuid.uuid4())
-    elif not endpoint:
-        parser.error(f"--rdzv-endpoint HOST:PORT is required for {max_nodes} nodes (the host of node 0)")
-    if not run_id:
-        parser.error("--rdzv-id is required with --rdzv-endpoint (the same job id on every node)")
-    if backend == "static" and min_nodes != max_nodes:
-        parser.error("--rdzv-backend=static needs a fixed --nnodes=N; use kit or c10d for MIN:MAX")
-    if a.spares and backend == "static":
-        parser.error("--spares needs the kit or c10d rendezvous (static has no place for a spare)")
-    if a.spares and backend == "c10d" and min_nodes != max_nodes:
-        parser.error(
-            "--spares with c10d needs a fixed --nnodes=N (the kit rendezvous takes MIN:MAX with them)"
+class _Refused(ValueError):
+    """A command line the checks refuse; its text is the one-line error."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Command:
+    """The parsed flags, with the rendezvous resolved (--standalone, or one node without an endpoint: the
+    kit's rendezvous on a free local port, under a new job id unless one is given)."""
+
+    flags: argparse.Namespace
+    min_nodes: int
+    max_nodes: int
+    standalone: bool
+    backend: str
+    endpoint: str
+    run_id: str
+
+    @classmethod
+    def of(cls, a: argparse.Namespace) -> _Command:
+        min_nodes, max_nodes = a.nnodes
+        backend, endpoint, run_id = a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id
+        standalone = a.standalone or (max_nodes == 1 and not endpoint)
+        if standalone:
+            backend, endpoint, run_id = "kit", "127.0.0.1:0", run_id or str(uuid.uuid4())
+        return cls(
+            flags=a,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            standalone=standalone,
+            backend=backend,
+            endpoint=endpoint,
+            run_id=run_id,
         )
-    if a.node_rank >= max_nodes + a.spares:
-        parser.error(f"--node-rank={a.node_rank} must be below --nnodes + --spares ({max_nodes + a.spares})")
+
+
+def _workers_per_node(c: _Command) -> str | None:
+    return "--nproc-per-node must be >= 1" if c.flags.nproc_per_node < 1 else None
+
+
+def _standalone_is_one_node(c: _Command) -> str | None:
+    return (
+        "--standalone runs one node; drop it or use --nnodes=1" if c.standalone and c.max_nodes > 1 else None
+    )
+
+
+def _endpoint_given(c: _Command) -> str | None:
+    if c.standalone or c.endpoint:
+        return None
+    return f"--rdzv-endpoint HOST:PORT is required for {c.max_nodes} nodes (the host of node 0)"
+
+
+def _job_id_given(c: _Command) -> str | None:
+    return None if c.run_id else "--rdzv-id is required with --rdzv-endpoint (the same job id on every node)"
+
+
+def _static_is_fixed(c: _Command) -> str | None:
+    if c.backend == "static" and c.min_nodes != c.max_nodes:
+        return "--rdzv-backend=static needs a fixed --nnodes=N; use kit or c10d for MIN:MAX"
+    return None
+
+
+def _spares_have_a_place(c: _Command) -> str | None:
+    if c.flags.spares and c.backend == "static":
+        return "--spares needs the kit or c10d rendezvous (static has no place for a spare)"
+    if c.flags.spares and c.backend == "c10d" and c.min_nodes != c.max_nodes:
+        return "--spares with c10d needs a fixed --nnodes=N (the kit rendezvous takes MIN:MAX with them)"
+    return None
+
+
+def _node_rank_in_range(c: _Command) -> str | None:
+    nodes = c.max_nodes + c.flags.spares
+    if c.flags.node_rank >= nodes:
+        return f"--node-rank={c.flags.node_rank} must be below --nnodes + --spares ({nodes})"
+    return None
+
+
+COMMAND_CHECKS: tuple[Callable[[_Command], str | None], ...] = (
+    _workers_per_node,
+    _standalone_is_one_node,
+    _endpoint_given,
+    _job_id_given,
+    _static_is_fixed,
+    _spares_have_a_place,
+    _node_rank_in_range,
+)
+"""The rules across flags, in the order they are checked: the first broken one is the error."""
+
+
+def _rdzv_configs(c: _Command) -> dict[str, str]:
+    """--rdzv-conf's KEY=VALUE items with the backend's defaults, checked (torch would read a bad value as
+    its default, or fail at start-up)."""
     configs: dict[str, str] = {}
-    for item in filter(None, a.rdzv_conf.split(",")):
+    for item in filter(None, c.flags.rdzv_conf.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            parser.error(f"--rdzv-conf item {item!r} is not KEY=VALUE")
+            raise _Refused(f"--rdzv-conf item {item!r} is not KEY=VALUE")
         if key.strip() in configs:
-            parser.error(f"--rdzv-conf gives {key.strip()} twice; give each key once")
+            raise _Refused(f"--rdzv-conf gives {key.strip()} twice; give each key once")
         configs[key.strip()] = value.strip()
-    if standalone:
+    if c.standalone:
         if "is_host" in configs:
-            parser.error("--rdzv-conf is_host: --standalone hosts the rendezvous store itself; drop is_host")
+            raise _Refused(
+                "--rdzv-conf is_host: --standalone hosts the rendezvous store itself; drop is_host"
+            )
         configs["is_host"] = "1"
-    for key, value in RDZV_DEFAULTS["c10d" if backend == "c10d" else "kit"].items():
+    for key, value in RDZV_DEFAULTS["c10d" if c.backend == "c10d" else "kit"].items():
         configs.setdefault(key, value)
     problem = keep_alive_problem(configs["keep_alive_interval"], configs["keep_alive_max_attempt"])
     problem = problem or rdzv_conf_problem(configs)
     if problem:
-        parser.error(f"--rdzv-conf {problem}")
-    if backend == "static":
-        configs["rank"] = str(a.node_rank)
+        raise _Refused(f"--rdzv-conf {problem}")
+    if c.backend == "static":
+        configs["rank"] = str(c.flags.node_rank)
+    return configs
+
+
+def _metrics(c: _Command) -> MetricsSettings:
+    """The launcher's metrics settings from the pod's env, under the trainer's JobName: its run id, the run
+    folder's name (the same here, also with --standalone)."""
+    job = os.path.basename(os.path.normpath(c.flags.run_dir)) if c.flags.run_dir else c.run_id
     try:
-        # The trainer's JobName is its run id, the run folder's name: the same here, also with --standalone.
-        job = os.path.basename(os.path.normpath(a.run_dir)) if a.run_dir else run_id
-        metrics = MetricsSettings.from_env(os.environ, run_id=job)
+        return MetricsSettings.from_env(os.environ, run_id=job)
     except MetricsSettingsError as exc:
+        raise _Refused(str(exc)) from exc
+
+
+def parse_args(argv: list[str]) -> LaunchArgs:
+    """The checked command line; a bad one exits 2 with one line."""
+    parser = build_parser()
+    command = _Command.of(parser.parse_args(argv))
+    try:
+        for check in COMMAND_CHECKS:
+            if (problem := check(command)) is not None:
+                raise _Refused(problem)
+        configs = _rdzv_configs(command)
+        metrics = _metrics(command)
+        if command.flags.module and command.flags.no_python:
+            raise _Refused("-m/--module and --no-python exclude each other")
+    except _Refused as exc:
         parser.error(str(exc))
-    if a.module and a.no_python:
-        parser.error("-m/--module and --no-python exclude each other")
+    return _launch_args(command, configs, metrics)
+
+
+def _launch_args(c: _Command, configs: dict[str, str], metrics: MetricsSettings) -> LaunchArgs:
+    a = c.flags
     target = [a.training_script, *a.training_script_args]
     if a.no_python:
         entrypoint, worker_argv = a.training_script, list(a.training_script_args)
     else:
         entrypoint, worker_argv = sys.executable, ["-u", *(["-m"] if a.module else []), *target]
     return LaunchArgs(
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
+        min_nodes=c.min_nodes,
+        max_nodes=c.max_nodes,
         nproc_per_node=a.nproc_per_node,
         node_rank=a.node_rank,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        rdzv_id=run_id,
+        rdzv_backend=c.backend,
+        rdzv_endpoint=c.endpoint,
+        rdzv_id=c.run_id,
         rdzv_configs=configs,
         max_restarts=a.max_restarts,
         monitor_interval=a.monitor_interval,
@@ -430,30 +522,22 @@ def check_socket_folder(workdir: str) -> str | None:
     return None
 
 
-SHM = "/dev/shm"
-
-
 def _workdir_parent() -> str | None:
     """Where the launcher's temp folder (heartbeats, stacks, the zygote's socket) goes: $TMPDIR when set;
     else /dev/shm, memory (the kit's pods mount one), so a rank's per-step heartbeat (a small file replaced
     by rename) never waits on a disk's journal; else tempfile's default. On the test VM's ext4 (2026-12-02),
     while another process wrote, fsynced and deleted 25 MB files, that write + rename took up to 676 ms
     (p99 26 ms; 4 ms on /dev/shm); both ranks stopped between steps for up to 0.9 s in a 2,000-step run."""
-    if os.environ.get("TMPDIR") or not (os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK)):
+    if os.environ.get("TMPDIR") or not (os.path.isdir(env.SHM) and os.access(env.SHM, os.W_OK | os.X_OK)):
         return None
-    return SHM
-
-
-TIER_BASE_ENV = "KIT_TIER_BASE"
-"""Where the launcher makes its node's memory-tier folder (default /dev/shm); the local runner gives each pod
-its own, as each pod on EKS has its own /dev/shm."""
+    return env.SHM
 
 
 def _make_tier_dir() -> str | None:
     """The node's memory-tier folder (training.resilience.checkpoint.tier): in memory, made by the launcher
     and removed when it exits, so it outlives every worker and no pod's replacement inherits it. None (and
     the tiers stay off, said once by the trainer) when no memory-backed folder can be written."""
-    base = os.environ.get(TIER_BASE_ENV) or SHM
+    base = os.environ.get(env.TIER_BASE) or env.SHM
     try:
         os.makedirs(base, exist_ok=True)
         return tempfile.mkdtemp(prefix="kit-tier-", dir=base)
@@ -485,7 +569,7 @@ def _prepare_environment(workdir: str) -> None:
     from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
-    from training.launcher.blame import STACKS_DIR_ENV
+    from training.runtime.stacks import STACKS_DIR_ENV
 
     os.environ[STACKS_DIR_ENV] = os.path.join(workdir, "stacks")
     os.makedirs(os.environ[STACKS_DIR_ENV])
@@ -523,11 +607,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kit-launch: error: {problem}", file=sys.stderr)
             return exitcodes.FATAL_CONFIG
         _prepare_environment(workdir)
-        from training.resilience.straggler import SPARES_ENV
 
-        os.environ[SPARES_ENV] = str(args.spares)  # the straggler policy `replace` evicts only with spares
+        os.environ[env.SPARES] = str(args.spares)  # the straggler policy `replace` evicts only with spares
         if tier_dir is not None:
-            os.environ[TIER_DIR_ENV] = tier_dir
+            os.environ[env.TIER_DIR] = tier_dir
         from training.launcher.runner import run  # imports torch: after the env is set
 
         return run(args, workdir=workdir)

@@ -1,8 +1,9 @@
-"""Mark this pod's Kubernetes node as a straggler's: cordoned, labelled and annotated, so nothing lands there.
+"""What the launcher does to its own node: a straggler's node cordoned, labelled and annotated, then drained.
 
 When `STRAGGLER_POLICY=replace` evicts a slow node for a hot spare, the Job replaces the drained pod; without
-a cordon the scheduler may put that pod (the new spare) back on the same slow node. The slow node's local
-rank 0 therefore patches its own Node object before it drains its pod:
+a cordon the scheduler may put that pod (the new spare) back on the same slow node. The ranks only report:
+the slow node's local rank 0 leaves a request in the launcher's channel (training/runtime/eviction.py), and
+its launcher (`NodeActions.poll`, every monitor tick) patches its own Node object, then drains its pod:
 
     PATCH /api/v1/nodes/<KIT_NODE_NAME>     (application/merge-patch+json)
     {"metadata": {"labels": {"kit.io/straggler": "true"}, "annotations": {"kit.io/straggler-reason": ...}},
@@ -11,8 +12,7 @@ rank 0 therefore patches its own Node object before it drains its pod:
 It calls the API server the way any in-cluster client does: KUBERNETES_SERVICE_HOST/PORT (the kubelet sets
 them in every container), the pod's service-account token and the cluster CA under SA_DIR (mounted only when
 the Job renders `replace` with spares, with the ClusterRole that allows `patch` on nodes: k8s/spec.py), and
-the node name from the downward API (`spec.nodeName` in KIT_NODE_NAME). Standard library only: workers
-import it without any client library.
+the node name from the downward API (`spec.nodeName` in KIT_NODE_NAME). Standard library only.
 
 `mark_straggler_node` never raises and never blocks the drain for long: outside Kubernetes (the local runner
 sets no KUBERNETES_SERVICE_HOST), with no token, on a 403 or an unreachable server (TIMEOUT_S per socket
@@ -23,26 +23,35 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-NODE_NAME_ENV = "KIT_NODE_NAME"
-"""The pod's node (downward API `spec.nodeName`), rendered by k8s/spec.py with STRAGGLER_POLICY=replace."""
+from training.contracts import env
+from training.runtime.eviction import take_eviction
+
+if TYPE_CHECKING:
+    from training.runtime.events import EventLog
+
+NODE_NAME_ENV = env.NODE_NAME
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 """Where Kubernetes mounts the service account's `token` and the cluster's `ca.crt`."""
 STRAGGLER_LABEL = "kit.io/straggler"
 """Label on a node the kit evicted as a straggler ("true"): `kubectl get nodes -l kit.io/straggler`."""
 REASON_ANNOTATION = "kit.io/straggler-reason"
 """Annotation on that node: which run, pod and rank, how much slower, at which step."""
-FIELD_MANAGER = "kit-trainer"
+FIELD_MANAGER = "kit-launcher"
 """The patch's field manager (shown in the Node's managedFields)."""
 TIMEOUT_S = 3.0
 """Seconds per socket operation (connect, read): a slow or absent API server delays the drain this much."""
+
+log = logging.getLogger("kit.launch")
 
 
 @dataclass(frozen=True)
@@ -91,12 +100,16 @@ def mark_straggler_node(
             f"by hand: {_kubectl(node)}",
         )  # fmt: skip
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return _patch_node(node, netloc, _patch_request(node, netloc, reason, token), context, timeout_s)
+
+
+def _patch_request(node: str, netloc: str, reason: str, token: str) -> urllib.request.Request:
     url = f"https://{netloc}/api/v1/nodes/{urllib.parse.quote(node, safe='')}?fieldManager={FIELD_MANAGER}"
     body = {
         "metadata": {"labels": {STRAGGLER_LABEL: "true"}, "annotations": {REASON_ANNOTATION: reason}},
         "spec": {"unschedulable": True},
     }
-    request = urllib.request.Request(
+    return urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         method="PATCH",
@@ -106,7 +119,13 @@ def mark_straggler_node(
             "Accept": "application/json",
         },
     )
-    # Straight to the API server's service address: a proxy in the pod's env is for the outside world.
+
+
+def _patch_node(
+    node: str, netloc: str, request: urllib.request.Request, context: ssl.SSLContext, timeout_s: float
+) -> NodeMark:
+    """Send the patch straight to the API server's service address (a proxy in the pod's env is for the
+    outside world); one line whatever it answers."""
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
     )
@@ -125,11 +144,7 @@ def mark_straggler_node(
             f"node {node} not cordoned: the API server answered {exc.code} {exc.reason}{hint}; by hand: "
             f"{_kubectl(node)}",
         )  # fmt: skip
-    except (
-        OSError,
-        ValueError,
-        http.client.HTTPException,
-    ) as exc:  # URLError, TLS, timeout, refused, garbage
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError, TLS, timeout, refused, junk
         cause = getattr(exc, "reason", None) or exc
         return NodeMark(
             False, node,
@@ -139,3 +154,43 @@ def mark_straggler_node(
     return NodeMark(
         True, node, f"node {node} cordoned and labelled {STRAGGLER_LABEL}=true: nothing new lands there"
     )
+
+
+class NodeActions:
+    """The launcher's side of an eviction: takes a rank's request from the heartbeat folder, cordons the
+    node (one line either way), records the `straggler_node` event and drains this pod, once."""
+
+    def __init__(
+        self,
+        *,
+        events: EventLog,
+        env: Mapping[str, str],
+        folder: Callable[[], str | None],
+        drain: Callable[[], None],
+    ) -> None:
+        self.events = events
+        self.env = env
+        self.folder = folder
+        """The current heartbeat folder (the launcher makes one per worker group), None before the first."""
+        self.drain = drain
+        self.draining = False
+
+    def poll(self) -> None:
+        """Act on a request left since the last tick; a cheap no-op otherwise (one stat)."""
+        folder = self.folder()
+        if self.draining or not folder:
+            return
+        request = take_eviction(folder)
+        if request is None:
+            return
+        if isinstance(request, str):
+            log.warning("kit-launch: %s", request)
+            return
+        mark = mark_straggler_node(request.reason, env=self.env)
+        log.warning("kit-launch: %s", mark.line)
+        self.events.emit(
+            "straggler_node", step=request.step, target_rank=request.rank, pod=request.pod, evict=True,
+            node_name=self.env.get(NODE_NAME_ENV) or None, cordoned=mark.cordoned,
+        )  # fmt: skip
+        self.draining = True
+        self.drain()

@@ -5,7 +5,8 @@ outcome to the kit's exit codes.
 from the registry, torchrun's LaunchConfig defaults) around `KitElasticAgent`, and closes the
 rendezvous at the end unless the launcher was signalled (as `launch_agent` does): peers then leave
 their next rendezvous at once instead of waiting for its timeout. A node that was given up leaves it open
-too (the others go on with a spare), and a spare that was never needed exits 0 (training/launcher/spares.py).
+too (the others go on with a spare), and a spare that was never needed exits 0
+(training/launcher/rendezvous/).
 """
 
 from __future__ import annotations
@@ -13,23 +14,26 @@ from __future__ import annotations
 import logging
 import os
 
-from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig
 
 from training.contracts import exitcodes
-from training.launcher import rendezvous, spares
-from training.launcher.agent import KitElasticAgent, NodeFailures
-from training.launcher.blame import STACKS_DIR_ENV
-from training.launcher.cli import LaunchArgs
+from training.launcher import rendezvous
+from training.launcher.agent import KitElasticAgent
+from training.launcher.args import LaunchArgs
 from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from training.launcher.node_actions import NodeActions
+from training.launcher.node_failures import NodeFailures
+from training.launcher.rendezvous.c10d import KitOpExecutor, wait_for_first_round
 from training.launcher.zygote import Zygote, prewarm_modules, worker_command
+from training.runtime import pod
 from training.runtime import torch_internals as internals
 from training.runtime.events import EventLog
 from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from training.runtime.stacks import STACKS_DIR_ENV
 from training.runtime.telemetry.launcher import LauncherMetrics
 
 log = logging.getLogger("kit.launch")
@@ -38,7 +42,7 @@ log = logging.getLogger("kit.launch")
 def run(args: LaunchArgs, *, workdir: str) -> int:
     """Start the zygote (if any), run the agent, and return the launcher's exit code."""
     c10d = args.rdzv_backend == "c10d"  # torch's rendezvous internals matter only on its rendezvous
-    overrides = (KitElasticAgent, spares.KitOpExecutor) if c10d else (KitElasticAgent,)
+    overrides = (KitElasticAgent, KitOpExecutor) if c10d else (KitElasticAgent,)
     problem = internals.check(overrides=overrides, c10d_rendezvous=c10d)
     if problem is not None:  # before any store, zygote or worker: the same on every pod, never retried
         log.error("kit-launch: error: %s", problem)
@@ -102,20 +106,8 @@ def _run_agent(
     zygote: Zygote | None,
     metrics: LauncherMetrics | None,
 ) -> tuple[int, str]:
-    config = LaunchConfig(
-        min_nodes=args.min_nodes,
-        max_nodes=args.max_nodes,
-        nproc_per_node=args.nproc_per_node,
-        logs_specs=DefaultLogsSpecs(log_dir=args.log_dir),
-        run_id=args.rdzv_id,
-        role="trainer",
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_backend=args.rdzv_backend,
-        rdzv_configs=dict(args.rdzv_configs),
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-    )  # no shutdown_timeout: torch 2.11's LaunchConfig has none (the agent takes it, where torch does)
-    configs = {k: v for k, v in config.rdzv_configs.items() if not k.startswith("keep_alive")}
+    """Build torchrun's WorkerSpec around the kit's agent, run it, and map its outcome to an exit."""
+    config = _launch_config(args)
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -123,41 +115,13 @@ def _run_agent(
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
         local_addr=config.local_addr,
-        **configs,
+        spare=rendezvous.is_spare(args.node_rank, args.max_nodes),
+        **config.rdzv_configs,  # the keep-alive too: the kit's creators read it in fractions of a second
     )
     master_addr, master_port = internals.addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     try:  # hosts or joins the store now
-        if config.rdzv_backend == "kit":
-            rdzv_handler = rendezvous.kit_handler(
-                params,
-                keep_alive_s=float(args.rdzv_configs["keep_alive_interval"]),
-                attempts=int(args.rdzv_configs["keep_alive_max_attempt"]),
-                spare=spares.is_spare(args.node_rank, args.max_nodes),
-            )
-        elif config.rdzv_backend == "c10d":
-            rdzv_handler = spares.c10d_handler(
-                params,
-                keep_alive_s=float(args.rdzv_configs["keep_alive_interval"]),
-                attempts=int(args.rdzv_configs["keep_alive_max_attempt"]),
-            )
-        else:
-            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
-        if isinstance(rdzv_handler, rendezvous.KitRendezvous):
-            rdzv_handler.link.on_reconnect.append(
-                lambda: events.emit("rdzv_store_reconnected", endpoint=args.rdzv_endpoint)
-            )
-            rdzv_handler.on_round.append(
-                lambda j: events.emit(
-                    "rdzv_round",
-                    round=j.round,
-                    rank=j.rank,
-                    world=j.world,
-                    asked_at=round(j.asked_at, 4),
-                    wait_s=round(j.formed_at - j.asked_at, 4),
-                    beat_gap_max_s=round(j.beat_gap_max_s, 4),
-                )
-            )
+        rdzv_handler = _rendezvous_handler(args, params, events)
     except (RendezvousError, RuntimeError, ValueError) as exc:
         message = rendezvous_setup_error(args.rdzv_endpoint, exc)
         log.error("kit-launch: error: %s", message)
@@ -174,6 +138,63 @@ def _run_agent(
         master_port=master_port,
         local_addr=config.local_addr,
     )
+    join_timeout = float(args.rdzv_configs.get("join_timeout", 600))
+    agent = _make_agent(args, spec, config, events, zygote, metrics, join_timeout=join_timeout)
+    return _run_to_the_end(args, agent, spec, events, join_timeout=join_timeout)
+
+
+def _launch_config(args: LaunchArgs) -> LaunchConfig:
+    """torchrun's LaunchConfig for the checked flags (its defaults for the rest)."""
+    return LaunchConfig(
+        min_nodes=args.min_nodes,
+        max_nodes=args.max_nodes,
+        nproc_per_node=args.nproc_per_node,
+        logs_specs=DefaultLogsSpecs(log_dir=args.log_dir),
+        run_id=args.rdzv_id,
+        role="trainer",
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_configs=dict(args.rdzv_configs),
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+    )  # no shutdown_timeout: torch 2.11's LaunchConfig has none (the agent takes it, where torch does)
+
+
+def _rendezvous_handler(
+    args: LaunchArgs, params: RendezvousParameters, events: EventLog
+) -> RendezvousHandler:
+    """The backend's handler from torch's rendezvous registry (the kit's backends registered in it), which
+    hosts or joins the store; the kit's emits its reconnects and rounds."""
+    rdzv_handler = rendezvous.create_handler(params)
+    if isinstance(rdzv_handler, rendezvous.KitRendezvous):
+        rdzv_handler.link.on_reconnect.append(
+            lambda: events.emit("rdzv_store_reconnected", endpoint=args.rdzv_endpoint)
+        )
+        rdzv_handler.on_round.append(
+            lambda j: events.emit(
+                "rdzv_round",
+                round=j.round,
+                rank=j.rank,
+                world=j.world,
+                asked_at=round(j.asked_at, 4),
+                wait_s=round(j.formed_at - j.asked_at, 4),
+                beat_gap_max_s=round(j.beat_gap_max_s, 4),
+            )
+        )
+    return rdzv_handler
+
+
+def _make_agent(
+    args: LaunchArgs,
+    spec: WorkerSpec,
+    config: LaunchConfig,
+    events: EventLog,
+    zygote: Zygote | None,
+    metrics: LauncherMetrics | None,
+    *,
+    join_timeout: float,
+) -> KitElasticAgent:
+    """The kit's agent with its heartbeat monitor (whose last step the live metrics report)."""
     settings = HeartbeatSettings(
         timeout_s=args.heartbeat_timeout_s,
         load_timeout_s=args.heartbeat_load_timeout_s,
@@ -184,8 +205,7 @@ def _run_agent(
     monitor = HeartbeatMonitor(os.environ[HEARTBEAT_DIR_ENV], settings)
     if metrics is not None:
         metrics.last_step_ts = lambda: monitor.last_step_ts
-    join_timeout = float(args.rdzv_configs.get("join_timeout", 600))
-    agent = KitElasticAgent(
+    return KitElasticAgent(
         spec,
         config.logs_specs,  # type: ignore[arg-type]
         monitor=monitor,
@@ -196,16 +216,29 @@ def _run_agent(
         node_name=os.environ.get("POD_NAME", ""),
         rejoin_timeout_s=join_timeout if args.max_nodes > 1 else None,
         zygote=zygote,
+        node_actions=NodeActions(
+            events=events,
+            env=os.environ,
+            folder=lambda: os.environ.get(HEARTBEAT_DIR_ENV),
+            drain=lambda: pod.drain_pod(pod.grace_period_s()),
+        ),
     )
+
+
+def _run_to_the_end(
+    args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, events: EventLog, *, join_timeout: float
+) -> tuple[int, str]:
+    """Run the agent (a spare first waits warm for a node to replace); a signal or a failed rendezvous
+    ends it here, then the rendezvous is closed or left open (`_close_rendezvous`)."""
     close_rendezvous = True
     result = None
-    spare = args.rdzv_backend != "static" and spares.is_spare(args.node_rank, args.max_nodes)
+    spare = args.rdzv_backend != "static" and rendezvous.is_spare(args.node_rank, args.max_nodes)
     try:
         if spare:
             log.info("kit-launch: node %d is a hot spare: waiting warm for a node to replace", args.node_rank)
             events.emit("spare_waiting", node_rank=args.node_rank)
             if args.rdzv_backend == "c10d":  # the kit's handler waits for the first round itself
-                spares.wait_for_first_round(rdzv_handler, join_timeout)
+                wait_for_first_round(spec.rdzv_handler, join_timeout)
         result = agent.run()
     except SignalException as exc:
         close_rendezvous = False  # as torchrun: a signalled node must not close the job's rendezvous
@@ -222,13 +255,26 @@ def _run_agent(
         log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
         return exitcodes.BUDGET_EXHAUSTED, message
     finally:
-        agent.exits.close()
-        if agent.given_up is not None:
-            close_rendezvous = False  # the others go on (with a spare); closing would end them all
-        if close_rendezvous:
-            spec.rdzv_handler.shutdown()
-        elif isinstance(spec.rdzv_handler, rendezvous.KitRendezvous):
-            spec.rdzv_handler.leave()  # drained, given up or signalled: the next round need not wait
+        _close_rendezvous(agent, spec, close=close_rendezvous)
+    return _outcome(args, agent, result, events)
+
+
+def _close_rendezvous(agent: KitElasticAgent, spec: WorkerSpec, *, close: bool) -> None:
+    """Close the job's rendezvous at the end (peers then leave their next round at once), unless this node
+    was signalled or given up; then the kit's rendezvous is only left, so the next round need not wait."""
+    agent.exits.close()
+    if agent.given_up is not None:
+        close = False  # the others go on (with a spare); closing would end them all
+    if close:
+        spec.rdzv_handler.shutdown()
+    elif isinstance(spec.rdzv_handler, rendezvous.KitRendezvous):
+        spec.rdzv_handler.leave()  # drained, given up or signalled: the next round need not wait
+
+
+def _outcome(
+    args: LaunchArgs, agent: KitElasticAgent, result: RunResult | None, events: EventLog
+) -> tuple[int, str]:
+    """The exit code and reason for how the agent's run ended."""
     if result is None:  # agent.run() swallowed RendezvousGracefulExitError: a spare, never needed
         message = "hot spare not needed: the job finished (rendezvous closed)"
         log.info("kit-launch: %s; exiting 0", message)

@@ -5,7 +5,7 @@ host serves (pod 0): lose pod 0's node and every launcher loses the rendezvous. 
 trains nothing serves it instead (a Deployment on the system node group behind its own Service, rendered by
 k8s/; the local runner starts it as its own pod), and every agent is a client (`--rdzv-conf is_host=0`).
 
-If the store itself restarts, its state is gone; with the kit's rendezvous (training/launcher/rendezvous.py)
+If the store itself restarts, its state is gone; with the kit's rendezvous (training/launcher/rendezvous/)
 every node reconnects and publishes its state again, and training goes on (the workers' own store lives in
 the group's rank-0 worker). With torch's c10d handler every agent's next call fails, the workers drain and
 the Job replaces the pods. See docs/launcher.md.

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import psutil
 
-from training.launcher import blame
 from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
+from training.runtime import stacks
 from training.runtime.process_exit import leave
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
@@ -270,7 +270,7 @@ class _Server:
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
-            blame.install()  # stacks on request: tells a hung rank from the peers that wait for it
+            stacks.install()  # stacks on request: tells a hung rank from the peers that wait for it
             code = _run_python_argv(request["argv"])
         except SystemExit as exc:
             code = _exit_code(exc)

@@ -21,8 +21,11 @@ guarantees. Everything else under `training/` is private and may change between 
     resilience.leave(resilience.run(resilience.load_config(rest_of_argv), build=build, train=train))
 
 The public names:
-- `load_config`, `ResilienceConfig`, `ConfigError`: the typed config (run, training, checkpoint, fault,
-  inprocess), from `$KIT_CONFIG` (the Job's ConfigMap) or `--config`, with `--section.field` overrides.
+- `load_config`, `ResilienceConfig`, `ConfigError`: the typed, frozen config (run, training, checkpoint,
+  fault, inprocess, straggler), from `$KIT_CONFIG` (the Job's ConfigMap) or `--config`, with
+  `--section.field` overrides. Your own sections: subclass `ResilienceConfig` with frozen dataclass fields
+  and load it with `load_config(argv, root=YourConfig)`; they are read, overridden, documented (`help_text`)
+  and checked (override `validate`, call super's) exactly as the kit's.
 - `run`: the process's whole life: checks, process group, build, resume, train, in-process restarts, final
   save, exit code (0 done, 78 bad config, 143 drained after the agreed step committed).
 - `Job`: the per-process parts the loop talks to (events, heartbeat, faults, drain): `job.step(session)`.
@@ -30,8 +33,9 @@ The public names:
 - `TrainState`: a Stateful of model, optimizer, LR scheduler, data loader, RNG, step and user extras.
 - `InjectedFault`: what an `exception` fault raises (so a script's own handler can let it through).
 - `plan_batch(cfg, micro_batch=, world_size=)`: the micro-batches per rank (`.accum`) that keep the global
-  batch (`training.global_batch`) exact on this world size, before any process group; a checkpoint then
-  resumes on another world size too (resharded: the same global batches, every sample once).
+  batch (`training.global_batch`) exact on this world size, before any process group, and `.config`, the
+  config with the plan in it: pass that one to `run`, and a checkpoint resumes on another world size too
+  (resharded: the same global batches, every sample once).
 - `leave(code)`: exit with `code` without the interpreter's teardown of torch's C++ state, which now and
   then aborts a process whose work is done (SIGABRT: a launcher would count a finished rank as failed).
 - `API_VERSION`.
@@ -54,8 +58,9 @@ if TYPE_CHECKING:
     from training.resilience.state import TrainState
     from training.runtime.process_exit import leave
 
-API_VERSION = "1.1"
-"""Semantic version of this surface: a name removed or a signature broken bumps the major number."""
+API_VERSION = "2.0"
+"""Semantic version of this surface: a name removed, or a signature or behaviour broken, bumps the major
+number (docs/own-model.md lists what each version changed)."""
 
 _LAZY = {
     "Job": "training.resilience.job",

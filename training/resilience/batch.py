@@ -9,22 +9,20 @@ that lists the world sizes that can: the run never silently trains with another 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
+from training.contracts.global_batch import default_global_batch, refusal
 from training.resilience.checkpoint.layout import checkpoints_dir
-from training.resilience.config import ConfigError
+from training.resilience.config import ConfigError, ResilienceConfig
 
-if TYPE_CHECKING:
-    from training.resilience.config import ResilienceConfig
-
-MAX_LISTED = 12
-"""World sizes named in a refusal, at most."""
+Config = TypeVar("Config", bound=ResilienceConfig)
 
 
 @dataclass(frozen=True)
-class BatchPlan:
-    """The global batch of a job and how its ranks split it."""
+class BatchPlan(Generic[Config]):
+    """The global batch of a job, how its ranks split it, and the config that records it."""
 
     global_batch: int
     """Samples per optimizer step, over all ranks."""
@@ -35,6 +33,9 @@ class BatchPlan:
     """Micro-batches per rank per optimizer step."""
     source: str
     """Where the global batch came from: training.global_batch, the checkpoint, or the config's product."""
+    config: Config
+    """The config with the plan in it (training.global_batch, training.grad_accum_steps): pass this one to
+    `run`, so each checkpoint declares its global batch, which lets it resume on another world size."""
 
     def line(self) -> str:
         return (
@@ -43,46 +44,12 @@ class BatchPlan:
         )
 
 
-def world_sizes_keeping(global_batch: int, micro_batch: int) -> list[int]:
-    """Every world size that splits `global_batch` exactly into micro-batches of `micro_batch`."""
-    if global_batch % micro_batch:
-        return []
-    per = global_batch // micro_batch
-    small = [w for w in range(1, int(per**0.5) + 1) if per % w == 0]
-    return sorted(set(small) | {per // w for w in small})
-
-
-def default_global_batch(micro_batch: int, accum: int, world_size: int) -> int:
-    """The global batch a job declares without training.global_batch (and without a checkpoint that declares
-    one): what its ranks compute per optimizer step."""
-    return micro_batch * accum * world_size
-
-
-def refusal(global_batch: int, micro_batch: int, world_size: int, source: str, *, kept: bool = False) -> str:
-    """The one line that refuses a world size which cannot keep `global_batch` exactly; `kept`: the batch is
-    a checkpoint's (another batch would not resume it: the fixes are the sizes, or a new run)."""
-    sizes = world_sizes_keeping(global_batch, micro_batch)
-    multiple = micro_batch * world_size
-    fix = "use a new run.id" if kept else f"set training.global_batch to a multiple of {multiple}"
-    if not sizes:
-        return (
-            f"the global batch {global_batch} ({source}) is not a multiple of the micro-batch {micro_batch}: "
-            f"{fix}"
-        )
-    listed = ", ".join(map(str, sizes[:MAX_LISTED])) + (", ..." if len(sizes) > MAX_LISTED else "")
-    return (
-        f"the global batch {global_batch} ({source}) cannot be split exactly over {world_size} rank(s) of "
-        f"{micro_batch} samples: run on {listed} rank(s), or {fix}"
-    )
-
-
-def plan_batch(cfg: ResilienceConfig, *, micro_batch: int, world_size: int) -> BatchPlan:
+def plan_batch(cfg: Config, *, micro_batch: int, world_size: int) -> BatchPlan[Config]:
     """The job's BatchPlan, before any process group; ConfigError (one line) when `world_size` cannot keep
     the global batch exactly. The global batch is training.global_batch when set; else the one the newest
     checkpoint declares (a run keeps its global batch through every restart, on any world size: to change
-    it, set training.global_batch); else micro_batch x training.grad_accum_steps x world_size. The plan is
-    recorded in `cfg` (training.global_batch, training.grad_accum_steps): each checkpoint then declares its
-    global batch, which is what lets it resume on another world size."""
+    it, set training.global_batch); else micro_batch x training.grad_accum_steps x world_size. `cfg` is
+    frozen and left as it is: the plan's `config` is a new one with the plan recorded."""
     from training.resilience.checkpoint.resume import newest_record  # torch: only when planning
 
     if micro_batch <= 0 or world_size <= 0:
@@ -101,5 +68,7 @@ def plan_batch(cfg: ResilienceConfig, *, micro_batch: int, world_size: int) -> B
     if global_batch % (micro_batch * world_size):
         raise ConfigError(refusal(global_batch, micro_batch, world_size, source, kept=kept))
     accum = global_batch // (micro_batch * world_size)
-    cfg.training.global_batch, cfg.training.grad_accum_steps = global_batch, accum
-    return BatchPlan(global_batch, micro_batch, world_size, accum, source)
+    training = dataclasses.replace(cfg.training, global_batch=global_batch, grad_accum_steps=accum)
+    return BatchPlan(
+        global_batch, micro_batch, world_size, accum, source, dataclasses.replace(cfg, training=training)
+    )

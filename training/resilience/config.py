@@ -5,8 +5,13 @@
 training.trainer.config) to the same loader; a user's script loads only these (`load_config`), from the Job's
 config file (`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE`
 overrides, strongest first. Unknown sections or fields are errors that list the valid names; every bad value
-raises
-`ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
+raises `ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
+
+A script adds typed sections of its own by subclassing `ResilienceConfig` (each section a frozen dataclass
+whose fields have defaults and docstrings) and loading with `load_config(argv, root=MyConfig)`: its sections
+are read from the same file, overridden with `--section.field VALUE` and documented by `--help` exactly as
+the kit's; its `validate` (override it, call super's) checks rules across sections once, at load. A loaded
+config is frozen: what changes it later (the batch plan) returns a new one.
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ import yaml
 
 from cliargs import parse_bool, parse_float, parse_int
 from fielddocs import field_docs
+from training.contracts import env
 from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from training.resilience.checkpoint.config import CheckpointConfig
 from training.resilience.faults import FaultConfig, FaultConfigError
 from training.resilience.straggler import StragglerConfig
 
-CONFIG_ENV = "KIT_CONFIG"
-"""The Job's config file (the ConfigMap the pods mount): `load_config` reads it when no --config is given."""
+CONFIG_ENV = env.CONFIG
 
 
 class ConfigError(ValueError):
@@ -45,7 +50,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 """Ceiling of every duration field (`*_s`): a week."""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     id: str = ""
     """Run id (DNS-1123 label: lowercase letters, digits, '-', at most 63 characters); required. Names the
@@ -76,7 +81,7 @@ def _dns_hint(name: str) -> str:
     return hint or "run-1"
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     steps: int = 100
     """Total optimizer steps of the run (a resumed run continues up to this step)."""
@@ -109,8 +114,7 @@ class TrainingConfig:
     """Python garbage collection on the loop's schedule: every rank collects at the same steps (young
     objects every N steps, all every 20 x N), with automatic collection off, so no rank pauses alone and
     makes its peers wait in the next collective (training/resilience/gc_schedule.py). 0 leaves Python's
-    automatic
-    collection on."""
+    automatic collection on."""
     dump_final: str = ""
     """If set, rank 0 writes the full (unsharded) model and optimizer state at the end to this file
     (torch.save of {"step", "model", "optim"}), for comparisons; empty disables it."""
@@ -131,12 +135,6 @@ class TrainingConfig:
                 f"the newest checkpoint's, else batch_size x grad_accum_steps x world size), got "
                 f"{self.global_batch}"
             )
-        if self.global_batch and self.grad_accum_steps != 1:
-            raise ConfigError(
-                f"training.global_batch={self.global_batch} and training.grad_accum_steps="
-                f"{self.grad_accum_steps} are both set: set one (with global_batch the accumulation is "
-                "derived from the world size)"
-            )
         if not 0 <= self.gc_every <= _MAX_GC_EVERY:
             raise ConfigError(
                 f"training.gc_every must be in [0, {_MAX_GC_EVERY}] (steps between collections; 0 = "
@@ -148,7 +146,7 @@ class TrainingConfig:
             )
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class InprocessConfig:
     enabled: bool = False
     """Recover from a Python exception or a collective timeout inside the running processes."""
@@ -347,9 +345,13 @@ def _parse_cli(root: type, argv: list[str]) -> tuple[str | None, dict[str, dict[
     return config_file, overrides
 
 
-@dataclass(kw_only=True)
+Root = TypeVar("Root", bound="ResilienceConfig")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResilienceConfig:
-    """Root of what the resilience layer reads; each component receives only its own section."""
+    """Root of what the resilience layer reads; each component receives only its own section. Subclass it to
+    add sections of your own (see the module docstring)."""
 
     run: RunConfig = field(default_factory=RunConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -358,16 +360,55 @@ class ResilienceConfig:
     inprocess: InprocessConfig = field(default_factory=InprocessConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
+    def validate(self, *, env: Mapping[str, str]) -> None:
+        """Rules across sections and against the machine (the fault plan, installed packages, paths), once at
+        load and before any process group, so a bad value fails the Job (78) instead of a retry. A subclass
+        adds its own rules after calling this."""
+        validate(self, env=env)
 
-Root = TypeVar("Root")
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        """Section name -> dataclass, in field order."""
+        return sections(cls)
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        """Every `section.field` this config reads."""
+        return valid_keys(cls)
+
+    @classmethod
+    def help_text(cls, usage: str) -> str:
+        """Every option with its type, default and docstring, under `usage`: what `--help` prints."""
+        return help_text(cls, usage)
+
+
+def _check_root(root: type) -> None:
+    """A root is ResilienceConfig or a subclass whose every section is a dataclass with defaults."""
+    if not (isinstance(root, type) and issubclass(root, ResilienceConfig)):
+        raise TypeError(f"root={root!r}: load a ResilienceConfig or a dataclass subclass of it")
+    for name, cls in sections(root).items():
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{root.__name__}.{name} is {cls!r}: each section is a dataclass")
+        missing = [f.name for f in dataclasses.fields(cls) if _default_of(f) is dataclasses.MISSING]
+        if missing:
+            raise TypeError(f"{root.__name__}.{name}: fields {', '.join(missing)} need defaults")
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
 
 
 def build_config(root: type[Root], argv: list[str], *, env: Mapping[str, str] | None = None) -> Root:
     """`root`'s sections from argv (`--config FILE`, `--section.field VALUE`), CLI > file > defaults.
 
     Without --config, the file named by `$KIT_CONFIG` (when set in `env`) is read. Each section validates
-    itself (`__post_init__`); rules across sections are the caller's (`validate`)."""
+    itself (`__post_init__`); rules across sections are `root.validate`'s."""
     env = os.environ if env is None else env
+    _check_root(root)
     config_file, cli = _parse_cli(root, argv)
     if config_file is None and env.get(CONFIG_ENV):
         config_file = env[CONFIG_ENV]
@@ -393,16 +434,22 @@ def world_size_from(env: Mapping[str, str]) -> int:
         raise ConfigError(f"{exc}: the launcher sets it; unset it to run one process") from None
 
 
-def validate(cfg: ResilienceConfig | Any, *, env: Mapping[str, str]) -> None:
-    """Rules across the resilience sections and against the machine (the fault plan, installed packages,
-    paths): before any process group, so a bad value fails the Job (78) instead of a retry."""
+def validate(cfg: ResilienceConfig, *, env: Mapping[str, str]) -> None:
+    """The resilience sections' rules across sections (`ResilienceConfig.validate`)."""
     world_size = world_size_from(env)
+    training = cfg.training
+    if training.global_batch and training.grad_accum_steps != 1:
+        raise ConfigError(
+            f"training.global_batch={training.global_batch} and training.grad_accum_steps="
+            f"{training.grad_accum_steps} are both set: set one (with global_batch the accumulation is "
+            "derived from the world size)"
+        )
     try:
         MetricsSettings.from_env(env, run_id=cfg.run.id)
     except MetricsSettingsError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        cfg.fault.plan(world_size=world_size, max_steps=cfg.training.steps)
+        cfg.fault.plan(world_size=world_size, max_steps=training.steps)
     except FaultConfigError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.inprocess.enabled and cfg.inprocess.backend == "nvrx":
@@ -413,21 +460,27 @@ def validate(cfg: ResilienceConfig | Any, *, env: Mapping[str, str]) -> None:
                 "inprocess.backend=nvrx needs nvidia-resiliency-ext: pip install -r requirements-bench.txt, "
                 "or use --inprocess.backend kit"
             ) from None
-    if cfg.training.dump_final:
-        parent = Path(cfg.training.dump_final).parent
+    if training.dump_final:
+        parent = Path(training.dump_final).parent
         if not parent.is_dir():
             raise ConfigError(
-                f"training.dump_final={cfg.training.dump_final!r}: folder {str(parent)!r} does not exist; "
+                f"training.dump_final={training.dump_final!r}: folder {str(parent)!r} does not exist; "
                 f"create it or pick another path"
             )
 
 
-def load_config(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> ResilienceConfig:
-    """The validated ResilienceConfig: `--config FILE` or `$KIT_CONFIG`, then `--section.field VALUE`
-    overrides from `argv` (a script passes what its own parser left over: `parse_known_args`)."""
+def load_config(
+    argv: list[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    root: type[Root] = ResilienceConfig,  # type: ignore[assignment]
+) -> Root:
+    """The validated, frozen config of type `root` (ResilienceConfig or your subclass of it): `--config
+    FILE` or `$KIT_CONFIG`, then `--section.field VALUE` overrides from `argv` (a script passes what its
+    own parser left over: `parse_known_args`), then `root.validate`."""
     env = os.environ if env is None else env
-    cfg = build_config(ResilienceConfig, list(argv or []), env=env)
-    validate(cfg, env=env)
+    cfg = build_config(root, list(argv or []), env=env)
+    cfg.validate(env=env)
     return cfg
 
 
@@ -444,8 +497,7 @@ def help_text(root: type, usage: str) -> str:
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            lines.append(f"  --{section}.{f.name} ({_type_name(hints[f.name])}, default {default!r})")
+            lines.append(f"  --{section}.{f.name} ({_type_name(hints[f.name])}, default {_default_of(f)!r})")
             doc = docs.get(f.name, "")
             if doc:
                 lines += textwrap.wrap(doc, width=100, initial_indent="      ", subsequent_indent="      ")

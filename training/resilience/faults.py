@@ -134,7 +134,7 @@ class NodeFaultTarget:
         return fault.node == self.node and self.local_rank == 0
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class FaultConfig:
     """The trainer config's `fault` section; checked when built (bad input raises FaultConfigError)."""
 

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.contracts import exitcodes
+from training.contracts import env, exitcodes
 from training.contracts.metrics_settings import MetricsSettings
-from training.launcher import node_cordon as k8s_node
 from training.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
 from training.resilience.faults import FaultInjector
 from training.resilience.gc_schedule import GcSchedule
 from training.resilience.straggler import SPARES_ENV, STRAGGLER_EVENT, Straggler, StragglerDetector
 from training.runtime import pod
 from training.runtime.events import EventLog
+from training.runtime.eviction import EvictionRequest, request_eviction
 from training.runtime.heartbeat import HeartbeatClient
 from training.runtime.telemetry.trainer import TrainerMetrics
 
@@ -215,55 +215,60 @@ class Job:
 
     def on_stragglers(self, found: list[Straggler], step: int) -> None:
         """Newly confirmed stragglers: rank 0 reports each (event, one line); with policy `replace` and a
-        hot spare, the slow node's local rank 0 cordons and labels its Kubernetes node
-        (training/launcher/node_cordon.py: the Job's replacement pod must not land there again), then drains
-        its own pod, so every rank saves and commits the agreed step and the spare takes the node's place
-        (the drain path: 0 lost steps)."""
+        hot spare, the slow node's local rank 0 asks its launcher to evict the node (training/runtime/
+        eviction.py): the launcher cordons and labels it (the Job's replacement pod must not land there
+        again) and drains its pod, so every rank saves and commits the agreed step and the spare takes the
+        node's place (the drain path: 0 lost steps). Ranks only report; node actions are the launcher's."""
         for s in found:
             evict = self.cfg.straggler.policy == "replace" and self._spares > 0
             if self.rank == 0:
-                self.events.emit(
-                    STRAGGLER_EVENT, step=step, target_rank=s.rank, target_node=s.node, score=s.score,
-                    since_step=s.since_step, compute_s=s.compute_s, peers_s=s.peers_s, evict=evict,
-                    threshold=self.stragglers.threshold,
-                )  # fmt: skip
-                action = (
-                    "evicting its node at this step boundary (a spare takes over)"
-                    if evict
-                    else "policy replace, but no hot spare: reported only"
-                    if self.cfg.straggler.policy == "replace"
-                    else "policy report"
-                )
-                self.log(
-                    f"straggler: rank {s.rank} on node {s.node} computes {s.score:.2f}x slower than its "
-                    f"peers ({s.compute_s:.3f} s against {s.peers_s:.3f} s a step) since step "
-                    f"~{s.since_step}; {action}"
-                )
+                self._report_straggler(s, step, evict=evict)
             here = self.rank // self.stragglers.ranks_per_node == s.node
             if here and _env_int("LOCAL_RANK", 0) == 0:  # the slow node names itself: pod and host
                 print(
                     f"[trainer] this node (pod {pod.pod_index()}, host {socket.gethostname()}) holds "
-                    f"straggler rank {s.rank}" + ("; draining it for a hot spare" if evict else ""),
+                    f"straggler rank {s.rank}"
+                    + ("; its launcher evicts it for a hot spare" if evict else ""),
                     flush=True,
                 )
-                mark = self._mark_node(s, step) if evict else None
-                self.events.emit(
-                    "straggler_node", step=step, target_rank=s.rank, pod=pod.pod_index(), evict=evict,
-                    node_name=os.environ.get(k8s_node.NODE_NAME_ENV) or None,
-                    cordoned=mark is not None and mark.cordoned,
-                )  # fmt: skip
                 if evict:
-                    pod.drain_pod(pod.grace_period_s())
+                    self._request_eviction(s, step)
+                else:
+                    self.events.emit(
+                        "straggler_node", step=step, target_rank=s.rank, pod=pod.pod_index(), evict=False,
+                        node_name=os.environ.get(env.NODE_NAME) or None, cordoned=False,
+                    )  # fmt: skip
 
-    def _mark_node(self, s: Straggler, step: int) -> k8s_node.NodeMark:
-        """Cordon and label this node before the drain; one line either way, never raises."""
+    def _report_straggler(self, s: Straggler, step: int, *, evict: bool) -> None:
+        self.events.emit(
+            STRAGGLER_EVENT, step=step, target_rank=s.rank, target_node=s.node, score=s.score,
+            since_step=s.since_step, compute_s=s.compute_s, peers_s=s.peers_s, evict=evict,
+            threshold=self.stragglers.threshold,
+        )  # fmt: skip
+        action = (
+            "evicting its node at this step boundary (a spare takes over)"
+            if evict
+            else "policy replace, but no hot spare: reported only"
+            if self.cfg.straggler.policy == "replace"
+            else "policy report"
+        )
+        self.log(
+            f"straggler: rank {s.rank} on node {s.node} computes {s.score:.2f}x slower than its "
+            f"peers ({s.compute_s:.3f} s against {s.peers_s:.3f} s a step) since step "
+            f"~{s.since_step}; {action}"
+        )
+
+    def _request_eviction(self, s: Straggler, step: int) -> None:
+        """Leave the eviction request in the kit launcher's channel; one line when there is no launcher."""
+        folder = os.environ.get(env.HEARTBEAT_DIR)
+        if not folder:
+            print("[trainer] no kit launcher to evict this node (no heartbeat folder): reported only")
+            return
         reason = (
             f"run {self.cfg.run.id}: rank {s.rank} (pod {os.environ.get(pod.POD_NAME_ENV, '?')}) computed "
             f"{s.score:.2f}x slower than its peers from step ~{s.since_step}; evicted at step {step}"
         )
-        mark = k8s_node.mark_straggler_node(reason, env=os.environ)
-        print(f"[trainer] {mark.line}", flush=True)
-        return mark
+        request_eviction(folder, EvictionRequest(rank=s.rank, step=step, pod=pod.pod_index(), reason=reason))
 
     def step(self, session: Session) -> contextlib.AbstractContextManager[Step]:
         """The bracket of the next step of `session` (see the module docstring)."""

@@ -7,7 +7,7 @@ the host copy of the last save, or the newest verified commit on disk) before `t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -15,8 +15,22 @@ from training.resilience.checkpoint.checkpointer import Checkpointer
 from training.resilience.checkpoint.reshard import ReshardPolicy
 
 if TYPE_CHECKING:
-    from training.resilience.job import Job
+    from training.resilience.config import ResilienceConfig
     from training.resilience.state import TrainState
+    from training.runtime.distributed import DistContext
+    from training.runtime.events import EventLog
+    from training.runtime.heartbeat import HeartbeatClient
+
+
+class JobParts(Protocol):
+    """What a Session reads of its `Job` (the Job passes itself): the config, the process group, the event
+    log, the heartbeat (a checkpoint wait is announced on it) and whether the restart is an in-process one."""
+
+    cfg: ResilienceConfig
+    ctx: DistContext | None
+    events: EventLog
+    heartbeat: HeartbeatClient
+    live_restart: bool
 
 STATE_KEY = "train"
 """The checkpoint's top-level key for the TrainState (the kit's checkpoints since the first release)."""
@@ -27,7 +41,7 @@ class Session:
     the steps the checkpointer decides (`interval`, or `auto`), each shard checksummed, committed by rank 0
     after every rank's write; `load` takes the newest commit that verifies and says why it skipped others."""
 
-    def __init__(self, job: Job, state: TrainState) -> None:
+    def __init__(self, job: JobParts, state: TrainState) -> None:
         if job.ctx is None:
             raise RuntimeError(
                 "a Session is built inside run()'s build callback, once the process group exists"

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from training.contracts.ports import free_port_run
-from training.launcher import blame
+from training.runtime import stacks
 from training.runtime import torch_internals as internals
 
 
@@ -120,7 +120,7 @@ def init_distributed(
     """Create the default process group and the 1-D device mesh FSDP2 shards over."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
-    blame.install()  # under the kit launcher: stacks on request, to tell a hung rank from its waiting peers
+    stacks.install()  # under the kit launcher: stacks on request, to tell a hung rank from its waiting peers
     device, backend = pick_device(local_rank)
     timeout = timedelta(seconds=timeout_s)
     if "MASTER_ADDR" not in os.environ and world == 1:

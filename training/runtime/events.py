@@ -75,8 +75,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from training.contracts.run_layout import EVENTS_DIR
+
 Role = Literal["trainer", "launcher"]
-EVENTS_DIR = "events"
 
 
 def events_dir(run_dir: str | os.PathLike[str]) -> Path:

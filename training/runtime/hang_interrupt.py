@@ -1,7 +1,7 @@
 """A hung training thread, interrupted in place: the launcher's first answer to a hang when the trainer
 restarts in process (the kit backend of training/resilience/inprocess.py).
 
-The launcher (training/launcher/agent.py) finds a rank silent past its heartbeat timeout and blames it
+The launcher (training/launcher/hang.py) finds a rank silent past its heartbeat timeout and blames it
 (training/launcher/blame.py). If that rank's beats say it is interruptible, the launcher sends it
 INTERRUPT_SIGNAL instead of restarting the group. The handler raises `HangInterrupted` in the training
 thread between two bytecodes, so a hang at Python level (a sleep, a lock, a loop waiting on something

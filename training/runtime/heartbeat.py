@@ -42,9 +42,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from training.contracts import env
+
 Phase = Literal["start", "load", "train", "checkpoint", "done"]
 PHASES: tuple[str, ...] = ("start", "load", "train", "checkpoint", "done")
-HEARTBEAT_DIR_ENV = "KIT_HEARTBEAT_DIR"
+HEARTBEAT_DIR_ENV = env.HEARTBEAT_DIR
 NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 RECENT_INTERVALS = 16
 

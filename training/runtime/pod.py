@@ -24,11 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-POD_NAME_ENV = "POD_NAME"
-POD_ROOT_ENV = "KIT_POD_ROOT_PID"
-"""Set by the kit launcher when no POD_NAME is there: it is the pod's main process."""
-GRACE_ENV = "KIT_TERMINATION_GRACE_S"
-"""The Job's terminationGracePeriodSeconds, rendered into the container env (k8s/spec.py)."""
+from training.contracts import env
+
+POD_NAME_ENV = env.POD_NAME
+POD_ROOT_ENV = env.POD_ROOT_PID
+GRACE_ENV = env.GRACE_S
 FREEZE_KILL_ENV = "KIT_FREEZE_KILL_S"
 """Seconds a frozen pod (the `freeze` fault) stays frozen before it is SIGKILLed."""
 DEFAULT_FREEZE_KILL_S = 30.0

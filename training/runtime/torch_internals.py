@@ -67,7 +67,7 @@ def _c10d(name: str, **fields: Any) -> Internal:
 
 
 INTERNALS: tuple[Internal, ...] = (
-    # --- torch's c10d rendezvous with the kit's spares (training/launcher/spares.py, --rdzv-backend=c10d) ---
+    # --- torch's c10d rendezvous with the kit's spares (launcher/rendezvous/c10d.py, --rdzv-backend=c10d) ---
     _c10d(
         "_RendezvousJoinOp.__call__",
         params=("self", "ctx", "deadline"),

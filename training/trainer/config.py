@@ -15,33 +15,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from training.resilience import config as resilience_config
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.config import (
-    MAX_SECONDS,
-    ConfigError,
-    InprocessConfig,
-    RunConfig,
-    TrainingConfig,
-    build_config,
-    check_positive,
-)
-from training.resilience.faults import FaultConfig
-from training.resilience.straggler import StragglerConfig
+from training import resilience
+from training.contracts import defaults
+from training.resilience import ConfigError
 
 if TYPE_CHECKING:
     from training.contracts.shapes import ModelArgs
 
 __all__ = [
-    "MAX_SECONDS", "ConfigError", "DataConfig", "InprocessConfig", "ModelConfig", "OptimConfig", "RunConfig",
-    "TrainConfig", "TrainingConfig", "help_text", "load_config", "model_shape", "sections", "to_dict",
-    "valid_keys",
+    "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "help_text", "load_config",
+    "model_shape", "to_dict",
 ]  # fmt: skip
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+
 
 ModelName = Literal["tiny", "small", "llama3.1-8b"]
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: ModelName = "tiny"
     """Model shape: tiny (~4 M params, tests), small (~125 M, CPU benchmarks), llama3.1-8b (the study's)."""
@@ -58,7 +53,7 @@ class ModelConfig:
     default: on CPU it only adds compile time; on GPU turn it on once the job runs."""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     kind: Literal["synthetic", "shards"] = "synthetic"
     """Token source: a deterministic synthetic stream, or memory-mapped token shards (see make_shards)."""
@@ -66,14 +61,14 @@ class DataConfig:
     """Folder of token shards (*.bin from `python -m training.trainer.make_shards`); only for kind=shards."""
     seq_len: int = 128
     """Tokens per sample (the model sees seq_len inputs and predicts seq_len targets)."""
-    batch_size: int = 4
+    batch_size: int = defaults.MICRO_BATCH
     """Samples per rank per forward and backward (a micro-batch): the global batch is batch_size x
     training.grad_accum_steps x world size, or training.global_batch, split into micro-batches of this
     size."""
 
     def __post_init__(self) -> None:
-        check_positive("data.seq_len", self.seq_len)
-        check_positive("data.batch_size", self.batch_size)
+        _positive("data.seq_len", self.seq_len)
+        _positive("data.batch_size", self.batch_size)
         if self.kind == "shards" and not self.path:
             raise ConfigError("data.path is required for data.kind=shards: pass --data.path SHARD_FOLDER")
         if self.kind == "synthetic" and self.path:
@@ -83,7 +78,7 @@ class DataConfig:
             )
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate of AdamW, reached at the end of warmup."""
@@ -101,7 +96,7 @@ class OptimConfig:
     """AdamW beta2."""
 
     def __post_init__(self) -> None:
-        check_positive("optim.lr", self.lr)
+        _positive("optim.lr", self.lr)
         if not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"optim.min_lr must be in [0, optim.lr={self.lr}], got {self.min_lr}")
         if self.warmup_steps < 0:
@@ -115,43 +110,31 @@ class OptimConfig:
                 raise ConfigError(f"{name} must be in [0, 1), got {beta}")
 
 
-@dataclass(kw_only=True)
-class TrainConfig:
-    """Root of the trainer's config; each component receives only its own section."""
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(resilience.ResilienceConfig):
+    """The kit trainer's config: the resilience sections (run, training, checkpoint, fault, inprocess,
+    straggler) plus its own model, data and optim, read and checked by the public loader like a user's."""
 
-    run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    fault: FaultConfig = field(default_factory=FaultConfig)
-    inprocess: InprocessConfig = field(default_factory=InprocessConfig)
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
-
-def sections() -> dict[str, type]:
-    """Section name -> dataclass, in the order of TrainConfig."""
-    return resilience_config.sections(TrainConfig)
-
-
-def valid_keys() -> list[str]:
-    return resilience_config.valid_keys(TrainConfig)
+    def validate(self, *, env: typing.Mapping[str, str]) -> None:
+        """The resilience rules, then the trainer's own across sections and against the machine."""
+        super().validate(env=env)
+        _validate_trainer(self)
 
 
 def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None) -> TrainConfig:
     """Build the validated TrainConfig from argv (without the program name): CLI > file > defaults."""
-    env = os.environ if env is None else env
-    cfg = build_config(TrainConfig, argv, env=env)
-    validate(cfg, env=env)
-    return cfg
+    return resilience.load_config(argv, env=os.environ if env is None else env, root=TrainConfig)
 
 
 def model_shape(cfg: TrainConfig) -> ModelArgs:
     """The model's shape: model.hf_path's config.json (the Llama family), else model.name's; ConfigError
     (one line) for a folder that is not a causal LM's. Standard library only."""
+    from training.contracts.hf_config import HfModelError, hf_shape, read_hf_config
     from training.contracts.shapes import MODEL_CONFIGS
-    from training.trainer.hf_model import HfModelError, hf_shape, read_hf_config
 
     if not cfg.model.hf_path:
         return MODEL_CONFIGS[cfg.model.name]
@@ -161,9 +144,8 @@ def model_shape(cfg: TrainConfig) -> ModelArgs:
         raise ConfigError(f"model.hf_path: {exc}") from None
 
 
-def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
-    """Rules across sections and against the machine: the resilience layer's, then the trainer's own."""
-    resilience_config.validate(cfg, env=env)
+def _validate_trainer(cfg: TrainConfig) -> None:
+    """The model's shape against the data's sequence length, and the shards against the model."""
     margs = model_shape(cfg)
     name = f"model.hf_path={cfg.model.hf_path!r}" if cfg.model.hf_path else f"model {cfg.model.name}"
     if cfg.data.seq_len > margs.max_seq_len:
@@ -172,7 +154,7 @@ def validate(cfg: TrainConfig, *, env: typing.Mapping[str, str]) -> None:
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
-        from training.trainer.data import (
+        from training.trainer.shards import (
             check_shards,  # data owns its format; it imports torch: only when needed
         )
 
@@ -193,8 +175,8 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
     path = Path(cfg.model.hf_path) / "tokenizer.json"
     if not path.is_file():
         return None
-    from training.trainer.data import tokenizer_fingerprint
-    from training.trainer.hf_model import HfModelError, check_tokenizer, read_hf_config
+    from training.contracts.hf_config import HfModelError, check_tokenizer, read_hf_config
+    from training.trainer.shards import tokenizer_fingerprint
 
     try:
         from tokenizers import Tokenizer
@@ -211,8 +193,8 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
 
 def help_text() -> str:
     """Every option with its type, default and docstring: what `--help` prints."""
-    return resilience_config.help_text(
-        TrainConfig, "usage: python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]"
+    return TrainConfig.help_text(
+        "usage: python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]"
     )
 
 

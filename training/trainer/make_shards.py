@@ -16,7 +16,7 @@ import numpy as np
 
 from cliargs import OneLineParser, int_arg
 from training.contracts import exitcodes
-from training.trainer.data import shard_files, write_shard
+from training.trainer.shards import shard_files, write_shard
 
 EOS = 256
 VOCAB_SIZE = 257

@@ -56,7 +56,7 @@ from tokenizers import Tokenizer
 
 from cliargs import OneLineParser, int_arg
 from training.contracts import exitcodes
-from training.trainer.data import fingerprint_json, shard_files, write_shard
+from training.trainer.shards import fingerprint_json, shard_files, write_shard
 
 EOS_CANDIDATES = ("</s>", "<|end_of_text|>", "<|endoftext|>")
 TEXT_SUFFIXES = (".txt",)

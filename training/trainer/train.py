@@ -209,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     try:
-        batch = resilience.plan_batch(  # sets training.global_batch and grad_accum_steps
+        batch = resilience.plan_batch(  # the config with training.global_batch and grad_accum_steps planned
             cfg, micro_batch=cfg.data.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
         )
+        cfg = batch.config
         plan_line = check_memory(cfg)
         if cfg.model.hf_path and has_weights(cfg.model.hf_path):  # before any group: one line, not rank 37
             check_weights(cfg.model.hf_path)
@@ -235,6 +236,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training.runtime.process_exit import leave
-
-    leave(main())
+    resilience.leave(main())

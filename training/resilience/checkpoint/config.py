@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from training.contracts import defaults
+
 Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
 WriterPriority = Literal["idle", "normal"]
@@ -35,12 +37,12 @@ def nvrx_unavailable_reason() -> str | None:
     return None
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     mode: Mode = "async"
     """off: never save; sync: the loop waits for every shard to be durable; async: the loop pays only for
     taking the state (a host copy runs in the background) and the write overlaps training."""
-    interval: int | Literal["auto"] = 100
+    interval: int | Literal["auto"] = defaults.CHECKPOINT_INTERVAL
     """Save every this many steps (an integer >= 1: the most work a fault can lose, in steps), or `auto`: the
     interval is chosen from what the run measures (the cost of one save, the step time, the faults seen),
     Young/Daly's optimum, re-evaluated after every save within [interval_min, interval_max] and logged

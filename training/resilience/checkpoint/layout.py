@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
-CHECKPOINTS_DIR = "checkpoints"
-COMMIT_FILE = "commit.json"
-_STEP_RE = re.compile(r"^step_(\d{8,})$")
+from training.contracts.run_layout import CHECKPOINTS_DIR, COMMIT_FILE, STEP_DIR, step_dir_name
 
 
 def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -17,7 +14,7 @@ def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
+    return root / step_dir_name(step)
 
 
 def remove_step(root: Path, step: int) -> None:
@@ -33,7 +30,7 @@ def list_steps(root: Path) -> list[int]:
         return []
     steps = []
     for entry in os.scandir(root):
-        match = _STEP_RE.match(entry.name)
+        match = STEP_DIR.match(entry.name)
         if match and entry.is_dir():
             steps.append(int(match.group(1)))
     return sorted(steps)

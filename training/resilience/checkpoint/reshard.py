@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.contracts.seeds import mix
 from training.resilience.checkpoint.commit import CommitRecord
-from training.runtime.seeds import mix
 
 
 @dataclass(frozen=True)

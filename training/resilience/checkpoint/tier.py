@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from training.contracts import env
 from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, verify_file
 from training.resilience.checkpoint.layout import list_steps, step_dir
 
-TIER_DIR_ENV = "KIT_TIER_DIR"
-"""The node's memory-tier folder, set by the kit launcher for its workers."""
+TIER_DIR_ENV = env.TIER_DIR
 FORMAT = "kit-tier-record/1"
 Origin = Literal["own", "peer"]
 

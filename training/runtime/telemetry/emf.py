@@ -27,8 +27,8 @@ from typing import Any, TextIO
 
 from training.contracts import metrics_catalog as catalog
 from training.contracts.metrics_settings import MetricsSettings
+from training.contracts.run_layout import METRICS_DIR
 
-METRICS_DIR = "metrics"
 """Run-folder subfolder of the `file` sink's records: one `<who>-<host>-<pid>.emf.jsonl` per process."""
 QUEUE_RECORDS = 10_000
 RECONNECT_S = 5.0

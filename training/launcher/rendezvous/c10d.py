@@ -1,4 +1,5 @@
-"""Hot spares on torchelastic's dynamic rendezvous (reference/node-loss.md).
+"""The c10d backend (`--rdzv-backend=c10d`): torch's dynamic rendezvous with the kit's hot spares
+(reference/node-loss.md).
 
 With `--nnodes N:N` and more than N agents, the agents that arrive once a round is complete wait in its
 redundancy list: warm (launcher, zygote with torch imported), keeping alive, no worker started, no join
@@ -14,34 +15,36 @@ It also builds the c10d handler itself (`c10d_handler`), because torch parses `k
 whole seconds, and tunes what bounds the detection of a silently dead node: the keep-alive expiry,
 interval x max_attempt, after the node's last beat (then the next state read drops it). A training node
 beats from a timer every interval (plus the write's own time); a node that waits (a spare in the
-redundancy list, a node in a re-forming round) beats from its state poll, and torch's test wrote a beat
-only when the last one was a whole interval old, so at 0.5 s on the 0.2 s poll a spare beat every 0.6 s.
+redundancy list, a node in a re-forming round) beats from its state poll, and torch's test writes a beat
+only when the last one is a whole interval old, so at 0.5 s on the 0.2 s poll a spare beats every 0.6 s.
 The kit's test (`_should_keep_alive`) makes a beat due at BEAT_DUE (half) of an interval, so every node
-beats about once an interval whether it trains or waits. The launcher's default, 0.25 s x 5 = 1.25 s
-(was 0.5 s x 4 = 2 s), drops a dead node 0.75 s sooner and still lets a live node's keep-alive stall for
-(5 - 1) x 0.25 = 1 s (healthy processes were seen stalled 0.6-0.75 s on a busy 2-core machine; a false
-expiry restarts the group onto a spare). Each beat is a compare-and-set of the whole state: 4 writes a
+beats about once an interval whether it trains or waits. The launcher's default, 0.25 s x 5 = 1.25 s,
+drops a dead node within 1.25 s and still lets a live node's keep-alive stall for (5 - 1) x 0.25 = 1 s
+(healthy processes were seen stalled 0.6-0.75 s on a busy 2-core machine; a false expiry restarts the
+group onto a spare). Each beat is a compare-and-set of the whole state: 4 writes a
 second per node, 256 a second for 64 nodes (docs/launcher.md).
 
 One gap in torch is closed (`SpareJoinOp`): a node that put itself on the wait list while the old round
 was emptying, and found the new round complete without it, stays on the wait list for good; every
 healthy agent then sees a node waiting and restarts its group, the next round again leaves one node
-waiting, and the job restarts in a loop. Such a node now moves to the redundancy list: a spare.
+waiting, and the job restarts in a loop. Here such a node moves to the redundancy list: a spare.
 
 torch also polls the rendezvous state once a second while a node waits (a hard-coded 1 s sleep) and
 reuses a state it read for 1 s, so each membership step of a re-forming round (the dead node's expiry,
-a spare moving off the redundancy list, a join, the round complete) was seen up to a second late; the
+a spare moving off the redundancy list, a join, the round complete) is seen up to a second late; the
 kit polls every RDZV_POLL_S (`install_join_fix`) and, while a node forms a round, rereads the state at
-each poll (`KitRendezvousHandler`): a few small reads a second per waiting node.
+each poll (`C10dSparesHandler`): a few small reads a second per waiting node.
 
 Every rendezvous step also names its method for an event through `inspect.stack()`, which reads the
 source of every frame (~6 ms a call on a busy machine, several per poll and per keep-alive, under the
-launcher's GIL): a waiting spare's launcher used 13 % of a core and beat only every ~0.5 s, with gaps up
-to 14 s under load. The kit looks the frame up instead (`_method_name`).
+launcher's GIL): measured, a waiting spare's launcher uses 13 % of a core and beats only every ~0.5 s,
+with gaps up to 14 s under load. The kit looks the frame up instead (`_method_name`).
 
 Rank 0 of a round picks the workers' MASTER_PORT (the kit runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 through torch's `get_free_port`, which checks only that port; the kit checks the two after it too
 (`training.contracts.ports`: the NVRx backend's stores live there).
+
+Ranks are kept across rounds by `ranks.stable_ranks`, the rule the kit's own backend uses too.
 
 `first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
 rendezvous internals, only through training/runtime/torch_internals.py, which checks them at start-up.
@@ -64,6 +67,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from typing_extensions import override
 
 from training.contracts.ports import free_port_run
+from training.launcher.rendezvous.ranks import stable_ranks
 from training.runtime import torch_internals as internals
 
 POLL_S = 0.2
@@ -83,28 +87,6 @@ compare-and-set) that holds the last complete round's node -> rank: its members,
 def last_round_ranks(state: object) -> dict[object, int]:
     """Node -> rank of the last complete round ({} before the first)."""
     return dict(getattr(state, KIT_RANKS, None) or {})
-
-
-def stable_ranks(previous: dict[object, int], nodes: list[object]) -> dict[object, int]:
-    """Ranks 0..len(nodes)-1 for `nodes` (sorted, as torch orders them): a node of the previous round keeps
-    its rank when it is still free and in range; the others take the free ranks in order.
-
-    Why: a rank's memory-tier copy of its checkpoint shard, and its buddy's, are kept by rank
-    (training.resilience.checkpoint.tier). torch numbers the nodes of every round by their sorted addresses,
-    so a spare that sorts between two survivors shifted one survivor to another rank, whose shard was then
-    on another node. Kept ranks mean a survivor restores from its own memory and only the newcomer fetches
-    the lost node's shards (from the lost node's buddy)."""
-    size = len(nodes)
-    ranks: dict[object, int] = {}
-    for node in nodes:
-        rank = previous.get(node)
-        if rank is not None and rank < size and rank not in ranks.values():
-            ranks[node] = rank
-    free = iter(sorted(set(range(size)) - set(ranks.values())))
-    for node in nodes:
-        if node not in ranks:
-            ranks[node] = next(free)
-    return ranks
 
 
 def members_absent(ctx) -> int:  # type: ignore[no-untyped-def]
@@ -180,8 +162,8 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
     """torch's `_delay`, with its 1 s state poll shortened to RDZV_POLL_S and no join skew on a re-join.
 
     torch skews a node's join by a random 0-0.3 s "if this is our first run" (state.round == 0), but the
-    round only advances once every participant has left it, so the first restart of every job also
-    waited a random 0-0.3 s (mean 0.15 s, most of a single-node restart's rendezvous phase). A first join
+    round only advances once every participant has left it, so the first restart of every job would also
+    wait a random 0-0.3 s (mean 0.15 s, most of a single-node restart's rendezvous phase). A first join
     keeps the skew; a handler that has formed a round before re-joins at once."""
     if isinstance(seconds, tuple) and getattr(_rejoin, "active", False):
         return
@@ -222,9 +204,9 @@ def install_join_fix() -> None:
     internals.replace(rendezvous, "get_method_name", _method_name)
 
 
-class KitRendezvousHandler(DynamicRendezvousHandler):
+class C10dSparesHandler(DynamicRendezvousHandler):
     """torch's handler, reading the shared state every RDZV_POLL_S while it forms a round (torch caches it
-    for 1 s, so a waiting node saw a dead node's expiry or another node's join up to 1 s late); a node that
+    for 1 s, so a waiting node sees a dead node's expiry or another node's join up to 1 s late); a node that
     trains keeps torch's 1 s cache for its membership checks (one read a second per node). A re-join
     (a restart) skips torch's first-join skew (`_poll_delay`)."""
 
@@ -258,7 +240,7 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
     timeout = RendezvousTimeout(
         join=seconds("join", 600), last_call=seconds("last_call", 30), close=seconds("close", 30)
     )
-    return KitRendezvousHandler.from_backend(
+    return C10dSparesHandler.from_backend(
         params.run_id,
         store,
         backend,
@@ -271,8 +253,14 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
     )
 
 
-def is_spare(node_rank: int, nodes: int) -> bool:
-    return node_rank >= nodes
+def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """`c10d_handler` from the parameters alone: the config carries the keep-alive (keep_alive_interval in
+    seconds, fractions allowed; keep_alive_max_attempt), with torch's defaults (5 s, 3) when absent."""
+    return c10d_handler(
+        params,
+        keep_alive_s=float(params.get("keep_alive_interval", 5)),
+        attempts=int(params.get("keep_alive_max_attempt", 3)),
+    )
 
 
 def first_round_complete(handler: RendezvousHandler) -> bool:
