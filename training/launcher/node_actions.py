@@ -167,8 +167,10 @@ class NodeActions:
         env: Mapping[str, str],
         folder: Callable[[], str | None],
         drain: Callable[[], None],
+        sa_dir: Path = SA_DIR,
     ) -> None:
         self.events = events
+        self.sa_dir = sa_dir
         self.env = env
         self.folder = folder
         """The current heartbeat folder (the launcher makes one per worker group), None before the first."""
@@ -186,7 +188,7 @@ class NodeActions:
         if isinstance(request, str):
             log.warning("kit-launch: %s", request)
             return
-        mark = mark_straggler_node(request.reason, env=self.env)
+        mark = mark_straggler_node(request.reason, env=self.env, sa_dir=self.sa_dir)
         log.warning("kit-launch: %s", mark.line)
         self.events.emit(
             "straggler_node", step=request.step, target_rank=request.rank, pod=request.pod, evict=True,

@@ -1,8 +1,9 @@
-"""training/launcher/node_actions.py against a real HTTPS server on 127.0.0.1 that plays the Kubernetes API
-server: it checks what a real one checks (method, path, content type, bearer token, a merge-patch body) and
-answers 200 or 403 as RBAC would. The pod's service-account folder (token, ca.crt) is a temporary one whose
-CA signed the server's certificate, so the client's TLS verification is the real one, with no test hook in
-the code."""
+"""training/launcher/node_actions.py: a rank's eviction request taken from the launcher's channel and acted on
+once (the cordon, the event, the drain); the cordon against a real HTTPS server on 127.0.0.1 that plays the
+Kubernetes API server: it checks what a real one checks (method, path, content type, bearer token, a
+merge-patch body) and answers 200 or 403 as RBAC would. The pod's service-account folder (token, ca.crt) is a
+temporary one whose CA signed the server's certificate, so the client's TLS verification is the real one,
+with no test hook in the code."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from training.launcher.node_actions import (
     NODE_NAME_ENV,
     REASON_ANNOTATION,
     STRAGGLER_LABEL,
+    NodeActions,
     mark_straggler_node,
 )
+from training.runtime.events import EventLog, read_events
+from training.runtime.eviction import REQUEST_FILE, EvictionRequest, request_eviction
 
 NODE = "ip-10-0-1-5.ec2.internal"
 LOOPBACK = "127.0.0.1"
@@ -216,3 +220,49 @@ def test_without_the_node_name_or_the_token_it_says_which(tmp_path: Path, sa_dir
     assert not mark.cordoned
     assert mark.line.startswith(f"node {NODE} not cordoned: no service-account token or CA in ")
     assert "FileNotFoundError" in mark.line
+
+
+def _request(folder: Path) -> None:
+    request_eviction(folder, EvictionRequest(rank=3, step=7, pod=1, reason=REASON))
+
+
+def test_the_launcher_takes_a_ranks_request_once_cordons_records_and_drains(
+    tmp_path: Path, api: FakeApiServer, sa_dir: Path
+) -> None:
+    folder, drains = tmp_path / "hb", []
+    folder.mkdir()
+    events = EventLog(tmp_path / "run", role="launcher", rank=None)
+    actions = NodeActions(
+        events=events, env=_env(api.port), folder=lambda: str(folder), drain=lambda: drains.append(1),
+        sa_dir=sa_dir,
+    )  # fmt: skip
+    actions.poll()
+    assert (drains, api.requests) == ([], [])  # nothing asked: nothing done
+    _request(folder)
+    actions.poll()
+    actions.poll()
+    _request(folder)  # a second rank's request while the pod drains: the node is already going
+    actions.poll()
+    assert drains == [1] and len(api.requests) == 1
+    assert api.requests[0]["body"]["metadata"]["annotations"] == {REASON_ANNOTATION: REASON}
+    (event,) = [e for e in read_events(tmp_path / "run") if e["kind"] == "straggler_node"]
+    assert (event["role"], event["target_rank"], event["step"], event["pod"]) == ("launcher", 3, 7, 1)
+    assert (event["evict"], event["cordoned"], event["node_name"]) == (True, True, NODE)
+
+
+def test_a_file_that_is_not_a_request_is_set_aside_with_one_line(tmp_path: Path, caplog) -> None:
+    folder, drains = tmp_path / "hb", []
+    folder.mkdir()
+    (folder / REQUEST_FILE).write_bytes(b"\xff{not json")
+    actions = NodeActions(
+        events=EventLog(tmp_path / "run", role="launcher", rank=None), env={}, folder=lambda: str(folder),
+        drain=lambda: drains.append(1),
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="kit.launch"):
+        actions.poll()
+    assert drains == [] and not (folder / REQUEST_FILE).exists()
+    (line,) = caplog.messages
+    assert (
+        line.startswith(f"kit-launch: {folder / REQUEST_FILE} is not an eviction request (")
+        and "ignored" in line
+    )
