@@ -67,7 +67,7 @@ def store() -> Iterator[Store]:
     yield s
     for member in Member.alive:  # their threads end; none reaches for the store once it is gone
         member.handler.link.closed = True
-        member.handler.leave()
+        member.handler.depart()
     Member.alive.clear()
     s.close()
 
@@ -209,7 +209,7 @@ def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
     with pytest.raises(queue.Empty):
         victim.next(timeout=2.0)
     # ... and takes the place of the next member that leaves.
-    spare.handler.leave()
+    spare.handler.depart()
     a.join()
     back = victim.next()
     assert (back["round"], back["rank"]) == (3, lost_rank) and a.result()[0] == 3
@@ -223,7 +223,7 @@ def test_a_node_that_leaves_is_replaced_without_waiting_for_its_beat_to_expire(
     a.result(), b.result(), c.result()
     b_rank = b.handler.members[b.handler.node]
     with caplog.at_level(logging.WARNING, logger="kit.launch"):
-        b.handler.leave()  # drained or given up
+        b.handler.depart()  # drained or given up
         a.join(), c.join()
         assert spare.result() == (2, b_rank, 3)
         assert a.result()[0] == c.result()[0] == 2
@@ -264,7 +264,7 @@ def test_the_store_restarts_and_training_goes_on_then_the_next_change_works(
         assert m.handler.num_nodes_waiting() == 0
         assert not m.handler.is_closed()
     # The next membership change: b leaves, a re-joins; the spare (registered again) takes b's place.
-    b.handler.leave()
+    b.handler.depart()
     a.join()
     assert spare.result()[0] == 2 and a.result()[0] == 2
 
@@ -286,10 +286,10 @@ def test_an_elastic_job_takes_the_spare_first_then_shrinks_then_grows_back(store
     a, b, c = (Member(store, 3, min_nodes=2).join() for _ in range(3))
     spare = Member(store, 3, spare=True, min_nodes=2).join()
     assert {m.result()[2] for m in (a, b, c)} == {3}
-    c.handler.leave()  # lost (a departed node is judged at once; a silent one at its beat's limit)
+    c.handler.depart()  # lost (a departed node is judged at once; a silent one at its beat's limit)
     a.join(), b.join()
     assert spare.result()[:3:2] == (2, 3) and a.result()[2] == b.result()[2] == 3
-    spare.handler.leave()  # lost too: nobody left to take its place
+    spare.handler.depart()  # lost too: nobody left to take its place
     t0 = time.monotonic()
     a.join(), b.join()
     assert a.result()[:3:2] == b.result()[:3:2] == (3, 2)

@@ -268,7 +268,7 @@ def _close_rendezvous(agent: KitElasticAgent, spec: WorkerSpec, *, close: bool) 
     if close:
         spec.rdzv_handler.shutdown()
     elif isinstance(spec.rdzv_handler, rendezvous.KitRendezvous):
-        spec.rdzv_handler.leave()  # drained, given up or signalled: the next round need not wait
+        spec.rdzv_handler.depart()  # drained, given up or signalled: the next round need not wait
 
 
 def _outcome(

@@ -303,7 +303,7 @@ class Job:
         if checkpointer.due(step.number):  # a slow save must not look like a hang to the launcher
             self.heartbeat.phase("checkpoint")
         if self.drain.agreed:
-            self.leave(session)
+            self.drain_and_exit(session)
         checkpointer.maybe_save(step.number, session.ckpt_state)
         self.heartbeat.beat(step.number)
         self.gc.after_step(step.number)
@@ -329,7 +329,7 @@ class Job:
         self.heartbeat.phase("train")
         return step
 
-    def leave(self, session: Session) -> None:
+    def drain_and_exit(self, session: Session) -> None:
         """A pod is drained: every rank saves and commits this step (after any save in flight), then exits.
 
         The barrier holds every rank until rank 0 has written the commit record, so a drained pod never

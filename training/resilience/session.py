@@ -32,6 +32,7 @@ class JobParts(Protocol):
     heartbeat: HeartbeatClient
     live_restart: bool
 
+
 STATE_KEY = "train"
 """The checkpoint's top-level key for the TrainState (the kit's checkpoints since the first release)."""
 

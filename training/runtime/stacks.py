@@ -44,5 +44,3 @@ def install() -> None:
     stream.flush()
     faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
     _stack_file = stream
-
-

@@ -59,7 +59,7 @@ def node_id(addr: str) -> str:
 
 
 class KitRendezvous(RendezvousHandler):
-    """torch's handler contract plus the agent's calls (`leave`, `gone_neighbour`), each passed to the part
+    """torch's handler contract plus the agent's calls (`depart`, `gone_neighbour`), each passed to the part
     that owns it: the beats, the failure detector, the rounds, the pool."""
 
     def __init__(self, link: StoreLink, settings: Settings, *, local_addr: str | None = None) -> None:
@@ -128,7 +128,7 @@ class KitRendezvous(RendezvousHandler):
         """Close the rendezvous (the job is over: spares exit 0) and stop beating."""
         try:
             self.set_closed()
-            self.leave()
+            self.depart()
         except (RendezvousConnectionError, RuntimeError) as exc:
             log.warning("kit-launch: could not close the rendezvous: %s", exc)
             return False
@@ -176,9 +176,9 @@ class KitRendezvous(RendezvousHandler):
 
     # --- the kit's additions ----------------------------------------------------------------------------
 
-    def leave(self) -> None:
-        """This node leaves for good (drained, given up): the next round does not wait for its expiry."""
-        self.beats.leave()
+    def depart(self) -> None:
+        """This node departs for good (drained, given up): the next round does not wait for its expiry."""
+        self.beats.depart()
 
     def gone_neighbour(self, count: int = RING_NEIGHBOURS) -> tuple[str, str] | None:
         """(name, why) of a node among the next `count` of the last round after this one whose beat says it
@@ -199,7 +199,7 @@ class KitRendezvous(RendezvousHandler):
         self.membership.republish()
 
     def _raise_if_closed(self) -> None:
-        if self.beats.left:
+        if self.beats.departed:
             raise RendezvousClosedError("this node left the rendezvous")
         if self.is_closed():
             if self.round == 0 and (self.pool.in_pool or self.settings.spare):

@@ -4,7 +4,7 @@ A node's beat thread sets its own key, `beat/<node>` = its wall clock (a few byt
 interval. Nobody reads the beats while the job trains: a lost node is found by its peers' workers (a failed
 collective, or a hang the heartbeat monitor sees), whose agents then re-join. The beats are read only while
 a round forms, and only for the members that did not come back: dead once the beat is older than the node's
-own limit, or at once when it reads `left` (a drained or given-up node, `leave()`). The limit adapts to the
+own limit, or at once when it reads `left` (a drained or given-up node, `depart()`). The limit adapts to the
 host, as an accrual failure detector does (Hayashibara et al.; Akka, Cassandra): each beat carries the
 longest gap the node saw between its own beats over the last 30 s, and the limit is 3x the larger of that
 and the load now (the leader's own beat gaps of the last 5 s and the joiners' median stall: a burst every
@@ -89,7 +89,7 @@ class Beats:
         self.settings = settings
         self._key = keys.beat(node)
         self._stop = threading.Event()
-        self.left = False
+        self.departed = False
         """Set once the node left for good: it beats no more and its key reads `left`."""
         self._thread: threading.Thread | None = None
         self.gap_max_s = 0.0
@@ -104,12 +104,12 @@ class Beats:
         """When this node last beat (the beat thread's clock)."""
 
     def beat(self) -> None:
-        if not self.left:
+        if not self.departed:
             self.link.call("set", self._key, lambda: beat_value(time.time(), self.stall()))
 
-    def leave(self) -> None:
+    def depart(self) -> None:
         """Stop beating and say `left`: the next round does not wait for this node's expiry."""
-        self.left = True
+        self.departed = True
         self._stop.set()
         with contextlib.suppress(RendezvousConnectionError, RuntimeError):
             self.link.call("set", self._key, LEFT)  # else the beat expires
