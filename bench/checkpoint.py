@@ -36,14 +36,15 @@ difference of two runs, whose noise was the size of the kit's whole cost):
       run's base (interval 1, the calibrated value here) the kit's paired extra wall came out -9..+7 s
       over the repetitions of a full run, as other load moves step times between runs; with its own base
       (interval 2, the quick size) 0.8-1.7 s. The cost: twice the steps per run.
-Cross-check columns, the old definitions: extra wall over the `none` run (drain included) and extra
-process CPU per save over the `none` run. Last line, medians over the repetitions:
+Cross-check columns, each a difference of two runs (noisier, kept to check the paired figures against): extra
+wall over the `none` run (drain included) and extra process CPU per save over the `none` run. Last line,
+medians over the repetitions:
 `RESULT stall_ratio=... efficiency=... cost_ratio=... vs_dcp_async=... mem_ratio=... cpu_ratio=...`
 (kit vs sync stall, kit's efficiency, kit vs sync paired extra wall, kit vs the better dcp.async_save's
 paired extra wall, kit memory, kit's save CPU per save vs the cheaper dcp.async_save's); the line before
 it, `SPREAD`, holds each figure's min-max. `--json PATH` records the figures; `--check-stability A.json
-B.json C.json` says whether runs agree within 10 % on every RESULT figure (issue 15's test of a benchmark
-that holds still).
+B.json C.json` says whether runs agree within 10 % on every RESULT figure (bench/stability.py: a figure that
+moves more than that between idle runs cannot back a claim).
 glibc's dynamic mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so freed buffers return to the OS and
 each competitor's peak memory is its own.
 """

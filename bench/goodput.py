@@ -23,9 +23,10 @@ minutes on 2 cores) and only prints. Last line:
 unfired=<planned faults that never fired, over those runs> plan_error=<max over those mechanisms of
 |predicted - measured| strict goodput>`.
 
-The plan's validation (issue 36): `make plan`'s model (ops/plan/schedule.py), fed this job (its median
-step, its interval, the schedule's faults) and each mechanism's per-phase costs from
-docs/benchmarks/calibration.json, predicts each mechanism's strict goodput; the run prints both.
+The plan's validation (does the plan predict what a run measures?): `make plan`'s model
+(ops/plan/schedule.py), fed this job (its median step, its interval, the schedule's faults) and each
+mechanism's per-phase costs from docs/benchmarks/calibration.json, predicts each mechanism's strict goodput;
+the run prints both.
 `--calibrate` measures those costs (apart from the runs it predicts): each RESULT mechanism fault-free (60
 steps) and with one exception and one hang (bench/recovery_cases.py's fault steps), --reps times (default 3)
 interleaved, and rewrites that file's section.

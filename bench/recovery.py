@@ -26,10 +26,11 @@ starts SPARE_REPLACEMENT_AFTER_S after the loss, not on the cores the recovery r
 completed), and where the spare's recovery went (recovery_phases); a baseline's lost job is reported as it
 is.
 
-Repetitions (issue 15: figures that hold still): each RESULT ratio's numerator and denominator run --reps
-times (default 7, --quick 2) in this one run, interleaved (rep 1 of every case, then rep 2, ...) so that a
-slow minute of the machine hits both; a ratio is the median of the per-repetition ratios, with its min-max
-spread. The cases behind the doc's other claims run min(3, reps) times, the baselines' node cases once.
+Repetitions (so that a figure holds still from run to run): each RESULT ratio's numerator and denominator run
+--reps times (default 7, --quick 2) in this one run, interleaved (rep 1 of every case, then rep 2, ...) so
+that a slow minute of the machine hits both; a ratio is the median of the per-repetition ratios, with its
+min-max spread. The cases behind the doc's other claims run min(3, reps) times, the baselines' node cases
+once.
 --json PATH records the figures; --check-stability A.json B.json C.json says whether runs agree within 10 %.
 
 Last line: `RESULT kill_recovery_ratio=<kit / ft_launcher> inprocess_ratio=<kit-inproc / nvrx-wrapper>

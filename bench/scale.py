@@ -2,13 +2,14 @@
 
 `python -m bench.scale [--quick] [--nodes 4,16,64] [--launchers 4,16]` runs two parts in one run:
 
-Light nodes, for each N and each design (the kit's, training/launcher/rendezvous.py, and torch's c10d with
-the kit's spares, training/launcher/spares.py; each with the launcher's keep-alive defaults): N member nodes
-and one hot spare against the kit's real store process (`python -m training.launcher.store`). A node is a
-handler and a thread that does what the kit's agent does with it (`next_rendezvous`, then a membership check
-every monitor interval, re-joining when a node waits), without workers: many nodes share a client process so
-that 2 cores hold hundreds of them. The victim node has a process of its own, so that it can be lost the way
-a host is lost: SIGSTOP (silent: its socket stays open, nothing answers), then SIGKILL at the end.
+Light nodes, for each N and each design (the kit's, training/launcher/rendezvous/kit.py, and torch's c10d
+with the kit's spares, training/launcher/rendezvous/c10d.py; each with the launcher's keep-alive defaults):
+N member nodes and one hot spare against the kit's real store process (`python -m training.launcher.store`).
+A node is a handler and a thread that does what the kit's agent does with it (`next_rendezvous`, then a
+membership check every monitor interval, re-joining when a node waits), without workers: many nodes share a
+client process so that 2 cores hold hundreds of them. The victim node has a process of its own, so that it
+can be lost the way a host is lost: SIGSTOP (silent: its socket stays open, nothing answers), then SIGKILL at
+the end.
   formation  from the last member's join call to the last member's complete round
   steady     STEADY_S of fault-free membership: the store process' CPU and bytes (its /proc stat and io:
              every byte it read or wrote on its sockets), the compare-and-set writes of the rendezvous state
@@ -70,7 +71,8 @@ FORM_TIMEOUT_S = 240.0
 RECOVERY_TIMEOUT_S = 120.0
 PROJECT_TO = 1024 + 64
 BYTES_GROWTH_GOAL = 1.1
-"""Issue 32's goal for the exponent of the store's bytes per second in N."""
+"""The highest exponent of the store's bytes per second in N that a design may show: per-node liveness must
+cost O(1) bytes per beat, so the store's traffic grows about linearly with N."""
 
 
 # --- a client process: many light nodes ---------------------------------------------------------------------
@@ -500,8 +502,8 @@ def section(
     rows = sorted(rows, key=lambda r: (r["design"] != "kit", r["nodes"]))
     notes = []
     for design, what in (
-        ("kit", "the kit's rendezvous (training/launcher/rendezvous.py, the launcher's default)"),
-        ("c10d", "torch's c10d rendezvous with the kit's spares (training/launcher/spares.py)"),
+        ("kit", "the kit's rendezvous (training/launcher/rendezvous/kit.py, the launcher's default)"),
+        ("c10d", "torch's c10d rendezvous with the kit's spares (training/launcher/rendezvous/c10d.py)"),
     ):
         mine = [r for r in rows if r["design"] == design]
         if len(mine) < 2:

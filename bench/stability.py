@@ -1,9 +1,10 @@
 """Do consecutive runs of a benchmark agree? `--check-stability A.json B.json C.json` of every bench.
 
-Issue 15's criterion: three full runs on an idle machine agree within 10 % on every RESULT ratio. A ratio's
-spread is (max - min) / min across the runs' medians; a count (restarts, lost steps, survived) agrees only
-when it is the same in every run; a figure missing or not finite in any run fails. One module so that every
-benchmark judges the same way and prints the same table.
+The criterion: three full runs on an idle machine agree within 10 % on every RESULT ratio (a figure that moves
+more than that between idle runs cannot back a claim). A ratio's spread is (max - min) / min across the runs'
+medians; a count (restarts, lost steps, survived) agrees only when it is the same in every run; a figure
+missing or not finite in any run fails. One module so that every benchmark judges the same way and prints the
+same table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 TOLERANCE = 0.10
-"""Issue 15: three full runs on an idle machine agree within 10 % on every RESULT ratio."""
+"""The largest relative spread, (max - min) / min, at which three full runs on an idle machine agree on a
+RESULT ratio."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from k8s.profiles import ProfileName
+from training.contracts import env as kit_env
 
 Launcher = Literal["kit", "ft_launcher", "torchrun"]
 ModelName = Literal["tiny", "small", "llama3.1-8b", "llama3.1-70b"]
@@ -71,15 +72,15 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "NNODES",
         "NPROC_PER_NODE",
         "JOB_COMPLETION_INDEX",
-        "KIT_HEARTBEAT_DIR",
-        "KIT_CONFIG",
-        "KIT_TERMINATION_GRACE_S",
-        "KIT_POD_ROOT_PID",
+        kit_env.HEARTBEAT_DIR,
+        kit_env.CONFIG,
+        kit_env.GRACE_S,
+        kit_env.POD_ROOT_PID,
         "KIT_EXIT78_MARK",
-        "KIT_NODE_NAME",
+        kit_env.NODE_NAME,
         "RUN_ID",
         "RUN_DIR",
-        "POD_NAME",
+        kit_env.POD_NAME,
         "POD_IP",
         "POD_NAMESPACE",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
@@ -165,7 +166,7 @@ class JobValues:
     """Kubernetes imagePullPolicy; use Always with a moving tag such as latest."""
     service_account: str = "kit-trainer"
     """Service account of the pods (created; no API token is mounted, except with STRAGGLER_POLICY=replace
-    and SPARES: the slow node's pod then cordons its node, docs/runbook.md)."""
+    and SPARES: the slow pod's launcher then cordons its node, docs/runbook.md)."""
     kueue_queue: str = ""
     """Kueue LocalQueue for gang admission (label kueue.x-k8s.io/queue-name on the Job): Kueue then admits
     all NODES pods at once or none, so a job never holds half its GPUs idle while it waits. Empty: no
@@ -220,8 +221,8 @@ class JobValues:
     relative to the image's working directory; the repository root locally) or "bash run.sh" (any program).
     The launcher runs it on every rank; it gets no --config: the kit's resilience config is the file
     $KIT_CONFIG (training.resilience.load_config() reads it), which then holds only the run, training,
-    checkpoint, fault and inprocess sections, so MODEL, DATA_KIND, DATA_PATH, SEQ_LEN, BATCH_SIZE and
-    TRAIN.model/data/optim.* are refused. Later words may use $(VAR) of the pod's env (Kubernetes expands
+    checkpoint, fault, inprocess and straggler sections, so MODEL, DATA_KIND, DATA_PATH, SEQ_LEN, BATCH_SIZE
+    and TRAIN.model/data/optim.* are refused. Later words may use $(VAR) of the pod's env (Kubernetes expands
     it; $$ is a literal $). Empty: the kit's trainer (python -m training.trainer --config $KIT_CONFIG)."""
     model: ModelName | None = None
     """Model: tiny, small or llama3.1-8b. None: the profile's (p5/p4d llama3.1-8b, g5 small, local tiny)."""
@@ -256,8 +257,12 @@ class JobValues:
     only), off. auto: peer when its copies fit in /dev/shm (at most half the pod's memory), else local, else
     off; one node: local. The rendered config holds the choice."""
     fault_spec: str = ""
-    """Injected faults, e.g. kill:step=20:rank=1,exception:step=45:rank=1 (kinds kill, hang, sigstop,
-    exception, oom; step=N or time=SECONDS). Empty: none."""
+    """Injected faults, comma-separated, each at step=N or time=SECONDS (after trainer start). Rank kinds
+    KIND:step=N:rank=R: kill, hang, sigstop, exception, oom, and slow (a straggler, which also takes
+    factor=F: slow:step=N:rank=R:factor=F, 1 < F <= 100). Node kinds act on a whole pod, K its completion
+    index (pod 0 included): node (every process SIGKILLed at once), freeze (every process SIGSTOPped: a
+    silent node loss) and drain (SIGTERM, then SIGKILL after the grace period), as node:step=N:node=K.
+    E.g. kill:step=20:rank=1,exception:step=45:rank=1,drain:time=60:node=0. Empty: none."""
     fault_schedule_seed: int | None = None
     """Seed of the study's random fault schedule (never rank 0). None: no schedule."""
     fault_schedule_count: int | None = None

@@ -3,7 +3,7 @@
 Two filters do the placing: `json` for one scalar (a JSON string is a valid YAML scalar) and `toyaml(n)` for
 a block, indented to column n (Helm's `toYaml | nindent`). Which objects exist is decided here, not in
 templates: the FSx PV/PVC only when CDK did not create a claim, the node-cordon ClusterRole and binding only
-when a straggler's pod may cordon its node.
+when a straggler's launcher may cordon its node.
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ CHECKSUM_ANNOTATION = "kit.io/config-sha256"
 RUN_ID_LABEL = "kit.io/run-id"
 MANAGED_BY = "kit"
 NODE_CORDON_ROLE = "kit-node-cordon"
-"""The ClusterRole that lets a trainer pod cordon and label its own node (STRAGGLER_POLICY=replace with
-spares; training/launcher/node_actions.py). Cluster-scoped and the same for every run, so runs share it."""
+"""The ClusterRole that lets the kit launcher in a trainer pod cordon and label its own node
+(STRAGGLER_POLICY=replace with spares; training/launcher/node_actions.py). Cluster-scoped and the same for
+every run, so runs share it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,14 +107,16 @@ class JobSpec:
     rdzv_store: dict[str, Any] | None
     """The rendezvous store's Deployment and Service (kit launcher only; the baselines keep pod 0)."""
     node_access: dict[str, Any] | None
-    """The ClusterRole and its binding to the job's ServiceAccount that let the slow node's pod cordon its
-    node (`cordons_nodes`); None otherwise."""
+    """The ClusterRole and its binding to the job's ServiceAccount that let the slow node's launcher cordon
+    its node (`cordons_nodes`); None otherwise."""
     automount_token: bool
-    """Mount the ServiceAccount's API token in the pods: only when they call the API (`cordons_nodes`)."""
+    """Mount the ServiceAccount's API token in the pods: only when their launcher calls the API
+    (`cordons_nodes`)."""
 
 
 FATAL_CONFIG_EXIT = 78
-"""training/exitcodes.FATAL_CONFIG: a bad config; the Job's pod failure policy fails the Job at once."""
+"""training/contracts/exitcodes.FATAL_CONFIG: a bad config; the Job's pod failure policy fails the Job at
+once."""
 
 
 RDZV_STORE_SUFFIX = "-rdzv"
@@ -196,8 +199,9 @@ CONFIG_COMMENTS = {
 
 
 def cordons_nodes(v: JobValues) -> bool:
-    """Whether a trainer pod may cordon its own node: STRAGGLER_POLICY=replace evicts a slow node only when a
-    hot spare takes its place, and then cordons it, so that the Job's replacement pod goes elsewhere."""
+    """Whether the launcher in a trainer pod may cordon its own node: STRAGGLER_POLICY=replace evicts a slow
+    node only when a hot spare takes its place, and then cordons it, so that the Job's replacement pod goes
+    elsewhere."""
     return v.straggler_policy == "replace" and v.spares > 0
 
 
@@ -369,7 +373,7 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
     """Kit-owned env first (rank discovery, run folder), then profile and user env sorted by name."""
     owned: list[dict[str, Any]] = [
         _field_env("NODE_RANK", f"metadata.annotations['{INDEX_ANNOTATION}']"),
-        _field_env("POD_NAME", "metadata.name"),
+        _field_env(kit_env.POD_NAME, "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("POD_IP", "status.podIP"),
         {"name": "MASTER_ADDR", "value": addr},
@@ -379,15 +383,15 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": "WORLD_SIZE", "value": str(world_size(v))},
         {"name": "RUN_ID", "value": v.run_id},
         {"name": "RUN_DIR", "value": run_dir},
-        {"name": "KIT_CONFIG", "value": config_path},
-        {"name": "KIT_TERMINATION_GRACE_S", "value": str(termination_grace_s(v))},
+        {"name": kit_env.CONFIG, "value": config_path},
+        {"name": kit_env.GRACE_S, "value": str(termination_grace_s(v))},
         # Live metrics (training.contracts.metrics_settings): the launcher and the trainer read the same four.
         {"name": telemetry.SINK_ENV, "value": metrics_sink(v)},
         {"name": telemetry.CLUSTER_ENV, "value": v.cluster_name or "local"},
         {"name": telemetry.JOB_ENV, "value": v.run_id},
         {"name": telemetry.LOG_GROUP_ENV, "value": telemetry.log_group_name(v.cluster_name or "local")},
     ]
-    if cordons_nodes(v):  # the node a straggler's pod cordons (training/launcher/node_actions.py)
+    if cordons_nodes(v):  # the node a straggler's launcher cordons (training/launcher/node_actions.py)
         owned.append(_field_env(kit_env.NODE_NAME, "spec.nodeName"))
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).

@@ -19,7 +19,7 @@ from k8s.model import ValuesError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FATAL_CONFIG = 78
-"""training/exitcodes.FATAL_CONFIG: the trainer refused the config."""
+"""training/contracts/exitcodes.FATAL_CONFIG: the trainer refused the config."""
 CHECK_TIMEOUT_S = 120.0
 """A config check that takes longer is stuck (it normally takes seconds); it fails the render."""
 

@@ -5,7 +5,8 @@
 MODEL is a local folder with a `config.json` (e.g. a Llama config; with `model.safetensors` the weights are
 loaded, else initialised from the seed); SHARDS is the folder `python -m training.trainer.prepare_data` wrote
 from your text with your `tokenizer.json`. Options after the script's own (`--section.field VALUE`) and the
-Job's config file (`$KIT_CONFIG`) set the kit's sections: run, training, checkpoint, fault, inprocess.
+Job's config file (`$KIT_CONFIG`) set the kit's sections: run, training, checkpoint, fault, inprocess,
+straggler.
 `--plain` runs the same model, data and optimizer in a plain loop with no kit call (the benchmark's
 baseline: no checkpoints, no faults, no restarts).
 

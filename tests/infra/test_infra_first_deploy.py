@@ -1,4 +1,4 @@
-"""Issue 12: what a first real deploy needs, each asserted on the synthesized templates or the pure rules."""
+"""What a first real deploy needs, each asserted on the synthesized templates or the pure rules."""
 
 from __future__ import annotations
 

@@ -333,8 +333,8 @@ def test_k8s_cli_image_ref_for_make_image(tmp_path: Path, outputs_file: Path) ->
 def test_k8s_cli_unknown_dry_run_spelling_never_applies(
     tmp_path: Path, outputs_file: Path, fake_kubectl
 ) -> None:
-    """`DRY_RUN=y` with stack outputs present used to mean "apply"; now it is a one-line error and kubectl
-    is never called."""
+    """`DRY_RUN=y` with stack outputs present must not mean "apply": a spelling the CLI does not know is a
+    one-line error and kubectl is never called (a typo of a dry run must never reach the cluster)."""
     path, log = fake_kubectl
     for spelling in ("y", "dry", "2"):
         proc = run_cli("apply", "RUN_ID=r5", f"OUTPUTS={outputs_file}", f"DRY_RUN={spelling}", cwd=tmp_path,
@@ -366,7 +366,8 @@ IGNORED_KEYS = [
 def test_a_key_the_command_would_ignore_is_refused_and_nothing_runs(
     args: list[str], message: str, tmp_path: Path, outputs_file: Path, fake_kubectl
 ) -> None:
-    """`delete RUN_ID=x DRY_RUN=1` used to delete: each command names the CLI keys it takes."""
+    """`delete RUN_ID=x DRY_RUN=1` must not delete: each command names the CLI keys it takes, so a key it
+    would ignore is refused before anything runs."""
     path, log = fake_kubectl
     proc = run_cli(*args, cwd=tmp_path, path=path, extra_env={"FAKE_LOG": str(log)})
     assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
@@ -377,7 +378,8 @@ def test_a_key_the_command_would_ignore_is_refused_and_nothing_runs(
 def test_dry_run_in_the_environment_is_refused_not_ignored(
     tmp_path: Path, outputs_file: Path, fake_kubectl
 ) -> None:
-    """`DRY_RUN=1 python -m k8s apply` used to apply: the CLI reads its arguments only, so it says so."""
+    """`DRY_RUN=1 python -m k8s apply` must not apply: the CLI reads its arguments only, so a key in the
+    environment is refused, not silently ignored."""
     path, log = fake_kubectl
     env = {"FAKE_LOG": str(log), "DRY_RUN": "1"}
     for args in (["apply", "RUN_ID=r8", f"OUTPUTS={outputs_file}"], ["delete", "RUN_ID=r8"]):
@@ -578,8 +580,8 @@ def _make(tmp_path: Path, target: str, *pairs: str, env: dict[str, str]) -> subp
 
 
 def test_k8s_make_refuses_a_key_in_its_environment(tmp_path: Path, fake_kubectl) -> None:
-    """make passes on only its command line's values: `DRY_RUN=1 make train-job` used to apply and
-    `NODES=8 make train-job` to render the default. The CLI reads make's environment and refuses both;
+    """make passes on only its command line's values, so `DRY_RUN=1 make train-job` would apply and
+    `NODES=8 make train-job` would render the default. The CLI reads make's environment and refuses both;
     a key given on the command line (which make also exports) is fine."""
     path, log = fake_kubectl
     base = {k: v for k, v in os.environ.items() if k.upper() not in {"DRY_RUN", "NODES", "OUT", "RUN_ID"}}

@@ -148,8 +148,9 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     """2 pods x 1 process from the rendered manifests; rank 1 is SIGKILLed at step 12; the kit launcher
     restarts the group, the run resumes from the step-10 checkpoint and completes; the report reads it.
     With in-process restart on, rank 0 survives the kill in its restart barrier, so only one node spends a
-    restart: the nodes must still meet in the new round (they used to wait on each other's keys forever), and
-    pod 0's launcher stops its restarting rank at once.
+    restart: the nodes must still meet in the new round (their restart counts differ, so a key scope built
+    from them would leave them waiting on each other's keys forever: training/runtime/distributed.py,
+    `store_scope`), and pod 0's launcher stops its restarting rank at once.
     (With it off, a 2-pod group restart after a kill is the node-fault tests' and the demo's path.)"""
     inprocess = "true"
     metrics = pytest.importorskip("training.analysis.metrics")
@@ -170,7 +171,7 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     assert 0 < m.goodput <= 1
     assert (run_dir / "timeline.png").is_file()
     # Rank 0 was restarting in process (its peer was gone) when pod 0's launcher saw the new round: nothing to
-    # drain, so SIGKILL at once (a SIGTERM used to hold the round for torchelastic's 30 s shutdown timeout).
+    # drain, so SIGKILL at once (a SIGTERM would hold the round for torchelastic's 30 s shutdown timeout).
     # On a loaded machine the launcher can look before rank 0 has noticed the lost peer (still in its train
     # phase): the SIGTERM then reaches a rank about to restart in process, which leaves at once when asked to
     # stop (in its settle or its restart barrier). Either way, no 30 s hold.

@@ -1,7 +1,8 @@
 """Whole-node faults through the rendered manifests and the local runner (real processes, gloo on CPU).
 
 2 pods x 1 rank (+1 hot spare): a `node` fault (the pod's every process SIGKILLed at once) or a `drain`
-(SIGTERM, SIGKILL after the grace period) on pod 1 or on pod 0, the pod that used to host the rendezvous.
+(SIGTERM, SIGKILL after the grace period) on pod 1 or on pod 0, the pod that hosts torchrun's rendezvous
+(the kit's store runs in a pod of its own, so losing pod 0 must not end the job).
 Each run must finish with its final checkpoint, verified and loaded back from disk
 (training/resilience/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no
 step.
@@ -161,7 +162,7 @@ def test_a_straggler_is_evicted_for_the_spare_with_no_lost_step(tmp_path: Path, 
     events = metrics.load_events(run_dir)
     assert {int(e["step"]) for e in events if e["kind"] == "drained"} == {s.step + 1}
     assert {e["step"] for e in events if e["kind"] == "resume" and e.get("attempt") == 1} == {s.step + 1}
-    # before it left, the slow pod tried to cordon its node: here there is no Kubernetes API, and it says so
+    # before draining the slow pod, its launcher tried to cordon the node: no Kubernetes API here; it says so
     (node,) = [e for e in events if e["kind"] == "straggler_node"]
     assert (node["target_rank"], node["pod"], node["evict"], node["cordoned"]) == (1, 1, True, False)
     assert node["node_name"] == socket.gethostname()  # spec.nodeName, as the local runner emulates it

@@ -136,7 +136,7 @@ BAD_COST_FLAGS = [
 def test_bad_flags_are_one_line_before_any_aws_call(
     module: str, args: list[str], message: str, fake_aws, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--backoff nan` used to crash mid-deletion and `--timeout nan` to hang: both stop here, at parsing."""
+    """`--backoff nan` would crash mid-deletion and `--timeout nan` would hang: both stop here, at parsing."""
     main = {"teardown": teardown_main, "cost_report": cost_main}[module]
     extra = ["--yes", "--confirm", f"{PREFIX}/123456789012"] if module == "teardown" else []
     with pytest.raises(SystemExit) as exc:

@@ -158,7 +158,8 @@ def test_the_realism_rules_refuse_as_aws_does(world: World, realistic, fake_aws)
 def test_a_kit_tagged_eni_in_use_is_planned_as_kept_with_what_holds_it(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The ENI kind used to list only detached interfaces: an attached kit ENI was missing from the plan."""
+    """The ENI kind lists attached interfaces too: an attached kit ENI is in the plan, kept, with what holds
+    it."""
     ec2 = world.client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.90.0.0/16")["Vpc"]["VpcId"]  # not the kit's
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.90.1.0/24")["Subnet"]["SubnetId"]
@@ -180,7 +181,8 @@ def test_a_kit_tagged_eni_in_use_is_planned_as_kept_with_what_holds_it(
 def test_a_kit_tagged_node_group_in_another_cluster_is_planned_as_kept(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Node groups were listed per kit cluster only: a kit-tagged one elsewhere was missing from the plan."""
+    """Node groups are listed in every cluster, not only the kit's: a kit-tagged one elsewhere is in the plan
+    (kept, with the reason)."""
     world.stacks()
     world.eks()
     eks = world.client("eks")
@@ -224,7 +226,8 @@ def test_a_kit_tagged_node_group_in_another_cluster_is_planned_as_kept(
 def test_instances_of_an_auto_scaling_group_in_a_kit_stack_are_left_to_the_stack(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """They used to be kept ("delete the group"), so a run that deletes the group's stack exited 3."""
+    """Left to the stack step, not kept ("delete the group"): a run that deletes the group's stack then
+    exits 0, not 3."""
     ec2 = world.client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.95.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.95.1.0/24", AvailabilityZone="us-east-1a")["Subnet"][

@@ -80,7 +80,8 @@ def test_trainer_refuses_bad_config_before_any_process_group(
 
 
 def test_a_bad_fault_plan_fails_the_launcher_at_once_with_78(tmp_path: Path) -> None:
-    """Checked before the group, so the launcher never retries it (it used to, until the budget was spent)."""
+    """Checked before the group, so the launcher never retries it (a retry would fail the same way, until
+    the budget was spent)."""
     proc = _launch(
         tmp_path,
         ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "-m", "training.trainer", *BASE,

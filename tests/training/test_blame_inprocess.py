@@ -1,7 +1,8 @@
 """The hang's blame under the real trainer: torchelastic's `@record` wraps the trainer's `main`, so every
 rank's stack has a torch.distributed frame at its outer end; only the innermost frames say whether a
-rank waits in a collective (issue 10 item 7: `make demo`'s kit run blamed rank 0 for rank 1's hang). The
-blame under the real trainer and launcher: tests/training/test_launch_trainer.py's study schedule."""
+rank waits in a collective (judged by the outer frames, `make demo`'s kit run would blame rank 0 for rank
+1's hang). The blame under the real trainer and launcher: tests/training/test_launch_trainer.py's study
+schedule."""
 
 from __future__ import annotations
 

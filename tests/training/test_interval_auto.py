@@ -1,8 +1,7 @@
 """`checkpoint.interval: auto` on 2 real ranks (gloo) with a fault: the interval rank 0 chose from its
 measurements reaches every rank at the same step (both save the same steps), it stays within its bounds,
 it changes once a save is measured, a fault that rolls work back is counted (one resumed from the live state
-is not: tests/training/resilience/checkpoint/test_interval.py), and the final checkpoint on disk is bitwise
-the
+is not: tests/training/checkpoint/test_interval.py), and the final checkpoint on disk is bitwise the
 fault-free run's (checkpoint steps do not change the math)."""
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_study_schedule_of_five_faults_completes_with_the_correct_model(
         ("exception", 9, 1),
         ("exception", 12, 1),
     ]
-    # The hang's blame under the real trainer (issue 10 item 7): torchelastic's `@record` wraps every rank's
+    # The hang's blame under the real trainer: torchelastic's `@record` wraps every rank's
     # main, so only the innermost frames say that rank 0 waits in a collective and rank 1 hangs elsewhere.
     (hang,) = [e for e in events if e["kind"] == "hang_detected"]
     assert hang["global_rank"] == 1 and hang["action"] == "interrupt", hang

@@ -5,8 +5,8 @@ event (`sample_first`, `samples`). A run that changed its world size (a restart 
 shrink or grow) must still consume exactly what a fixed-size run consumes: the same samples in the same
 optimizer steps, every sample once. A step computed again after a rollback counts once: its last
 computation is the one whose result the run kept. Losses are compared within a relative tolerance, since
-another world size sums the same gradients in another order (fp32 rounding: bitwise equality no longer
-holds, the data order does).
+another world size sums the same gradients in another order (fp32 rounding: bitwise equality does not
+hold, the data order does).
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class FaultMetrics:
     """One injected fault and what it cost (seconds are wall-clock, from the events)."""
 
     kind: str
-    """Fault kind as injected: kill, hang, sigstop, exception, oom."""
+    """Fault kind as injected: kill, hang, sigstop, exception, oom (rank kinds) or node, freeze, drain (node
+    kinds); `slow` fails nothing and is reported under `stragglers` instead (NOT_FAILURES)."""
     step: int | None
     """Training step at which the fault fired."""
     rank: int | None
@@ -68,8 +69,8 @@ class FaultMetrics:
     ts: float
     """Unix time the injector wrote just before acting, in seconds."""
     detect_s: float | None
-    """Seconds from the fault to the launcher's `worker_failed`/`hang_detected` (or to the start of the
-    in-process restart); None when nothing detected it."""
+    """Seconds from the fault to the launcher's detection (`worker_failed`, `hang_detected` or `peer_gone`:
+    DETECTION_KINDS) or to the start of the in-process restart; None when nothing detected it."""
     recovery_s: float | None
     """Seconds from the fault to the end of the first training step after the matching resume; None if the run
     never resumed."""
@@ -94,7 +95,7 @@ class FaultMetrics:
     lost_steps: int | None = None
     """Steps computed before the fault that were computed again (highest step before it - resume step)."""
     node: int | None = None
-    """Pod (node index) a node-level fault (`node`, `drain`) targeted; None for rank-level kinds."""
+    """Pod (node index) a node-level fault (`node`, `freeze`, `drain`) targeted; None for rank-level kinds."""
     takeover: str | None = None
     """Who trained in the lost node's place: "spare" (a launcher already waiting before the fault),
     "replacement" (a launcher started after it: the Job's new pod) or "same nodes"; None when no group

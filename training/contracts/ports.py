@@ -2,9 +2,9 @@
 
 Rank 0 of a round hosts the job's TCPStore on MASTER_PORT, and under the NVRx backend two more stores on
 MASTER_PORT+1 (each Wrapper iteration's) and MASTER_PORT+2 (the Wrapper's own). torch picks MASTER_PORT
-as any free port; the next two were never checked. Under load one of them was a client socket's local
-port (ephemeral ports are allocated from the same range): rank 0 failed to bind it (EADDRINUSE), rank 1
-blocked in C for 45 s connecting to it, and NVRx's hard timeout killed rank 1, a false restart.
+as any free port and checks neither of the next two. Seen under load: one of them was a client socket's
+local port (ephemeral ports are allocated from the same range): rank 0 failed to bind it (EADDRINUSE), rank
+1 blocked in C for 45 s connecting to it, and NVRx's hard timeout killed rank 1, a false restart.
 `free_port_run` returns a port whose whole run is free at the time of the call. Nothing reserves it after
 that; the window left is a worker's start-up, not the whole job.
 """

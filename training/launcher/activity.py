@@ -23,7 +23,7 @@ hangs. Per thread:
 
 A rank is busy when one of its sampled threads is: that time grew by at least `BUSY_SHARE` of the wall time
 over the last `window_s` (a couple of monitor ticks), or its training thread is in "R" or "D" now. The
-agent decides what to do with it (`KitElasticAgent._monitor_workers`).
+launcher's hang watch decides what to do with it (`training/launcher/hang.py`, `HangWatch`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The kit's heartbeat launcher: `python -m training.launcher [FLAGS] -m training.trainer ARGS...`.
 
 torchrun's engine (torch.distributed.elastic: worker groups, restart budget, multi-node restarts; the kit's
-rendezvous by default, training/launcher/rendezvous.py) with what the kit adds: hang detection from
+rendezvous by default, training/launcher/rendezvous/) with what the kit adds: hang detection from
 per-step heartbeats, a never-retry exit code, SIGKILL restarts of a broken group, and warm workers forked
 from a zygote that already imported torch (a restart does not pay the 2-2.6 s import again). Flags keep
 torchrun's names where they mean the same thing; see docs/launcher.md.
@@ -40,8 +40,8 @@ RDZV_DEFAULTS = {
 }
 """Per backend. torchelastic's defaults (5 s x 3) take 15 s to declare a silently dead node. The kit's: a
 beat of a few bytes every 0.1 s; a silent node is gone after 3x its own recent beat gap (0.36 s on a quiet
-host), never after more than 1.2 s (training/launcher/rendezvous.py). c10d: every keep-alive writes the
-whole state, so 0.25 s x 5 (1.25 s; a live node's keep-alive may stall 1 s; training/launcher/spares.py).
+host), never after more than 1.2 s (training/launcher/rendezvous/liveness.py). c10d: every keep-alive writes
+the whole state, so 0.25 s x 5 (1.25 s; a live node's keep-alive may stall 1 s; rendezvous/c10d.py).
 Override with --rdzv-conf."""
 KEEP_ALIVE_S_RANGE = (0.1, 60.0)
 """Allowed keep_alive_interval, seconds: below 0.1 s 64 nodes would write the whole rendezvous state over
@@ -139,7 +139,7 @@ def _add_rendezvous_flags(p: argparse.ArgumentParser) -> None:
         "--rdzv-backend",
         choices=["kit", "c10d", "static"],
         default="kit",
-        help="rendezvous backend: kit (O(1) store traffic per node, training/launcher/rendezvous.py), "
+        help="rendezvous backend: kit (O(1) store traffic per node, training/launcher/rendezvous/), "
         "c10d (torch's, with the kit's spares), static",
     )
     _add(p, "--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous store")

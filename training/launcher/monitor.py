@@ -19,9 +19,9 @@ slowest ordinary step. Until some rank has measured 20 steps the timeouts are pr
 the third measured step on, and the load allowance before. What was learned survives restarts of the group.
 
 Past its allowance a rank is not declared hung at once while a training (or gloo) thread of this node is still
-busy on a CPU (the agent asks `activity.CpuActivity`): a step slowed by a loaded machine computes, a hung rank
-and its peers waiting in a collective do not. That extension is capped (`busy_cap_s`): busy_cap_factor x the
-timeout, never above the load allowance, so a rank that burns CPU without progress (a livelock; a GPU rank
+busy on a CPU (`HangWatch` asks `activity.CpuActivity`): a step slowed by a loaded machine computes, a hung
+rank and its peers waiting in a collective do not. That extension is capped (`busy_cap_s`): busy_cap_factor x
+the timeout, never above the load allowance, so a rank that burns CPU without progress (a livelock; a GPU rank
 spinning in a CUDA sync) is still found, later. With the extension the floor can stay low (0.3 s): a loaded
 machine makes slow steps, not silent ones.
 """

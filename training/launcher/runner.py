@@ -261,7 +261,8 @@ def _run_to_the_end(
 
 def _close_rendezvous(agent: KitElasticAgent, spec: WorkerSpec, *, close: bool) -> None:
     """Close the job's rendezvous at the end (peers then leave their next round at once), unless this node
-    was signalled or given up; then the kit's rendezvous is only left, so the next round need not wait."""
+    was signalled or given up; then this node only departs the kit's rendezvous (`depart`), so the next
+    round need not wait for its expiry."""
     agent.exits.close()
     if agent.given_up is not None:
         close = False  # the others go on (with a spare); closing would end them all

@@ -1,4 +1,4 @@
-"""Fault injection (design, contract 5): real signals and real hangs, described as data.
+"""Fault injection (design, contract 6): real signals and real hangs, described as data.
 
 Grammar (CLI, values file, benchmarks): a comma-separated list of `KIND:step=N:rank=R` or
 `KIND:time=SECONDS:rank=R`; KIND is kill | hang | sigstop | exception | oom | slow (`slow` also takes
@@ -191,7 +191,7 @@ class FaultConfig:
 
 _ITEM_HELP = (
     'write KIND:step=N:rank=R or KIND:time=SECONDS:rank=R, e.g. "kill:step=20:rank=1" '
-    "(node and drain take node=K instead of rank=R)"
+    "(node, freeze and drain take node=K instead of rank=R)"
 )
 _INT = re.compile(r"[0-9]+")
 

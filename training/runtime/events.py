@@ -36,6 +36,14 @@ Kinds and their own fields:
                   step is left to shared storage); "fallback": rank 0, a restore that memory could not
                   serve, reason), duration_s
     end           step (the final step)
+    fault_unfired rank 0, after the final save: fault (in the grammar), planned_step, step (the last step
+                  reached): a planned fault that never fired
+    resharded     step, from_world, to_world, global_batch, duration_s: a resume onto another world size
+    straggler     rank 0, once per confirmed straggler: step, target_rank, target_node, score, since_step,
+                  compute_s, peers_s, evict, threshold (training.resilience.straggler)
+    straggler_node step, target_rank, pod, evict, node_name, cordoned: the slow node's own record, by its
+                  local rank 0 when it is only reported (evict false), by its launcher (role "launcher")
+                  after the cordon attempt when it is evicted (training.launcher.node_actions)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that
                   failed first, by exit time; the others died after it)

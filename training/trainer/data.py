@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from training.trainer.config import DataConfig
 
 
-@functools.lru_cache(maxsize=8)  # one per epoch; it used to be recomputed for every sample
+@functools.lru_cache(maxsize=8)  # one per epoch, not one per sample: every sample of an epoch shares it
 def _affine_permutation(n: int, seed: int) -> tuple[int, int]:
     """(a, b) with gcd(a, n) == 1, so j -> (a*j + b) % n visits every window once per epoch."""
     a = mix(seed, 1) % n or 1

@@ -203,7 +203,7 @@ def test_a_save_that_waits_for_the_previous_write_raises_the_floor(tmp_path: Pat
 
 def test_no_second_save_starts_before_the_first_is_measured_against_clean_steps(tmp_path: Path) -> None:
     """A 1-step floor with nothing measured: the first save comes at once, then rank 0 proposes interval_max
-    until that save is weighed against two clean steps (it used to save at every step meanwhile)."""
+    until that save is weighed against two clean steps (else it would save at every step meanwhile)."""
     cfg = CheckpointConfig(interval="auto", mtbf_s=3600.0, interval_min=1, interval_max=500)
     auto = AutoInterval(cfg, run_dir=tmp_path, rank=0, events=EventLog(None, role="trainer", rank=0))
     assert auto.proposal() == 1.0, "nothing measured: the first save after interval_min steps"

@@ -15,11 +15,11 @@ through the page cache, the kernel's copy into it was the largest part (0.05-0.1
 against ~0.02 s for the host copy into the staging buffers and ~0.013 s for the checksum. So shards are
 written with O_DIRECT where the file system takes it (`ChecksumFile`): the device reads the staging buffers
 itself (write + fsync ~0.013 s of CPU for 201 MB, and 0.17 s wall against 0.54 s buffered on this VM's
-disk), and the checkpoint no longer evicts the page cache. For that, each large tensor's zip archive starts
+disk), and the checkpoint does not evict the page cache. For that, each large tensor's zip archive starts
 on a page and its bytes are page-aligned in it (zero padding between archives: DCP reads items by offset,
-so `dcp.load` reads the file as before), and the stager's host buffers start on a page. The zip writer's
+so `dcp.load` reads the file unchanged), and the stager's host buffers start on a page. The zip writer's
 ~40 small pieces per tensor (headers, pickle, padding, directory) are gathered in one aligned buffer.
-Where O_DIRECT is refused, the same writer goes through the page cache as before.
+Where O_DIRECT is refused, the same writer goes through the page cache.
 
 For a small model the bytes are not the cost; Python is. The writer thread holds the GIL the training
 thread needs, and serialising each item (a pickle and ~40 small writes) was most of that. An item's archive
