@@ -1,5 +1,6 @@
 """A failed worker's peers are SIGKILLed at once: torchelastic would SIGTERM them and wait 30 s, and a trainer
-takes SIGTERM as a drain request (it keeps running), so every failure would cost 30 s (real children)."""
+takes SIGTERM as a drain request (it keeps running), so every failure would cost 30 s. The agent is built as
+the launcher builds it, with a one-node static rendezvous, and starts two real workers."""
 
 from __future__ import annotations
 
@@ -8,62 +9,98 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.utils import macros
 
 from training.contracts import exitcodes
+from training.contracts.ports import free_port_run
 from training.launcher.agent import KitElasticAgent
+from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from training.runtime import torch_internals as internals
+from training.runtime.events import EventLog
+from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
-SLEEPER = [
-    sys.executable,
-    "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); time.sleep(60)",
-]
-
-
-class Procs:
-    """The part of torchelastic's process context the agent reads: the workers' pids."""
-
-    def __init__(self, procs: list[subprocess.Popen]) -> None:
-        self.procs = procs
-
-    def pids(self) -> dict[int, int]:
-        return {i: p.pid for i, p in enumerate(self.procs)}
-
-
-def agent_over(procs: list[subprocess.Popen]) -> KitElasticAgent:
-    agent = KitElasticAgent.__new__(KitElasticAgent)  # only the process context is needed here
-    agent._pcontext = Procs(procs)
-    return agent
+WAIT_S = 30.0
+WORKER = """
+import os, sys, time
+if sys.argv[1] == "0":  # local rank 0 ends with the code under test (negative: killed by that signal)
+    code = int(sys.argv[2])
+    if code < 0:
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+time.sleep(60)
+"""
 
 
-def _exited(proc: subprocess.Popen) -> None:
-    """Wait until the child has exited, without reaping it (as the agent finds it)."""
-    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+@pytest.fixture
+def agent_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], KitElasticAgent]]:
+    """`agent_for(code)`: a started agent whose local rank 0 exits with `code` and rank 1 sleeps."""
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path / "beats"))  # the agent sets it for its workers
+    made: list[KitElasticAgent] = []
+
+    def make(code: int) -> KitElasticAgent:
+        params = RendezvousParameters(
+            backend="static", endpoint=f"127.0.0.1:{free_port_run()}", run_id="failed-peers",
+            min_nodes=1, max_nodes=1, rank=0,
+        )  # fmt: skip
+        spec = WorkerSpec(
+            role="trainer", local_world_size=2, rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+            entrypoint=sys.executable, args=("-c", WORKER, macros.local_rank, str(code)), max_restarts=0,
+        )  # fmt: skip
+        settings = HeartbeatSettings(timeout_s=60, load_timeout_s=60, safety_factor=3, min_timeout_s=60)
+        agent = KitElasticAgent(
+            spec,
+            DefaultLogsSpecs(log_dir=str(tmp_path / "logs")),
+            monitor=HeartbeatMonitor(tmp_path / "beats", settings),
+            events=EventLog(tmp_path, role="launcher", rank=None),
+            stacks_dir=str(tmp_path / "stacks"),
+        )
+        made.append(agent)
+        agent._initialize_workers(agent.get_worker_group())  # torchelastic's rendezvous, then the start
+        return agent
+
+    yield make
+    for agent in made:
+        agent._shutdown(signal.SIGKILL)
+        agent.exits.close()
+        agent.get_worker_group().spec.rdzv_handler.shutdown()
+
+
+def _worker(agent: KitElasticAgent, local_rank: int) -> subprocess.Popen:
+    """The worker's process as torchelastic holds it (its owner: the one that reaps it)."""
+    return internals.worker_processes(agent).subprocess_handlers[local_rank].proc
+
+
+def _wait_exited(pid: int) -> None:
+    """Wait until the process has exited, without reaping it (the agent finds it so)."""
+    deadline = time.monotonic() + WAIT_S
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, f"worker {pid} still running after {WAIT_S:g} s"
         time.sleep(0.01)
 
 
 @pytest.mark.parametrize(
     ("code", "peer_killed"), [(1, True), (-9, True), (exitcodes.DRAINED, False), (0, False)]
 )
-def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(code: int, peer_killed: bool):
-    if code < 0:
-        failing = subprocess.Popen([sys.executable, "-c", f"import os; os.kill(os.getpid(), {-code})"])
+def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(
+    agent_for: Callable[[int], KitElasticAgent], code: int, peer_killed: bool
+) -> None:
+    agent = agent_for(code)
+    failing, peer = _worker(agent, 0), _worker(agent, 1)
+    _wait_exited(failing.pid)
+    agent.exits.kill_peers_of_a_failed_worker(agent.exits.states())  # what `_monitor_workers` does first
+    if peer_killed:
+        assert peer.wait(timeout=WAIT_S) == -signal.SIGKILL
     else:
-        failing = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
-    peer = subprocess.Popen(SLEEPER)  # ignores SIGTERM, like a trainer asked to drain
-    try:
-        _exited(failing)
-        agent = agent_over([failing, peer])
-        agent._kill_peers_of_a_failed_worker(agent._worker_states())
-        if peer_killed:
-            assert peer.wait(timeout=10) == -signal.SIGKILL
-        else:
-            assert peer.poll() is None
-        assert failing.wait(timeout=5) == code  # still reaped by its owner: WNOWAIT left it
-    finally:
-        peer.kill()
-        peer.wait()
+        assert peer.poll() is None
+    assert failing.wait(timeout=WAIT_S) == code  # still reaped by torchelastic: WNOWAIT left it
 
 
 def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():

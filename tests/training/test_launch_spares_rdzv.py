@@ -1,23 +1,27 @@
-"""The kit's c10d rendezvous (training/launcher/spares.py) on a real TCPStore with real handlers: a waiting
-spare beats about once an interval (torch's test let it beat only every 1.2 intervals or more on the poll),
-and a silently dead node's place goes to the spare in the next round."""
+"""The kit's c10d rendezvous (training/launcher/rendezvous/c10d.py) on a real TCPStore with real handlers: a
+waiting spare beats about once an interval (torch's test let it beat only every 1.2 intervals or more on the
+poll), and a silently dead node's place goes to the spare in the next round."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, RendezvousParameters
 
-from training.launcher import spares
+from training.launcher.rendezvous import c10d
+from training.launcher.rendezvous.ranks import stable_ranks
 
 pytestmark = pytest.mark.timeout(60)
 INTERVAL_S = 1.0
 BEATS = 5
+WAIT_S = 30.0
+"""The longest wait for a state the rendezvous must reach (the tests' own limit is 60 s)."""
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +34,14 @@ def _handler(port: int):  # type: ignore[no-untyped-def]
         backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="t", min_nodes=2, max_nodes=2,
         is_host="0", local_addr="127.0.0.1", join_timeout="30",
     )  # fmt: skip
-    return spares.c10d_handler(params, keep_alive_s=INTERVAL_S, attempts=2)
+    return c10d.c10d_handler(params, keep_alive_s=INTERVAL_S, attempts=2)
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def _beats(handler, node) -> list:  # type: ignore[no-untyped-def]
@@ -49,12 +60,12 @@ def test_the_cheap_method_name_names_what_torchs_names() -> None:
         too_deep = 10_000
         return (
             torch_method_name(),
-            spares._method_name(),
+            c10d._method_name(),
             torch_method_name(too_deep),
-            spares._method_name(too_deep),
+            c10d._method_name(too_deep),
         )
 
-    torch_method_name = spares._torch_method_name
+    torch_method_name = c10d._torch_method_name
     assert caller() == ("caller", "caller", "no_method_name", "no_method_name")
 
 
@@ -62,14 +73,14 @@ def test_a_restart_rejoins_without_the_first_join_skew(monkeypatch: pytest.Monke
     """torch skews a join by a random 0-0.3 s while the state's round is 0, which it still is at the first
     restart; the kit keeps the skew for a node's first join only."""
     skews: list[tuple[str, object]] = []
-    torch_delay = spares._torch_delay
+    torch_delay = c10d._torch_delay
 
     def recorded(seconds):  # type: ignore[no-untyped-def]
         if isinstance(seconds, tuple):
             skews.append((threading.current_thread().name, seconds))
         torch_delay(seconds)
 
-    monkeypatch.setattr(spares, "_torch_delay", recorded)
+    monkeypatch.setattr(c10d, "_torch_delay", recorded)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     a, b = _handler(store.port), _handler(store.port)
     rounds: dict[str, list[int]] = {"a": [], "b": []}
@@ -113,13 +124,16 @@ def test_a_waiting_spare_beats_every_interval_and_takes_a_silent_nodes_place() -
     waiting.start()
     node = spare._this_node
     seen: set = set()
-    while len(seen) < BEATS:  # the spare sits in the redundancy list and beats from its state poll
+
+    def beaten() -> bool:  # the spare sits in the redundancy list and beats from its state poll
         seen.update(_beats(reader, node))
-        time.sleep(0.02)
+        return len(seen) >= BEATS
+
+    _wait_until(beaten, f"{BEATS} keep-alives of the waiting spare")
     times = sorted(seen)
     gaps = [(y - x).total_seconds() for x, y in itertools.pairwise(times)]
     assert reader._state_holder.state.redundancy_list == {node}
-    assert min(gaps) >= INTERVAL_S * spares.BEAT_DUE  # never more often than due
+    assert min(gaps) >= INTERVAL_S * c10d.BEAT_DUE  # never more often than due
     assert min(gaps) < INTERVAL_S  # impossible under torch's test (a whole interval, on a 0.2 s poll)
 
     b._stop_heartbeats()  # b's node dies silently: its keep-alive expires, the spare takes its place
@@ -130,18 +144,18 @@ def test_a_waiting_spare_beats_every_interval_and_takes_a_silent_nodes_place() -
     _beats(reader, node)
     state = reader._state_holder.state
     assert set(state.participants) == {a._this_node, node} and state.round == 1
-    assert a._state_holder._cache_duration == spares.TRAINING_CACHE_S  # back to torch's for training
+    assert a._state_holder._cache_duration == c10d.TRAINING_CACHE_S  # back to torch's for training
     for h in (a, spare):
         h.shutdown()
 
 
 def test_stable_ranks_keep_a_members_rank_and_give_newcomers_the_free_ones() -> None:
     a, b, c, s = "a", "b", "c", "s"
-    assert spares.stable_ranks({}, [a, b, c]) == {a: 0, b: 1, c: 2}  # the first round: torch's order
-    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [a, c, s]) == {a: 0, c: 2, s: 1}  # s takes lost b's
-    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [b, c, s]) == {b: 1, c: 2, s: 0}  # pod 0 lost
-    assert spares.stable_ranks({a: 0, b: 1, c: 2}, [c, s]) == {c: 0, s: 1}  # shrunk: 2 out of range
-    assert spares.stable_ranks({a: 1, b: 1}, [a, b]) == {a: 1, b: 0}  # never two nodes on one rank
+    assert stable_ranks({}, [a, b, c]) == {a: 0, b: 1, c: 2}  # the first round: torch's order
+    assert stable_ranks({a: 0, b: 1, c: 2}, [a, c, s]) == {a: 0, c: 2, s: 1}  # s takes lost b's
+    assert stable_ranks({a: 0, b: 1, c: 2}, [b, c, s]) == {b: 1, c: 2, s: 0}  # pod 0 lost
+    assert stable_ranks({a: 0, b: 1, c: 2}, [c, s]) == {c: 0, s: 1}  # shrunk: 2 out of range
+    assert stable_ranks({a: 1, b: 1}, [a, b]) == {a: 1, b: 0}  # never two nodes on one rank
 
 
 def _join_all(handlers: dict[str, object], delays: dict[str, float]) -> dict[str, int]:
@@ -173,8 +187,7 @@ def test_a_rank_fault_restarts_on_the_same_nodes_and_a_lost_node_gives_its_rank_
     waiting = threading.Thread(target=lambda: spare_round.append(spare.next_rendezvous()), daemon=True)
     waiting.start()
     node = spare._this_node
-    while node not in _state(reader).redundancy_list:
-        time.sleep(0.02)
+    _wait_until(lambda: node in _state(reader).redundancy_list, "the spare in the redundancy list")
     for slow in ("a", "b", "a"):  # the member that re-joins late: its keep-alive runs meanwhile
         assert _join_all({"a": a, "b": b}, {slow: 1.5 * INTERVAL_S}) == first
         assert not spare_round and node in _state(reader).redundancy_list

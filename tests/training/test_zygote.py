@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -69,42 +70,68 @@ def test_the_worker_of_a_killed_shim_is_waited_for(zygote: Zygote, tmp_path: Pat
     assert zygote.live_workers() == []
 
 
-def _send_request(zygote: Zygote, argv: list[str], cwd: Path) -> socket.socket:
-    """What the shim sends (training/launcher/shim.py): the request, with /dev/null as its stdio."""
+def _send_request(zygote: Zygote, argv: list[str], cwd: Path, *, output: int | None = None) -> socket.socket:
+    """What the shim sends (training/launcher/shim.py): the request, with /dev/null as its stdin and as its
+    stdout and stderr unless `output` (a file descriptor) is given for them."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     body = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(zygote.socket_path)
     with open(os.devnull, "r+b") as null:
-        socket.send_fds(conn, [struct.pack("!I", len(body))], [null.fileno()] * 3)
+        out = null.fileno() if output is None else output
+        socket.send_fds(conn, [struct.pack("!I", len(body))], [null.fileno(), out, out])
     conn.sendall(body)
     return conn
+
+
+def _read_until_closed(fd: int, timeout_s: float) -> bytes:
+    """What was written to the pipe `fd` until every process holding its write end has exited (EOF)."""
+    out = b""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"the pipe still open after {timeout_s:g} s (an orphaned worker?); read: {out!r}"
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return out
+        out += chunk
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_shim_gone_before_its_reply_takes_its_worker_and_the_zygote_serves_on(
     zygote: Zygote, tmp_path: Path
 ) -> None:
     """A shim that dies between its request and the zygote's reply (its group stopped as it starts): the
-    reply fails (EPIPE). That used to crash the zygote, leaving the worker running, orphaned, and every
-    later shim without a zygote (seen once under load). The zygote is stopped while a shim's request
-    arrives and the shim hangs up, so the reply is sure to fail."""
+    reply fails (EPIPE), and the zygote must kill the worker it forked and serve on, or that worker would run
+    on, orphaned, and every later shim would find no zygote. The zygote is stopped while a shim's request
+    arrives and the shim hangs up, so the reply is sure to fail. The doomed worker's stdout is a pipe: its
+    end of file says that the worker, and anything it started, has exited."""
     script = tmp_path / "pid_then_sleep.py"
-    script.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(60)")
-    os.kill(zygote.pid, signal.SIGSTOP)
-    _send_request(zygote, [str(script), str(tmp_path / "doomed.pid")], tmp_path).close()
-    os.kill(zygote.pid, signal.SIGCONT)
-    # The zygote handles requests in order: once a later one has its reply, the first was handled.
-    with _send_request(zygote, [str(script), str(tmp_path / "later.pid")], tmp_path) as later:
-        later.settimeout(30)
-        reply = later.makefile("rb").readline()
-        assert reply, "the zygote closed the connection: it crashed on the first request"
-        worker = json.loads(reply)["pid"]
-        deadline = time.monotonic() + 10
-        while (live := zygote.live_workers()) != [worker] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert live == [worker]
-        time.sleep(0.5)  # an orphan would have written its pid by now
-        if (tmp_path / "doomed.pid").exists():
-            orphan = int((tmp_path / "doomed.pid").read_text())
-            assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+    script.write_text("import os, time\nos.write(1, b'%d ' % os.getpid())\ntime.sleep(60)")  # fd 1: the pipe
+    read_end, write_end = os.pipe()
+    try:
+        os.kill(zygote.pid, signal.SIGSTOP)
+        _send_request(zygote, [str(script)], tmp_path, output=write_end).close()
+        os.close(write_end)  # from now on only the zygote and its worker hold it
+        os.kill(zygote.pid, signal.SIGCONT)
+        # The zygote handles requests in order: once a later one has its reply, the first was handled.
+        with _send_request(zygote, [str(script)], tmp_path) as later:
+            later.settimeout(30)
+            reply = later.makefile("rb").readline()
+            assert reply, "the zygote closed the connection: it crashed on the first request"
+            worker = json.loads(reply)["pid"]
+            doomed = _read_until_closed(read_end, timeout_s=30).split()
+            assert all(_gone(int(pid)) for pid in doomed), doomed  # printed its pid at most, then was killed
+            deadline = time.monotonic() + 10
+            while (live := zygote.live_workers()) != [worker] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert live == [worker]
+    finally:
+        os.close(read_end)
     assert zygote.wait_workers_gone(10) == []  # the later shim hung up too: its worker is killed

@@ -17,11 +17,20 @@ slow rank apart is its own compute, not its step time (every rank's step takes a
   launcher learns its heartbeat timeout: over the first `warmup` reports, the scores' robust spread s
   (1.4826 x their median absolute deviation from 1), then threshold = 1 + max(min_margin, noise_k x s).
   Until then nobody is judged.
+- Load on the host is not a slow rank. It inflates every rank's CPU time (preemptions, a cold cache), but
+  unevenly and for a while: on 2 cores beside other jobs one rank reads 1.2-1.5x its peer for a few steps,
+  then the other. Two guards, both computed from the shared figures, so every rank still agrees:
+  - a slowdown every rank shares raises the bar: each rank's figure over its own best report so far, the
+    lower median of those over the ranks (a straggler's own slowdown does not count while fewer than half
+    the ranks are slow) is the node's load L, and a report's margin is at least SHARED_LOAD_K x (L - 1);
+  - an excess that only just clears the bar (the run's median score within `min_margin` of it) must last
+    PERSIST x `confirm` reports: a burst of load on one rank comes and goes, a slow rank stays. A clear
+    excess (a rank 2-3x slower) is still confirmed in `confirm` reports.
 
 A straggler is reported once per rank (`straggler` event by rank 0, one line): the rank, its node (pod
 index: rank // ranks per node), how much slower, since which report. Policy `replace` also marks the slow
-node to leave at the next step boundary exactly as a drain does (Job.leave: save, commit, exit), so a hot
-spare takes its place with no lost step.
+node to go at the next step boundary exactly as a drain does (Job.drain_and_exit: save, commit, exit), so a
+hot spare takes its place with no lost step.
 """
 
 from __future__ import annotations
@@ -33,18 +42,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from training.contracts import env
+
 StragglerPolicy = Literal["off", "report", "replace"]
 STRAGGLER_EVENT = "straggler"
-SPARES_ENV = "KIT_SPARES"
-"""The job's hot spares (the kit launcher's --spares), in its workers' environment: `replace` evicts a slow
-node only when a spare can take its place."""
+SPARES_ENV = env.SPARES
+SHARED_LOAD_K = 2.0
+"""A report's margin is at least this many times the slowdown every rank shares: load that slows the whole
+node by L inflates one rank's CPU time more than another's (by up to about 2 x (L - 1) on 2 cores beside
+other training runs)."""
+PERSIST = 2
+"""A run of reports that only just clears the threshold needs this many times `confirm` reports."""
 
 
 class StragglerConfigError(ValueError):
     """A bad `straggler` setting; one line that names it."""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class StragglerConfig:
     """The trainer config's `straggler` section."""
 
@@ -112,10 +127,13 @@ class StragglerDetector:
     ranks_per_node: int = 1
     _own: deque[float] = field(default_factory=deque)
     _warm: list[float] = field(default_factory=list)
-    _runs: dict[int, int] = field(default_factory=dict)
+    _best: list[float] = field(default_factory=list)
+    _runs: dict[int, list[float]] = field(default_factory=dict)
     _since: dict[int, int] = field(default_factory=dict)
     threshold: float | None = None
     """1 + margin once learned; None during the warm-up."""
+    bar: float | None = None
+    """The last report's threshold: `threshold`, raised by a slowdown every rank shared."""
     found: dict[int, Straggler] = field(default_factory=dict)
     """Confirmed stragglers by rank (each reported once)."""
 
@@ -144,21 +162,26 @@ class StragglerDetector:
         if any(v <= 0 for v in figures):  # a rank with no step timed yet (a fresh group): nothing to compare
             return []
         s = scores(figures)
+        load = self._shared_load(figures)
         if self.threshold is None:
             self._warm.extend(s)
             if len(self._warm) >= self.cfg.warmup * len(figures):
                 spread = 1.4826 * statistics.median(abs(v - 1.0) for v in self._warm)
                 self.threshold = 1.0 + max(self.cfg.min_margin, self.cfg.noise_k * spread)
             return []
+        margin = max(self.threshold - 1.0, SHARED_LOAD_K * (load - 1.0))
+        self.bar = 1.0 + margin
         new = []
         for r, score in enumerate(s):
-            if score < self.threshold:
-                self._runs[r] = 0
+            if score < self.bar:
+                self._runs.pop(r, None)
                 continue
-            if self._runs.get(r, 0) == 0:
+            run = self._runs.setdefault(r, [])
+            if not run:
                 self._since[r] = step
-            self._runs[r] = self._runs.get(r, 0) + 1
-            if self._runs[r] >= self.cfg.confirm and r not in self.found:
+            run.append(score)
+            clear = statistics.median(run) >= self.bar + self.cfg.min_margin
+            if len(run) >= self.cfg.confirm * (1 if clear else PERSIST) and r not in self.found:
                 others = [v for q, v in enumerate(figures) if q != r]
                 self.found[r] = Straggler(
                     rank=r, node=r // max(1, self.ranks_per_node), score=score, since_step=self._since[r],
@@ -166,3 +189,13 @@ class StragglerDetector:
                 )  # fmt: skip
                 new.append(self.found[r])
         return new
+
+    def _shared_load(self, figures: Sequence[float]) -> float:
+        """The slowdown every rank shares at this report (>= 1): each rank's figure over its own best so far
+        (interference only adds CPU time, so the best is the closest to its unloaded speed), the lower
+        median over the ranks, so that fewer than half the ranks being slow is not load."""
+        if len(self._best) != len(figures):
+            self._best = list(figures)
+        self._best = [min(b, v) for b, v in zip(self._best, figures, strict=True)]
+        slowdowns = sorted(v / b for v, b in zip(figures, self._best, strict=True))
+        return slowdowns[(len(slowdowns) - 1) // 2]

@@ -1,7 +1,7 @@
 """One rank of tests/training/checkpoint/test_ckpt_transfer.py: write this rank's tier copy of step 2, then
-exchange copies with the buddy (`replicate`), or, with --die-before RANK, that rank exits a second after
-its peers entered the exchange, as a node lost mid-save; prints one JSON line: what replicate returned or
-raised, and how long it took."""
+exchange copies with the buddy (`replicate`), or, with --die-before RANK, that rank exits once its peers have
+said (in the job's store) that they are entering the exchange, as a node lost mid-save; prints one JSON line:
+what replicate returned or raised, and how long it took."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def main() -> None:
     p.add_argument("--pg-timeout-s", type=float, default=60.0)
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=a.pg_timeout_s))
+    timeout = timedelta(seconds=a.pg_timeout_s)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0, timeout=timeout
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     comm = CheckpointComm(rank=rank, world_size=world, timeout_s=a.pg_timeout_s)
     tier = NodeTier(Path(a.tier_root) / f"node{rank}")
     state = {"w": torch.full((1 << 20,), float(rank)), "step": 2}
@@ -37,9 +41,10 @@ def main() -> None:
     own = new_record(entry, step=2, rank=rank, world_size=world, origin="own")
     tier.commit(own)
     comm.barrier()
-    if rank == a.die_before:  # while its peers already wait in the exchange
-        time.sleep(1.0)
+    if rank == a.die_before:  # while its peers enter the exchange, or already wait in it
+        store.wait([f"exchanging/{peer}" for peer in range(world) if peer != rank])
         os._exit(0)  # every socket of this process closes, as when its node is lost
+    store.set(f"exchanging/{rank}", "1")
     t0 = time.monotonic()
     try:
         got = replicate(comm, tier, own, local_world_size=1)
