@@ -21,11 +21,12 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml package.json package-lock.json
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'" >&2; exit 1; }
 	@command -v npm >/dev/null || { echo "error: npm not found; install Node.js 20+ (it runs the CDK CLI)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -56,6 +57,7 @@ test-torch: ## run the launcher, checkpoint and in-process tests on another torc
 	sed '/^torch==/d' requirements.txt > $(TORCH_VENV)/requirements.txt
 	cp requirements-dev.txt $(TORCH_VENV)/requirements-dev.txt
 	$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH) -r $(TORCH_VENV)/requirements-dev.txt
+	$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(TORCH_VENV)/bin/python -c "import torch; print('make test-torch: torch', torch.__version__)"
 	$(TORCH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 
@@ -64,7 +66,7 @@ lint: $(STAMP) ## ruff, hadolint on the trainer image, then cfn-lint and cdk-nag
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/hadolint training/Dockerfile
 	$(CDK) synth -q -c nag=true
-	$(PY) -m infra.lint cdk.out
+	$(PY) -m fsdpkit.infra.lint cdk.out
 	$(PY) -m tools.gen_config_docs --check
 
 synth: $(STAMP) ## synthesize the CloudFormation stacks offline into cdk.out/
@@ -85,38 +87,38 @@ clean: ## remove build outputs (keeps .venv, node_modules and runs/)
 # make keeps only the last of `NODES=4 NODES=5`; --make-pid lets the CLI read make's own command line
 # (Linux /proc) and refuse the repeat (docs/k8s.md, "Each key once").
 train-job: $(STAMP) ## render, validate, apply and follow the training Job (NODES=, SPARES=, MODEL=, RUN_ID=, DRY_RUN=1, OUTPUTS=)
-	$(PY) -m k8s apply --make-pid=$$PPID $(MAKEOVERRIDES)
+	$(PY) -m fsdpkit.k8s apply --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-job-status: $(STAMP) ## the run's Job and pods (RUN_ID=; all kit jobs without it)
-	$(PY) -m k8s status --make-pid=$$PPID $(MAKEOVERRIDES)
+	$(PY) -m fsdpkit.k8s status --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-job-delete: $(STAMP) ## drain and delete the run's Job, pods, rendezvous store, Services, ConfigMap (RUN_ID= required; the run folder stays)
-	$(PY) -m k8s delete --make-pid=$$PPID $(MAKEOVERRIDES)
+	$(PY) -m fsdpkit.k8s delete --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-local: $(STAMP) ## run the rendered local-profile Job here as processes, then print the goodput report
-	$(PY) -m k8s local --make-pid=$$PPID $(MAKEOVERRIDES)
+	$(PY) -m fsdpkit.k8s local --make-pid=$$PPID $(MAKEOVERRIDES)
 
 image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_TAG=; needs Docker + AWS credentials)
 	@command -v docker >/dev/null || { echo "error: docker not found; install Docker to build the trainer image" >&2; exit 1; }
-	@set -euo pipefail; ref=$$($(PY) -m k8s image-ref --make-pid=$$PPID $(MAKEOVERRIDES)); region=$$($(PY) -m k8s image-ref --region --make-pid=$$PPID $(MAKEOVERRIDES)); \
+	@set -euo pipefail; ref=$$($(PY) -m fsdpkit.k8s image-ref --make-pid=$$PPID $(MAKEOVERRIDES)); region=$$($(PY) -m fsdpkit.k8s image-ref --region --make-pid=$$PPID $(MAKEOVERRIDES)); \
 	  aws ecr get-login-password --region "$$region" | docker login --username AWS --password-stdin "$${ref%%/*}"; \
 	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"
 
 # --- operations (ops/) ------------------------------------------------------------------------------------
 PREFIX ?= fsdp-kit
 teardown: $(STAMP) ## plan the removal of what PREFIX tagged (dry run); delete with ARGS="--yes --confirm PREFIX/ACCOUNT"
-	$(PY) -m ops.teardown --prefix $(PREFIX) $(ARGS)
+	$(PY) -m fsdpkit.ops.teardown --prefix $(PREFIX) $(ARGS)
 
 plan: $(STAMP) ## what a job keeps per recovery mechanism before it is rented (NODES=, MODEL=, SPARES=, ARGS="--json --png p.png")
-	$(PY) -m ops.plan $(if $(NODES),--nodes $(NODES)) $(if $(MODEL),--model $(MODEL)) $(if $(SPARES),--spares $(SPARES)) $(ARGS)
+	$(PY) -m fsdpkit.ops.plan $(if $(NODES),--nodes $(NODES)) $(if $(MODEL),--model $(MODEL)) $(if $(SPARES),--spares $(SPARES)) $(ARGS)
 
 cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--period 30d --run-dir DIR --png cost.png")
-	$(PY) -m ops.cost_report --prefix $(PREFIX) $(ARGS)
+	$(PY) -m fsdpkit.ops.cost_report --prefix $(PREFIX) $(ARGS)
 
 # --- results and documentation -----------------------------------------------------------------------------
 report: $(STAMP) ## metrics table + timeline PNG of a run folder: make report RUN=runs/<id> [PNG=path]
 	@test -n "$(RUN)" || { echo "error: pass RUN=<run folder>, e.g. make report RUN=runs/exp-1" >&2; exit 2; }
-	$(PY) -m training.analysis.report $(RUN) $(if $(PNG),--png $(PNG))
+	$(PY) -m fsdpkit.analysis.report $(RUN) $(if $(PNG),--png $(PNG))
 
 bench: $(STAMP) bench-setup ## every benchmark in bench/ (full mode); rewrites docs/benchmarks.md
 	$(PY) -m bench.run_all

@@ -16,10 +16,10 @@ os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 import aws_cdk as cdk
 
-from infra.config import load_config
-from infra.errors import ConfigError
-from infra.notices import synth_notices
-from infra.stacks import build_kit
+from fsdpkit.infra.config import load_config
+from fsdpkit.infra.errors import ConfigError
+from fsdpkit.infra.notices import synth_notices
+from fsdpkit.infra.stacks import build_kit
 
 USAGE_EXIT = 2
 

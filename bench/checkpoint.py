@@ -68,7 +68,7 @@ from typing import Any
 from bench import stability
 from bench.checkpoint_competitors import COMPETITORS, SaveSetup, start, train_and_save, train_state
 from bench.checkpoint_measure import Measured, RssSampler, ThreadCpu, Window, settle_threads, thread_cpu_ns
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -248,7 +248,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.staging import StagingOptions
 
-    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+    from fsdpkit.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
 
     size = QUICK if args.quick else FULL
     r = _start_rank(size)

@@ -20,7 +20,7 @@ from bench.checkpoint_measure import Measured
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.staging import StagingOptions
 
-    from training.resilience.checkpoint.config import CheckpointConfig
+    from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 
 
 def train_state(model: Any, opt: Any) -> dict[str, Any]:
@@ -202,8 +202,8 @@ class KitSave(Competitor):
     (maybe_save plus any optimizer-hook wait for the copy)."""
 
     def __init__(self, setup: SaveSetup, folder: Path) -> None:
-        from training.resilience.checkpoint.checkpointer import Checkpointer
-        from training.runtime.events import EventLog
+        from fsdpkit.resilience.checkpoint.checkpointer import Checkpointer
+        from fsdpkit.runtime.events import EventLog
 
         super().__init__(setup, folder)
         events = EventLog(folder, role="trainer", rank=setup.rank)
@@ -222,7 +222,7 @@ class KitSave(Competitor):
         self._ckpt.wait()
 
     def finish(self, m: Measured) -> None:
-        from training.runtime.events import read_events
+        from fsdpkit.runtime.events import read_events
 
         m.staging_bytes = self._ckpt._stager.nbytes if self._ckpt._stager else 0
         self._ckpt.close()

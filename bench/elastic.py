@@ -1,7 +1,8 @@
 """`python -m bench.elastic [--quick]`: a node lost with no spare, elastic (shrink, grow back) against the kit
 as it was (wait for the replacement), side by side in one run, on 4 local pods (k8s/local.py).
 
-Cases, each a real `python -m k8s local` Job (4 pods x 1 rank, gloo, the tiny Llama, 12 samples per optimizer
+Cases, each a real `python -m fsdpkit.k8s local` Job (4 pods x 1 rank, gloo, the tiny Llama, 12 samples per
+optimizer
 step, async checkpoints every CKPT_INTERVAL steps):
   kill     one rank killed (SIGKILL) at step FAULT_STEP: the kit's single-rank recovery, the yardstick of
            shrink_s;
@@ -44,16 +45,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.analysis.batch_ledger import (
+from fsdpkit.analysis.batch_ledger import (
     LedgerComparison,
     StepBatch,
     compare_ledgers,
     step_batches,
     useful_steps,
 )
-from training.analysis.metrics import load_run_metrics
-from training.contracts.ports import free_port_run
-from training.runtime.events import read_events
+from fsdpkit.analysis.metrics import load_run_metrics
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "elastic.md"
@@ -106,11 +107,12 @@ def local_job(
     workdir: Path, run_id: str, overrides: list[str], *, steps: int, stop_after_fault_s: float | None = None,
     replace_after_s: float = 0.0, timeout_s: float = 600,
 ) -> Run:  # fmt: skip
-    """`python -m k8s local` with the bench's job; with `stop_after_fault_s` it is interrupted (SIGINT, the
+    """`python -m fsdpkit.k8s local` with the bench's job; with `stop_after_fault_s` it is interrupted
+    (SIGINT, the
     runner stops its pods) that long after the fault fired, else it runs to its end."""
     run_dir = run_dir_of(workdir, run_id)
     argv = [
-        sys.executable, "-m", "k8s", "local", *JOB, f"STEPS={steps}", f"RUN_ID={run_id}", *overrides,
+        sys.executable, "-m", "fsdpkit.k8s", "local", *JOB, f"STEPS={steps}", f"RUN_ID={run_id}", *overrides,
         "--workdir", str(workdir), "--timeout", str(timeout_s),
         *(["--lost-pod-replace-after", f"{replace_after_s:g}"] if replace_after_s else []),
     ]  # fmt: skip
@@ -155,7 +157,7 @@ def reference(workdir: Path, steps: int, *, ranks: int = NODES) -> dict[int, Ste
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}", "--max-restarts", "0",
-        "--log-dir", str(root / "logs"), "-m", "training.trainer", "--run.id", "ref", "--run.root", str(root),
+        "--log-dir", str(root / "logs"), "-m", "fsdpkit.trainer", "--run.id", "ref", "--run.root", str(root),
         "--model.name", "tiny", "--data.seq_len", str(SEQ_LEN), "--data.batch_size", str(BATCH_SIZE),
         "--training.global_batch", str(GLOBAL_BATCH), "--optim.warmup_steps", "3", "--training.steps",
         str(BUDGET_STEPS), "--training.stop_at", str(steps), "--training.log_every", "50",

@@ -3,7 +3,7 @@
 `python -m bench.goodput [--quick] [--reps N]` trains the tiny model on 2 ranks (gloo, 1 thread each) for
 2,000 steps with the study's seeded schedule (reference/seed-system.md §11: seed 42, 5 faults after step
 10, kinds exception 0.6 / hang 0.4, never rank 0), side by side under:
-  kit              the kit as deployed: heartbeat launcher (`python -m training.launcher`), in-process restart
+  kit              the kit as deployed: heartbeat launcher (`python -m fsdpkit.launcher`), in-process restart
                    (exceptions recovered in process), async checkpoints at the kit's interval: `auto`
                    (Young/Daly from the measured save cost) given the schedule's MTBF, steps x ~0.2 s / 5
   kit@study        the same with the study's interval (500 steps)
@@ -13,7 +13,7 @@
                    when the healthy rank's collective times out, 60 s as the study's NCCL timeout), sync
                    checkpoints every 500 steps
 The launcher command lines are bench/recovery_cases.py's. Every figure comes from the run's events through
-training.analysis.metrics, over the job's wall time from this process's clock (launch to exit: start-up
+fsdpkit.analysis.metrics, over the job's wall time from this process's clock (launch to exit: start-up
 counts).
 
 --quick scales the run down by 10 (200 steps, interval and schedule window scaled alike, the same 5 faults;
@@ -49,14 +49,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.recovery_cases import HANG_STEP, NVRX_MECHANISMS, Case, Outcome, release, run_case
-from ops.plan.calibration import CalibrationError, GoodputPhases, goodput_phases, read_sections, write_section
-from ops.plan.failures import PlanInputError
-from ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
-from training.analysis.metrics import Goodput, RunMetrics, goodput_over, time_budget
-from training.analysis.report import write_timeline
-from training.resilience.checkpoint.interval import INTERVAL_EVENT
-from training.resilience.faults import parse_kinds, seeded_schedule
-from training.runtime.events import read_events
+from fsdpkit.analysis.metrics import Goodput, RunMetrics, goodput_over, time_budget
+from fsdpkit.analysis.report import write_timeline
+from fsdpkit.ops.plan.calibration import (
+    CalibrationError,
+    GoodputPhases,
+    goodput_phases,
+    read_sections,
+    write_section,
+)
+from fsdpkit.ops.plan.failures import PlanInputError
+from fsdpkit.ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
+from fsdpkit.resilience.checkpoint.interval import INTERVAL_EVENT
+from fsdpkit.resilience.faults import parse_kinds, seeded_schedule
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "goodput.md"
@@ -412,7 +418,7 @@ DEFINITIONS = """\
 Goodputs are over the job's wall time from the benchmark's clock (launch to exit, start-up included):
 strict = steps in the result x median fault-free step / wall; the study's training goodput = time in steps
 (replays included, checkpoint calls excluded) / wall; the study's infra goodput = (wall - sum of per-fault
-shutdown + startup) / wall (training.analysis.metrics). Lost steps = steps computed again; recovery = sum over
+shutdown + startup) / wall (fsdpkit.analysis.metrics). Lost steps = steps computed again; recovery = sum over
 faults of fault -> end of the first step after the resume (min-max per fault in brackets); checkpoints =
 time the loop was blocked by saves + the final drain.
 
@@ -420,7 +426,7 @@ time the loop was blocked by saves + the final drain.
 recovery (per fault) | checkpoints | restarts | median step |
 |---|---|---|---|---|---|---|---|---|---|---|---|"""
 BUDGET_INTRO = """\
-Where the wall time went (seconds, median over the runs; training.analysis.metrics.time_budget): useful =
+Where the wall time went (seconds, median over the runs; fsdpkit.analysis.metrics.time_budget): useful =
 steps in the result x median step; replayed = lost steps x median step; slow steps = step time beyond the
 median (first steps, steps beside a background write); checkpoints = stalls + final drain; downtime = per
 fault, fault -> training again; start-up = first trainer start -> first step; outside = launch -> first

@@ -1,13 +1,13 @@
 """Your model, data and script: the example under the demo's faults, beside the same script with no kit.
 
 `python -m bench.own_model [--quick]` builds everything offline (a byte-level BPE trained on the repo's
-corpus, `python -m training.trainer.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
+corpus, `python -m fsdpkit.trainer.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
 then runs
 `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
 - plain: `--plain` under torchrun: the same model, data, AdamW and schedule, no kit call, no checkpoint;
 - kit: the API (async checkpoints, in-process restart on), fault-free, saving only its final step, under
   torchrun as the plain run (the reference, and the step times with the API);
-- kit+faults: under the kit launcher (`python -m training.launcher`) with the demo's faults (a kill, an
+- kit+faults: under the kit launcher (`python -m fsdpkit.launcher`) with the demo's faults (a kill, an
   exception, a hang on rank 1) and its checkpoint interval.
 It prints per run the figures and, last,
 `RESULT faults=<fired> recovered=<n> unfired=<n> equal_on_disk=<1|0> exactly_once=<1|0>
@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.analysis.metrics import load_events, load_run_metrics
-from training.contracts.ports import free_port_run
-from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from fsdpkit.analysis.metrics import load_events, load_run_metrics
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "hf_llama" / "train.py"
@@ -83,7 +83,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     cmd = [
         sys.executable,
         "-m",
-        "training.trainer.prepare_data",
+        "fsdpkit.trainer.prepare_data",
         "--tokenizer",
         str(tokenizer),
         "--out",
@@ -123,7 +123,7 @@ def run_kit(
     kit = [
         sys.executable,
         "-m",
-        "training.launcher",
+        "fsdpkit.launcher",
         "--standalone",
         "--nproc-per-node",
         str(WORLD),

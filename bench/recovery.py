@@ -2,7 +2,7 @@
 
 `python -m bench.recovery [--quick] [--reps N] [--json PATH]` runs the trainer (tiny model, 2 ranks x 1
 thread, gloo, async checkpoints every 5 steps) with one injected fault per run, under:
-  kit          python -m training.launcher (heartbeats, learned timeout, warm zygote workers)
+  kit          python -m fsdpkit.launcher (heartbeats, learned timeout, warm zygote workers)
   kit-exec     the same launcher without the zygote (--worker-start exec), to show what the zygote buys
   ft_launcher  NVRx 0.4.1 ft_launcher (heartbeats through RankMonitorClient, 5 s heartbeat timeout)
   torchrun     torch.distributed.run --max-restarts (the baseline; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
@@ -10,13 +10,14 @@ thread, gloo, async checkpoints every 5 steps) with one injected fault per run, 
   nvrx-wrapper the trainer inside NVRx inprocess.Wrapper (inprocess.backend=nvrx) under torchrun
 Faults: kill (SIGKILL), hang (the training thread stops), sigstop, oom (self-imposed limit), exception; all on
 rank 1 at a fixed step, once per run. Every figure comes from the run's events through
-training.analysis.metrics: recovery = fault -> end of the first step after the resume; detection = fault ->
+fsdpkit.analysis.metrics: recovery = fault -> end of the first step after the resume; detection = fault ->
 the launcher's event. Plus a fault-free run of >= 200 steps with checkpoints under the kit launcher (false
 restarts) and, in full mode, the study's seeded 5-fault schedule (exception 0.6 / hang 0.4) for strict
 goodput per mechanism.
 
 Node cases (the same side-by-side run): 2 pods x 1 rank through the rendered `local` Job and the local
-runner (`python -m k8s local`), in the single-fault cases' job shape, with a node-level fault: kit+spare
+runner (`python -m fsdpkit.k8s local`), in the single-fault cases' job shape, with a node-level fault:
+kit+spare
 (SPARES=1) gets `node` on pod 1, `node` on pod 0 and `drain` on pod 1; kit without a spare (the lost pod is
 recreated at once by the local runner, the best case of the Kubernetes path, which on EKS adds scheduling,
 image pull and a new node) `node` on pod 1; torchrun and ft_launcher as the study deployed them (rendezvous

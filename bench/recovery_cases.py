@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.analysis.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
-from training.contracts.ports import free_port_run
-from training.runtime.events import read_events
+from fsdpkit.analysis.metrics import DETECTION_KINDS, RunMetrics, load_run_metrics
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH_SIZE, LOG_EVERY = 64, 2, 50
@@ -108,10 +108,12 @@ class NodeOutcome:
 
 
 def run_node_case(case: NodeCase, workdir: Path, *, timeout_s: float) -> NodeOutcome:
-    """`python -m k8s local` with the case's launcher and fault; metrics from the run folder's events."""
+    """`python -m fsdpkit.k8s local` with the case's launcher and fault; metrics from the run folder's
+    events."""
     run_id = f"n-{case.mechanism}-{case.fault}{case.node}".replace("+", "-").replace("_", "-")
     argv = [
-        sys.executable, "-m", "k8s", "local", "NODES=2", f"STEPS={NODE_STEPS}", "CHECKPOINT_INTERVAL=5",
+        sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=2", f"STEPS={NODE_STEPS}",
+        "CHECKPOINT_INTERVAL=5",
         "MONITOR_INTERVAL_S=0.1", "MAX_RESTARTS=8", f"SEQ_LEN={SEQ_LEN}", f"BATCH_SIZE={BATCH_SIZE}",
         f"LOG_EVERY={LOG_EVERY}",
         f"FAULT_SPEC={case.fault}:step={FAULT_STEP}:node={case.node}", f"RUN_ID={run_id}",
@@ -178,12 +180,12 @@ def trainer_args(case: Case, root: Path, run_id: str) -> list[str]:
 def command(case: Case, root: Path, run_id: str, logs: Path) -> list[str]:
     """The launcher command line of a mechanism (each with the flags its docs recommend for this job)."""
     py, run_dir = sys.executable, root / run_id
-    train = ["-m", "training.trainer", *trainer_args(case, root, run_id)]
+    train = ["-m", "fsdpkit.trainer", *trainer_args(case, root, run_id)]
     restarts = ["--max-restarts", "8"]
     if case.mechanism in ("kit", "kit-exec", "kit-inproc"):
         start = ["--worker-start", "exec"] if case.mechanism == "kit-exec" else []
         return [
-            py, "-m", "training.launcher", "--standalone", "--nproc-per-node", "2", *restarts, *start,
+            py, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", "2", *restarts, *start,
             "--heartbeat-load-timeout", "60", "--run-dir", str(run_dir), "--log-dir", str(logs), *train,
         ]  # fmt: skip
     port = free_port_run()

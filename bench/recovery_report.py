@@ -47,7 +47,7 @@ def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bo
         "Same job for every mechanism: tiny Llama, 2 ranks x 1 thread (gloo), async checkpoints every 5",
         f"steps; one fault on rank 1 at the top of step {FAULT_STEP} (hang, sigstop: step {HANG_STEP}), two",
         "steps after the last checkpoint. Recovery = fault -> end of the first step after the resume;",
-        "detection = fault -> the launcher's event (training.analysis.metrics). Repetitions interleaved",
+        "detection = fault -> the launcher's event (fsdpkit.analysis.metrics). Repetitions interleaved",
         f"(rep 1 of every case, then rep 2, ...): {reps} of each RESULT ratio's cases, {others} of the",
         "others (the no-spare and baseline node cases: 1); n = runs that gave a figure; spread = min-max",
         "over them.",
@@ -82,11 +82,11 @@ def render(results: Results, figs: Mapping[str, Figure], *, reps: int, quick: bo
         )
     lines += [
         "",
-        "Mechanisms: kit = `python -m training.launcher` (learned heartbeat timeout, warm zygote",
+        "Mechanisms: kit = `python -m fsdpkit.launcher` (learned heartbeat timeout, warm zygote",
         "workers); kit-exec = the same without the zygote; ft_launcher = NVRx 0.4.1 (5 s heartbeat timeout);",
         "torchrun = `torch.distributed.run --max-restarts` (baseline); kit-inproc, nvrx-wrapper = in-process",
         f"restart (the kit's, NVRx inprocess.Wrapper) with a {COLLECTIVE_TIMEOUT_S} s gloo timeout. Strict",
-        "goodput = steps in the result x median fault-free step / wall (training.analysis.metrics).",
+        "goodput = steps in the result x median fault-free step / wall (fsdpkit.analysis.metrics).",
     ]
     return "\n".join(lines + render_nodes(results) + render_figures(figs)) + "\n"
 
@@ -96,7 +96,7 @@ def render_nodes(results: Results) -> list[str]:
         "",
         "## Node loss and drain: kit with and without a spare vs torchrun and ft_launcher",
         "",
-        f"2 pods x 1 rank through `python -m k8s local` (tiny model, {NODE_STEPS} steps, checkpoints",
+        f"2 pods x 1 rank through `python -m fsdpkit.k8s local` (tiny model, {NODE_STEPS} steps, checkpoints",
         f"every 5); the fault at the top of step {FAULT_STEP} on the named pod. kit = no spare (the local",
         "runner recreates the lost pod at once, the best case of the Kubernetes path); torchrun and",
         "ft_launcher keep their rendezvous on pod 0, as the study deployed them. Recovery = fault -> end of",

@@ -4,7 +4,7 @@
 
 Light nodes, for each N and each design (the kit's, training/launcher/rendezvous/kit.py, and torch's c10d
 with the kit's spares, training/launcher/rendezvous/c10d.py; each with the launcher's keep-alive defaults):
-N member nodes and one hot spare against the kit's real store process (`python -m training.launcher.store`).
+N member nodes and one hot spare against the kit's real store process (`python -m fsdpkit.launcher.store`).
 A node is a handler and a thread that does what the kit's agent does with it (`next_rendezvous`, then a
 membership check every monitor interval, re-joining when a node waits), without workers: many nodes share a
 client process so that 2 cores hold hundreds of them. The victim node has a process of its own, so that it
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import scale_launchers
-from ops.plan.calibration import growth, project, write_section
-from training.launcher.cli import RDZV_DEFAULTS
-from training.launcher.rendezvous.liveness import STALL_WINDOW_S
+from fsdpkit.launcher.cli import RDZV_DEFAULTS
+from fsdpkit.launcher.rendezvous.liveness import STALL_WINDOW_S
+from fsdpkit.ops.plan.calibration import growth, project, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 KEEP_ALIVE = {
@@ -140,8 +140,8 @@ def _rendezvous_handler(job: _ClientJob) -> object:
     the members' first round (the kit's spare says what it is)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from training.launcher import rendezvous
-    from training.launcher.rendezvous import c10d
+    from fsdpkit.launcher import rendezvous
+    from fsdpkit.launcher.rendezvous import c10d
 
     params = RendezvousParameters(
         backend=job.design,
@@ -169,7 +169,7 @@ def _rendezvous_handler(job: _ClientJob) -> object:
 def _light_node(index: int, job: _ClientJob, out: _ClientOut, told: threading.Event) -> None:
     """What the kit's agent does with its handler, without workers: join, then every monitor interval check
     the membership, re-joining when the workers failed (`told`, once) or a node waits."""
-    from training.runtime import torch_internals as internals
+    from fsdpkit.runtime import torch_internals as internals
 
     handler = _rendezvous_handler(job)
     kit = job.design == "kit"
@@ -217,8 +217,8 @@ def _client(endpoint: str, run_id: str, nodes: int, count: int, role: str, desig
 
 
 def _round(handler: object) -> int:
-    from training.launcher.rendezvous import KitRendezvous
-    from training.runtime import torch_internals as internals
+    from fsdpkit.launcher.rendezvous import KitRendezvous
+    from fsdpkit.runtime import torch_internals as internals
 
     if isinstance(handler, KitRendezvous):
         return handler.round
@@ -552,7 +552,7 @@ def launchers_section(real: list[dict[str, float]]) -> str:
     return f"""
 ### Real launchers (`bench/scale_launchers.py`)
 
-N kit launchers (`python -m training.launcher`, the kit's rendezvous, zygote workers) + 1 hot spare on this
+N kit launchers (`python -m fsdpkit.launcher`, the kit's rendezvous, zygote workers) + 1 hot spare on this
 machine, one trivial worker each (bench/scale_worker.py: an all-reduce of one number and a beat per
 {scale_launchers.STEP_S:g} s step), against the kit's store process. Start-up: all launchers started at once
 to the first round (the machine's cost, with its CPU seconds per node). Formation: the last member's join

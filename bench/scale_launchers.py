@@ -1,4 +1,4 @@
-"""bench.scale's real part: N kit launchers (`python -m training.launcher`, the kit's rendezvous, zygote
+"""bench.scale's real part: N kit launchers (`python -m fsdpkit.launcher`, the kit's rendezvous, zygote
 workers) + 1 hot spare on this machine, each with one trivial worker (bench/scale_worker.py: an all-reduce
 of one number and a beat per step), against the kit's store process.
 
@@ -33,8 +33,8 @@ from typing import Any
 
 import psutil
 
-from training.launcher.rendezvous.liveness import STALL_WINDOW_S
-from training.runtime.events import read_events
+from fsdpkit.launcher.rendezvous.liveness import STALL_WINDOW_S
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.3
@@ -46,12 +46,12 @@ RECOVERY_TIMEOUT_S = 120.0
 
 @contextlib.contextmanager
 def store_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """The kit's store (`python -m training.launcher.store`) on a free port: (process, HOST:PORT)."""
-    from training.contracts.ports import free_port_run
+    """The kit's store (`python -m fsdpkit.launcher.store`) on a free port: (process, HOST:PORT)."""
+    from fsdpkit.contracts.ports import free_port_run
 
     port = free_port_run()
     store = subprocess.Popen(
-        [sys.executable, "-m", "training.launcher.store", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "fsdpkit.launcher.store", "--host", "127.0.0.1", "--port", str(port)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -117,7 +117,7 @@ def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def _launch(nodes: int, rank: int, endpoint: str, run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "training.launcher",
+        sys.executable, "-m", "fsdpkit.launcher",
         "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(rank), "--spares", "1",
         "--rdzv-backend", "kit", "--rdzv-endpoint", endpoint, "--rdzv-id", f"scale{nodes}",
         "--rdzv-conf", "is_host=0", "--run-dir", str(run_dir), "--max-restarts", "5",

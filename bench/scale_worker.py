@@ -2,7 +2,7 @@
 number, sleeps and beats; rank 0 logs each step (an event with the world size and the attempt), so the
 benchmark sees when a re-formed group trains again. Nothing else: 2 cores hold 33 of them.
 
-Usage (the launcher's target): python -m training.launcher ... -m bench.scale_worker RUN_DIR STEP_S
+Usage (the launcher's target): python -m fsdpkit.launcher ... -m bench.scale_worker RUN_DIR STEP_S
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training.runtime.events import EventLog
-from training.runtime.heartbeat import HeartbeatClient
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.heartbeat import HeartbeatClient
 
 GROUP_TIMEOUT_S = 120.0
 

@@ -1,6 +1,7 @@
 """Stragglers: how fast a slow rank is found, that noise never is, and what replacing it gives back.
 
-`python -m bench.stragglers [--quick]` runs the rendered local Job (`python -m k8s local`, the tiny model, 2
+`python -m bench.stragglers [--quick]` runs the rendered local Job (`python -m fsdpkit.k8s local`, the tiny
+model, 2
 pods x 1 rank, gloo), side by side in one run:
   2x report        rank 1 computes 2x slower from step ONSET (`slow:step=ONSET:rank=1:factor=2`), policy
                    report
@@ -12,7 +13,7 @@ pods x 1 rank, gloo), side by side in one run:
                    its slow tests: at nice 10, another training job and a matmul burner that comes and
                    goes; the demo's straggler settings (reports every 2 steps, warm-up 3), the noisiest
   3x suite load    the demo's fault (rank 1 3x slower from step ONSET) beside the same load
-Figures from each run's events (training.analysis.metrics): the step a straggler was confirmed, the
+Figures from each run's events (fsdpkit.analysis.metrics): the step a straggler was confirmed, the
 stragglers a fault-free run reported, and the replace run's steps per second after the spare took over (its
 median step period from the first step after the restart on) over those before the onset.
 Last line: `RESULT detect_steps_2x=<confirmed - onset at 2x> detect_steps_1_5x=<same at 1.5x>
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from training.analysis.metrics import RunMetrics, load_events, load_run_metrics
+from fsdpkit.analysis.metrics import RunMetrics, load_events, load_run_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "stragglers.md"
@@ -111,7 +112,7 @@ def suite_load(workdir: Path, seed: int) -> Iterator[None]:
     """A load like `make test`'s beside its slow tests, all at nice 10 on the same cores: another training
     job (2 ranks of the tiny model through the local Job, checkpointing) and BURNER, which comes and goes."""
     job = subprocess.Popen(
-        ["nice", "-n", "10", sys.executable, "-m", "k8s", "local", "NODES=1", "PROCS_PER_NODE=2",
+        ["nice", "-n", "10", sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=1", "PROCS_PER_NODE=2",
          "STEPS=1000000", "CHECKPOINT_INTERVAL=20", f"RUN_ID=suite-load-{seed}",
          "--workdir", str(workdir / f"suite-load-{seed}")],
         cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -144,7 +145,8 @@ def run_case(case: Case, workdir: Path, *, timeout_s: float = 900) -> Outcome:
     run_id = "s-" + case.label.replace(" ", "-").replace(".", "-")
     fault = [f"FAULT_SPEC=slow:step={ONSET}:rank=1:factor={case.factor:g}"] if case.factor else []
     argv = [
-        sys.executable, "-m", "k8s", "local", "NODES=2", f"SPARES={case.spares}", f"STEPS={case.steps}",
+        sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=2", f"SPARES={case.spares}",
+        f"STEPS={case.steps}",
         "CHECKPOINT_INTERVAL=10", f"STRAGGLER_POLICY={case.policy}", f"RUN_ID={run_id}", *fault,
         *case.settings, "--workdir", str(workdir), "--timeout", str(timeout_s),
     ]  # fmt: skip

@@ -17,7 +17,7 @@ rank's share of the deployed FSx for Lustre: its aggregate throughput (cdk.json:
 divided over the ranks that restore at once (every GPU of the GPU node group's max_nodes p5 nodes, 8 each).
 A rank's own shard, verified before it is loaded, is then read from the page cache (shared_reads.py).
 
-Figures, from each run's events (training.analysis.metrics): a fault's restore time (the slowest rank's
+Figures, from each run's events (fsdpkit.analysis.metrics): a fault's restore time (the slowest rank's
 `resume`), the bytes read from the shared checkpoint folder during restores, the loop's checkpoint stall (the
 kit's
 `stall_s`: seconds the loop was blocked by saves) and its period (seconds per step over whole save
@@ -45,9 +45,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.config import KitConfig, load_config
-from infra.sizing import CHECKPOINT_BYTES_PER_PARAM, CLIENT_MBPS, fsx_mbps
-from training.analysis.metrics import RunMetrics, load_events, load_run_metrics
+from fsdpkit.analysis.metrics import RunMetrics, load_events, load_run_metrics
+from fsdpkit.infra.config import KitConfig, load_config
+from fsdpkit.infra.sizing import CHECKPOINT_BYTES_PER_PARAM, CLIENT_MBPS, fsx_mbps
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "tiers.md"
@@ -163,7 +163,8 @@ def run_case(case: Case, workdir: Path, index: int, *, timeout_s: float) -> Outc
         case.fault
     )
     argv = [
-        sys.executable, "-m", "k8s", "local", "NODES=2", "SPARES=1", f"MODEL={MODEL}", f"SEQ_LEN={SEQ_LEN}",
+        sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=2", "SPARES=1", f"MODEL={MODEL}",
+        f"SEQ_LEN={SEQ_LEN}",
         f"BATCH_SIZE={BATCH_SIZE}", f"STEPS={STEPS[case.fault]}", f"CHECKPOINT_INTERVAL={interval}",
         "MONITOR_INTERVAL_S=0.1", f"CHECKPOINT_TIERS={case.tiers}",
         f"TRAIN.checkpoint.shared_read_mib_s={shared_mib_s():.3f}", f"RUN_ID={run_id}",
@@ -334,7 +335,7 @@ def write_doc(s: dict[str, float | None], outcomes: list[Outcome], reps: int, li
     DOC.write_text(
         "## Memory tiers: restores from memory and peers against shared storage (CPU)\n\n"
         f"`python -m bench.tiers`: the kit trainer, MODEL={MODEL} ({state} of state per rank), 2 pods x 1 "
-        f"rank + 1 spare through `python -m k8s local`, async checkpoints every "
+        f"rank + 1 spare through `python -m fsdpkit.k8s local`, async checkpoints every "
         f"{INTERVAL} steps, fault at step {FAULT_STEP}; {reps} interleaved repetition(s) of each case with "
         f"CHECKPOINT_TIERS=peer and off, {time.strftime('%Y-%m-%d')}. Shared reads paced at "
         f"{shared_mib_s():.1f} MiB/s per rank: FSx {fsx:.0f} MB/s (cdk.json) over {gpu_nodes()} p5 nodes x "

@@ -1,7 +1,7 @@
 """Trainer benchmark: the memory plan against measured peak memory, and what activation checkpointing buys.
 
 `python -m bench.trainer [--quick]` runs the real trainer's session
-(`training.trainer.train.KitTrainer.build` and
+(`fsdpkit.trainer.train.KitTrainer.build` and
 `train_step`: FSDP2, AdamW, gloo) on 2 ranks x 1 thread, once per activation-checkpointing mode, side by side
 in one run, and measures per rank:
 - peak memory: the kernel's resident high-water mark (VmHWM, reset through /proc/self/clear_refs after a
@@ -10,7 +10,7 @@ in one run, and measures per rank:
   the live tensors and not the allocator's free lists;
 - activation memory: the peak minus what was resident right before the measured step's forward;
 - step time: the median of the measured steps.
-The plan (`training.trainer.memory_plan`) is computed for the same shape, world and batch, on_gpu=False.
+The plan (`fsdpkit.trainer.memory_plan`) is computed for the same shape, world and batch, on_gpu=False.
 
 Last line: `RESULT plan_error=<max over modes of |plan - measured| / measured> ac_memory_ratio=<activation
 memory with full AC / without> ac_step_ratio=<step time with full AC / without> selective_memory_ratio=...`.
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks" / "trainer.md"
@@ -55,10 +55,10 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from training import resilience
-    from training.runtime.distributed import init_distributed, shutdown
-    from training.trainer.config import load_config
-    from training.trainer.train import KitTrainer
+    from fsdpkit import resilience
+    from fsdpkit.runtime.distributed import init_distributed, shutdown
+    from fsdpkit.trainer.config import load_config
+    from fsdpkit.trainer.train import KitTrainer
 
     run_root = args.run_root
     cfg = load_config(
@@ -127,8 +127,8 @@ def measure(
 
 
 def planned(mode: str, *, model: str, seq_len: int, batch: int) -> int:
-    from training.contracts.shapes import MODEL_CONFIGS
-    from training.trainer.memory_plan import plan
+    from fsdpkit.contracts.shapes import MODEL_CONFIGS
+    from fsdpkit.trainer.memory_plan import plan
 
     shape = MODEL_CONFIGS[model]
     p = plan(

@@ -17,7 +17,7 @@
    them at once: the best case of that path.
 6. Checks the guarantee on what is persisted: each run's final checkpoint, verified and loaded back from
    disk, must equal the fault-free run's value by value (model, optimizer, scheduler, data position, RNG;
-   `training.resilience.checkpoint.compare`). The demo exits 1 when a run of the kit's launcher (node loss
+   `fsdpkit.resilience.checkpoint.compare`). The demo exits 1 when a run of the kit's launcher (node loss
    included)
    differs or has no final checkpoint; the baselines are shown as they are.
 
@@ -45,15 +45,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cliargs import output_file_problem, output_folder_problem
-from training.analysis.metrics import MetricsError, RunMetrics, load_run_metrics
-from training.analysis.report import comparison_table, fault_line, straggler_lines, write_timeline
-from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
-from training.resilience.checkpoint.resume import CheckpointError
-from training.runtime.events import read_events
+from fsdpkit.analysis.metrics import MetricsError, RunMetrics, load_run_metrics
+from fsdpkit.analysis.report import comparison_table, fault_line, straggler_lines, write_timeline
+from fsdpkit.contracts.cliargs import output_file_problem, output_folder_problem
+from fsdpkit.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from fsdpkit.resilience.checkpoint.resume import CheckpointError
+from fsdpkit.runtime.events import read_events
 
 if TYPE_CHECKING:
-    from k8s.local import PodRecord
+    from fsdpkit.k8s.local import PodRecord
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = ".kit-demo"
@@ -252,9 +252,9 @@ def synth(workdir: Path, console: Console) -> float:
 
 def build_manifests(variant: Variant, scenario: Scenario) -> list[Any]:
     """Values -> validated manifests of the `local` profile (the same templates as on EKS)."""
-    from k8s.render import render
-    from k8s.validate import validate
-    from k8s.values import build_values
+    from fsdpkit.k8s.render import render
+    from fsdpkit.k8s.validate import validate
+    from fsdpkit.k8s.values import build_values
 
     nodes, procs = (2, 1) if variant.node_loss else (scenario.nodes, scenario.procs_per_node)
     faults = f"node:step={scenario.node_loss_step}:node=0" if variant.node_loss else scenario.faults
@@ -289,7 +289,7 @@ def build_manifests(variant: Variant, scenario: Scenario) -> list[Any]:
 
 def run_variant(variant: Variant, scenario: Scenario, workdir: Path, console: Console) -> Outcome:
     """Run one variant through the local runner with a progress bar; metrics from its events."""
-    from k8s.local import run_local
+    from fsdpkit.k8s.local import run_local
 
     manifests = build_manifests(variant, scenario)
     timeout = scenario.baseline_timeout_s if variant.baseline else scenario.run_timeout_s

@@ -5,8 +5,9 @@ and `nag`. `-c` beats `cdk.json` (the CDK CLI merges them before the app starts)
 as strings and are parsed by the field's type: integers, `true`/`false`, comma-separated or JSON lists,
 `null` for "unset". Unknown kit-looking keys are errors, so a typo never silently falls back to a default.
 
-The sections and their within-section rules (`__post_init__`) live in `infra.sections`, re-exported
-here; rules across sections live in `infra.validation`, which `KitConfig.__post_init__` runs. A `KitConfig`
+The sections and their within-section rules (`__post_init__`) live in `fsdpkit.infra.sections`, re-exported
+here; rules across sections live in `fsdpkit.infra.validation`, which `KitConfig.__post_init__` runs. A
+`KitConfig`
 that exists is valid.
 """
 
@@ -22,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra import validation
-from infra.errors import ConfigError, require
-from infra.sections import (
+from fsdpkit.infra import validation
+from fsdpkit.infra.errors import ConfigError, require
+from fsdpkit.infra.sections import (
     CHECKPOINT_WRITE_S_MAX,
     FSX_DEFAULT_THROUGHPUT_PER_TIB,
     FSX_THROUGHPUT_PER_TIB,

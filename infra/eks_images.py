@@ -5,7 +5,7 @@ No CDK imports, so config validation can check the region before any construct e
 
 from __future__ import annotations
 
-from infra.errors import ConfigError
+from fsdpkit.infra.errors import ConfigError
 
 IMAGES_PAGE = "https://docs.aws.amazon.com/eks/latest/userguide/add-ons-images.html"
 TABLE_DATE = "2026-12-01"

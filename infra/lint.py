@@ -1,6 +1,7 @@
 """cfn-lint over a synthesized cloud assembly, each template for the region its stack deploys to.
 
-`python -m infra.lint [cdk.out]` runs cfn-lint with the kit's settings (`infra/cfnlint.yaml`), once per region
+`python -m fsdpkit.infra.lint [cdk.out]` runs cfn-lint with the kit's settings (`infra/cfnlint.yaml`), once
+per region
 read from the assembly's manifest and over that region's templates only, so region-specific checks (e.g.
 "instance type not offered in this region", E3628) use the stack's own region, not cfn-lint's default
 us-east-1 nor another stack's region. Exit status is the worst of cfn-lint's.

@@ -10,9 +10,9 @@ from __future__ import annotations
 from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
-from infra.constructs.addons import ClusterAddons, NetworkingAddons
-from infra.constructs.cluster import Cluster
-from infra.constructs.gpu_nodegroup import GpuNodeGroup
+from fsdpkit.infra.constructs.addons import ClusterAddons, NetworkingAddons
+from fsdpkit.infra.constructs.cluster import Cluster
+from fsdpkit.infra.constructs.gpu_nodegroup import GpuNodeGroup
 
 _PREFIX = "AwsSolutions::AwsSolutions-"
 _POLICY = "Policy::arn:<AWS::Partition>:iam::aws:policy/"

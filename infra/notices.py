@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from infra.config import KitConfig
-from infra.kubernetes_versions import support_notice
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.kubernetes_versions import support_notice
 
 _CAPACITY = {
     "on_demand": "on demand, no reservation",

@@ -1,7 +1,8 @@
 """The sections of the kit's settings (`network.*`, `cluster.*`, `gpu.*`, ...), one frozen dataclass each.
 
-Each section checks its own rules in `__post_init__`; `infra.config` composes them into `KitConfig`, reads
-them from context, and runs the rules across sections (`infra.validation`), which read these types.
+Each section checks its own rules in `__post_init__`; `fsdpkit.infra.config` composes them into `KitConfig`,
+reads
+them from context, and runs the rules across sections (`fsdpkit.infra.validation`), which read these types.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from infra.errors import ConfigError, require
-from infra.instances import GPU_INSTANCES, EfaLayout
-from training.contracts.metrics_catalog import AlarmThresholds
+from fsdpkit.contracts.metrics_catalog import AlarmThresholds
+from fsdpkit.infra.errors import ConfigError, require
+from fsdpkit.infra.instances import GPU_INSTANCES, EfaLayout
 
 KubernetesVersion = Literal["1.34", "1.35", "1.36", "1.37"]
 EndpointAccess = Literal["public", "private", "public_and_private"]
@@ -629,5 +630,5 @@ class MonitoringConfig:
 
     @property
     def thresholds(self) -> AlarmThresholds:
-        """The alarm thresholds, for `training.contracts.metrics_catalog.alarm_rules`."""
+        """The alarm thresholds, for `fsdpkit.contracts.metrics_catalog.alarm_rules`."""
         return AlarmThresholds(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AlarmThresholds)})

@@ -1,4 +1,4 @@
-"""Resource counts per stack of a synthesized cloud assembly: `python -m infra.summary [cdk.out]`.
+"""Resource counts per stack of a synthesized cloud assembly: `python -m fsdpkit.infra.summary [cdk.out]`.
 
 Prints a markdown table (stack, resources, outputs, the most common types), the figures quoted in
 docs/benchmarks/infra.md and docs/infra.md.

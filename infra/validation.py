@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from infra import eks_images, kubernetes_versions, sizing
-from infra.errors import ConfigError
-from infra.sections import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig, StorageConfig
+from fsdpkit.infra import eks_images, kubernetes_versions, sizing
+from fsdpkit.infra.errors import ConfigError
+from fsdpkit.infra.sections import ClusterConfig, GpuConfig, KubernetesConfig, NetworkConfig, StorageConfig
 
 
 def check_cross_rules(

@@ -1,7 +1,7 @@
-"""`python -m k8s ...`: see k8s/cli.py."""
+"""`python -m fsdpkit.k8s ...`: see k8s/cli.py."""
 
 import sys
 
-from k8s.cli import main
+from fsdpkit.k8s.cli import main
 
 sys.exit(main())

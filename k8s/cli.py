@@ -1,4 +1,5 @@
-"""`python -m k8s render|apply|status|delete|local|docs`: the training Job from values to a running job.
+"""`python -m fsdpkit.k8s render|apply|status|delete|local|docs`: the training Job from values to a running
+job.
 
 Values come as KEY=VALUE pairs (`NODES=4 MODEL=llama3.1-8b`, as `make train-job` passes them) and/or flags
 (`--nodes 4`); each key once, in either form. `OUTPUTS=<file>` (default cdk-outputs.json) names the stack
@@ -21,23 +22,23 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from cliargs import float_arg, output_folder_problem, parse_bool, parse_float
-from k8s import docs
-from k8s.derived import procs_per_node, world_size
-from k8s.kubectl import Kubectl, KubectlError, follow
-from k8s.local import LocalRunError, run_local
-from k8s.make_args import MakeLineError, check_make
-from k8s.outputs import OutputsError, load_stack_outputs
-from k8s.overrides import field_names, key_label
-from k8s.plan_summary import plan_lines
-from k8s.profiles import get_profile
-from k8s.render import DEFAULT_OUT, render, write
-from k8s.rules import check_fields
-from k8s.spec import CONFIG_FILE, job_spec
-from k8s.trainer_check import check_trainer_config
-from k8s.validate import ManifestError, validate
-from k8s.values import ValuesError, advice, apply_overrides, build_values
-from k8s.versions import version_problem
+from fsdpkit.contracts.cliargs import float_arg, output_folder_problem, parse_bool, parse_float, program
+from fsdpkit.k8s import docs
+from fsdpkit.k8s.derived import procs_per_node, world_size
+from fsdpkit.k8s.kubectl import Kubectl, KubectlError, follow
+from fsdpkit.k8s.local import LocalRunError, run_local
+from fsdpkit.k8s.make_args import MakeLineError, check_make
+from fsdpkit.k8s.outputs import OutputsError, load_stack_outputs
+from fsdpkit.k8s.overrides import field_names, key_label
+from fsdpkit.k8s.plan_summary import plan_lines
+from fsdpkit.k8s.profiles import get_profile
+from fsdpkit.k8s.render import DEFAULT_OUT, render, write
+from fsdpkit.k8s.rules import check_fields
+from fsdpkit.k8s.spec import CONFIG_FILE, job_spec
+from fsdpkit.k8s.trainer_check import check_trainer_config
+from fsdpkit.k8s.validate import ManifestError, validate
+from fsdpkit.k8s.values import ValuesError, advice, apply_overrides, build_values
+from fsdpkit.k8s.versions import version_problem
 
 DEFAULT_OUTPUTS = "cdk-outputs.json"
 # Make variables that reach us through $(MAKEOVERRIDES) but are not job values.
@@ -117,7 +118,7 @@ def _value_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m k8s", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=program("python -m fsdpkit.k8s"), description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def with_pairs(name: str, help_text: str, pairs_help: str) -> argparse.ArgumentParser:
@@ -205,7 +206,7 @@ def _split_pairs(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         check_make(args.make_pid, known=_known_keys(), given=given, target=_MAKE_TARGET[args.command])
     elif "DRY_RUN" in os.environ and "DRY_RUN" not in own and not getattr(args, "dry_run", False):
         raise UsageError(
-            f"DRY_RUN={os.environ['DRY_RUN']!r} is set in the environment, which python -m k8s does not "
+            f"DRY_RUN={os.environ['DRY_RUN']!r} is set in the environment, which the job CLI does not "
             "read: give DRY_RUN=1 (or --dry-run) as an argument, or unset DRY_RUN"
         )
     return values, own
@@ -371,7 +372,7 @@ def cmd_local(args: argparse.Namespace, console: Console) -> int:
         return FAILED
     console.print(f"[green]local job completed[/green]; run folder {result.run_dir}")
     report = subprocess.run(
-        [sys.executable, "-m", "training.analysis.report", str(result.run_dir)], check=False
+        [sys.executable, "-m", "fsdpkit.analysis.report", str(result.run_dir)], check=False
     )
     if report.returncode != 0 and values.entrypoint:  # the job itself succeeded
         console.print("no report: ENTRYPOINT's script wrote no step events (the resilience API writes them)")
@@ -428,7 +429,7 @@ def cmd_docs(args: argparse.Namespace, console: Console) -> int:
     fresh = docs.render_doc(text)
     if args.check:
         if fresh != text:
-            raise UsageError(f"{docs.DOC_PATH} is stale; run python -m k8s docs")
+            raise UsageError(f"{docs.DOC_PATH} is stale; run python -m fsdpkit.k8s docs")
         return 0
     docs.DOC_PATH.write_text(fresh, encoding="utf-8")
     console.print(f"wrote {docs.DOC_PATH}")
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = build_parser().parse_known_args(argv)
         if extra:
             raise UsageError(
-                f"unrecognized arguments: {' '.join(extra)} (see python -m k8s {args.command} --help)"
+                f"unrecognized arguments: {' '.join(extra)} (see python -m fsdpkit.k8s {args.command} --help)"
             )
         return COMMANDS[args.command](args, console)
     except ManifestError as exc:
@@ -468,3 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. an unsupported schema version
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+
+
+def entry() -> None:
+    """The `kit-job` console script."""
+    sys.exit(main())

@@ -1,6 +1,7 @@
 """Numbers derived from trusted JobValues (world size, restarts, /dev/shm size): pure functions, one place.
 
-The rules (`k8s.rules`) and the template context (`k8s.spec`) both use them, so a number is computed the
+The rules (`fsdpkit.k8s.rules`) and the template context (`fsdpkit.k8s.spec`) both use them, so a number is
+computed the
 same way where it is checked and where it is rendered.
 """
 
@@ -9,17 +10,17 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from k8s.model import (
+from fsdpkit.k8s.model import (
     CKPT_BYTES_PER_PARAM,
     DRAIN_MARGIN_S,
     FT_AUTO_HEARTBEAT_S,
     LAUNCHER_DEFAULT_RESTARTS,
     MODEL_PARAMS,
 )
-from k8s.profiles import get_profile
+from fsdpkit.k8s.profiles import get_profile
 
 if TYPE_CHECKING:
-    from k8s.model import JobValues
+    from fsdpkit.k8s.model import JobValues
 
 
 def world_size(v: JobValues) -> int:

@@ -1,7 +1,7 @@
 """Elastic jobs (MIN_NODES): the global batch every node count from MIN_NODES to NODES must keep, and the
 rules that refuse a job which could shrink to a size that cannot keep it exactly.
 
-The trainer splits the global batch over the ranks it has (training.resilience.batch) and refuses, before
+The trainer splits the global batch over the ranks it has (fsdpkit.resilience.batch) and refuses, before
 any process group, a world size that does not divide it; an elastic job must therefore never shrink to
 such a size. The check happens here, before the Job exists, with the node counts that work and a global
 batch that keeps every count.
@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from k8s.derived import procs_per_node
-from k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
-from k8s.profiles import get_profile
-from training.contracts import defaults
-from training.contracts.global_batch import default_global_batch, world_sizes_keeping
+from fsdpkit.contracts import defaults
+from fsdpkit.contracts.global_batch import default_global_batch, world_sizes_keeping
+from fsdpkit.k8s.derived import procs_per_node
+from fsdpkit.k8s.model import RDZV_TIMEOUT_MAX_S, ValuesError
+from fsdpkit.k8s.profiles import get_profile
 
 if TYPE_CHECKING:
-    from k8s.model import JobValues
+    from fsdpkit.k8s.model import JobValues
 
 
 def is_elastic(v: JobValues) -> bool:
@@ -68,7 +68,7 @@ def node_counts(v: JobValues) -> range:
 
 def keeping_counts(v: JobValues, batch: int) -> list[int]:
     """The node counts from MIN_NODES to NODES whose ranks split `batch` into whole micro-batches (the
-    trainer's own rule: training.resilience.batch)."""
+    trainer's own rule: fsdpkit.resilience.batch)."""
     sizes = set(world_sizes_keeping(batch, micro_batch(v)))
     return [n for n in node_counts(v) if n * procs_per_node(v) in sizes]
 
@@ -117,7 +117,7 @@ def check_rules(v: JobValues) -> None:
             "MIN_NODES",
             v.min_nodes,
             "with ENTRYPOINT, set TRAIN.training.global_batch (samples per optimizer step): your script "
-            "splits it with training.resilience.plan_batch on whatever number of nodes is left",
+            "splits it with fsdpkit.resilience.plan_batch on whatever number of nodes is left",
         )
         return
     counts = keeping_counts(v, batch)

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from k8s.model import ValuesError
+from fsdpkit.k8s.model import ValuesError
 
 KEY = "ENTRYPOINT"
 _PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
@@ -29,12 +29,12 @@ _LAUNCHERS = frozenset(
         "ft_launcher",
         "torch.distributed.run",
         "torch.distributed.launch",
-        "training.launcher",
-        "training.launcher.cli",
+        "fsdpkit.launcher",
+        "fsdpkit.launcher.cli",
     }
 )
 """Launchers: the Job starts one already (LAUNCHER=); one inside it would launch every rank again."""
-KIT_TRAINER_MODULE = "training.trainer"
+KIT_TRAINER_MODULE = "fsdpkit.trainer"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +138,7 @@ def _python(raw: str, rest: list[str]) -> Entrypoint:
         if module in (KIT_TRAINER_MODULE, f"{KIT_TRAINER_MODULE}.train"):
             raise _fail(
                 raw,
-                "-m training.trainer is the kit's trainer: leave ENTRYPOINT out and set its values "
+                "-m fsdpkit.trainer is the kit's trainer: leave ENTRYPOINT out and set its values "
                 "(MODEL=, STEPS=, TRAIN.<section>.<field>=)",
             )
         return Entrypoint(kind="module", target=module, args=tuple(args))

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from k8s.spec import INDEX_ANNOTATION, MANAGED_BY, RUN_ID_LABEL
+from fsdpkit.k8s.spec import INDEX_ANNOTATION, MANAGED_BY, RUN_ID_LABEL
 
 FIELD_MANAGER = "kit"
 _STEP = re.compile(r"step (\d+)/(\d+)")

@@ -38,10 +38,10 @@ from typing import Any
 
 import psutil
 
-from k8s.render import Manifest
-from k8s.spec import INDEX_ANNOTATION
-from training.contracts import env as kit_env
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts import env as kit_env
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.k8s.render import Manifest
+from fsdpkit.k8s.spec import INDEX_ANNOTATION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -99,7 +99,7 @@ class PathMap:
 
 def free_port() -> int:
     """A TCP port free now, with the next two free too (the NVRx backend's stores):
-    training.contracts.ports."""
+    fsdpkit.contracts.ports."""
     try:
         return free_port_run()
     except OSError as exc:
@@ -136,7 +136,7 @@ def load_job(manifests: list[Manifest]) -> LocalJob:
     if labels.get("kit.io/profile") != "local":
         raise LocalRunError(
             f"the local runner runs PROFILE=local manifests; these are for {labels.get('kit.io/profile')!r} "
-            "(use 'python -m k8s apply' for EKS)"
+            "(use 'python -m fsdpkit.k8s apply' for EKS)"
         )
     spec = job["spec"]
     pod = spec["template"]["spec"]

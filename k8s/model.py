@@ -1,8 +1,9 @@
 """The typed values of one training Job: fields, types, defaults and docs, and the constants they use.
 
 Pure data: `JobValues` holds what a user may choose; it does not parse or check anything. Parsing lives in
-`k8s.overrides`, rules in `k8s.rules`, derived numbers in `k8s.derived`, and `k8s.values.build_values()`
-is the one way to make trusted values. Field docstrings feed docs/k8s.md (`k8s.docs`).
+`fsdpkit.k8s.overrides`, rules in `fsdpkit.k8s.rules`, derived numbers in `fsdpkit.k8s.derived`, and
+`fsdpkit.k8s.values.build_values()`
+is the one way to make trusted values. Field docstrings feed docs/k8s.md (`fsdpkit.k8s.docs`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from k8s.profiles import ProfileName
-from training.contracts import env as kit_env
+from fsdpkit.contracts import env as kit_env
+from fsdpkit.k8s.profiles import ProfileName
 
 Launcher = Literal["kit", "ft_launcher", "torchrun"]
 ModelName = Literal["tiny", "small", "llama3.1-8b", "llama3.1-70b"]
@@ -54,7 +55,7 @@ TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
 )
 
 RESILIENCE_SECTIONS: tuple[str, ...] = ("run", "training", "checkpoint", "fault", "inprocess", "straggler")
-"""The config sections a script's resilience API reads (training.resilience.load_config); with ENTRYPOINT
+"""The config sections a script's resilience API reads (fsdpkit.resilience.load_config); with ENTRYPOINT
 the ConfigMap holds only these. model, data and optim are the kit trainer's own."""
 
 # Env names the launcher or the Job controller own. Users may not set them (kubeflow trainer's rule).
@@ -115,7 +116,7 @@ class ValuesError(ValueError):
 
 @dataclass(kw_only=True)
 class JobValues:
-    """Everything a user may choose for one training Job. Field docs feed docs/k8s.md (`k8s.docs`)."""
+    """Everything a user may choose for one training Job. Field docs feed docs/k8s.md (`fsdpkit.k8s.docs`)."""
 
     # -- job --
     run_id: str = ""
@@ -220,10 +221,10 @@ class JobValues:
     expansion): "python -m myproject.train --cfg x" (a module), "python train.py --steps 20" (a script,
     relative to the image's working directory; the repository root locally) or "bash run.sh" (any program).
     The launcher runs it on every rank; it gets no --config: the kit's resilience config is the file
-    $KIT_CONFIG (training.resilience.load_config() reads it), which then holds only the run, training,
+    $KIT_CONFIG (fsdpkit.resilience.load_config() reads it), which then holds only the run, training,
     checkpoint, fault, inprocess and straggler sections, so MODEL, DATA_KIND, DATA_PATH, SEQ_LEN, BATCH_SIZE
     and TRAIN.model/data/optim.* are refused. Later words may use $(VAR) of the pod's env (Kubernetes expands
-    it; $$ is a literal $). Empty: the kit's trainer (python -m training.trainer --config $KIT_CONFIG)."""
+    it; $$ is a literal $). Empty: the kit's trainer (python -m fsdpkit.trainer --config $KIT_CONFIG)."""
     model: ModelName | None = None
     """Model: tiny, small or llama3.1-8b. None: the profile's (p5/p4d llama3.1-8b, g5 small, local tiny)."""
     data_kind: DataKind = "synthetic"

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from k8s.model import PLACEHOLDER, ValuesError
-from k8s.profiles import get_profile, profile_for_instance
+from fsdpkit.k8s.model import PLACEHOLDER, ValuesError
+from fsdpkit.k8s.profiles import get_profile, profile_for_instance
 
 REQUIRED_KEYS: tuple[str, ...] = (
     "ClusterName",
@@ -104,7 +104,7 @@ def load_stack_outputs(path: str | Path) -> dict[str, Any]:
 
 
 def values_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Field values taken from merged stack outputs (see `k8s.outputs`); unknown keys are ignored."""
+    """Field values taken from merged stack outputs (see `fsdpkit.k8s.outputs`); unknown keys are ignored."""
     found: dict[str, Any] = {}
     for key, name in OUTPUT_FIELDS.items():
         if key not in outputs:

@@ -19,8 +19,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from cliargs import parse_bool, parse_float, parse_int
-from k8s.model import TRAINER_FIELDS, JobValues, ValuesError
+from fsdpkit.contracts.cliargs import parse_bool, parse_float, parse_int
+from fsdpkit.k8s.model import TRAINER_FIELDS, JobValues, ValuesError
 
 MAP_FIELDS: Mapping[str, str] = types.MappingProxyType(
     {"env": "ENV", "node_selector": "NODE_SELECTOR", "train": "TRAIN"}

@@ -11,12 +11,12 @@ from typing import Any
 
 import yaml
 
-from k8s.derived import world_size
-from k8s.model import JobValues
-from ops.plan.calibration import CalibrationError
-from ops.plan.failures import PlanInputError
-from ops.plan.planner import job_summary
-from training.contracts import defaults
+from fsdpkit.contracts import defaults
+from fsdpkit.k8s.derived import world_size
+from fsdpkit.k8s.model import JobValues
+from fsdpkit.ops.plan.calibration import CalibrationError
+from fsdpkit.ops.plan.failures import PlanInputError
+from fsdpkit.ops.plan.planner import job_summary
 
 PLANNED_PROFILES = frozenset({"p5"})
 

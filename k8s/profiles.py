@@ -1,6 +1,7 @@
 """Instance profiles: what one node of each supported instance type offers a training pod.
 
-A profile is data, not logic: the values model (`k8s.values`) reads it to fill defaults and to check that a
+A profile is data, not logic: the values model (`fsdpkit.k8s.values`) reads it to fill defaults and to check
+that a
 request matches the hardware; templates never see it directly. Figures are per node. CPU and memory are what
 the pod requests (requests = limits, Guaranteed QoS), which leaves headroom below the instance's total for
 the kubelet, system reserve and the device-plugin / CSI DaemonSets.

@@ -17,8 +17,8 @@ from typing import Any
 import jinja2
 import yaml
 
-from k8s.spec import JobSpec, job_spec
-from k8s.values import JobValues
+from fsdpkit.k8s.spec import JobSpec, job_spec
+from fsdpkit.k8s.values import JobValues
 
 TEMPLATES = Path(__file__).parent / "templates"
 DEFAULT_OUT = Path("build") / "k8s"

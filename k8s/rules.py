@@ -3,7 +3,7 @@ the stack outputs (`check_rules`); `advice` lists what is allowed but probably a
 a tuple of small named checks applied in order, so a rule is found by name and the first broken one wins.
 
 Every broken rule raises `ValuesError` with one line: the key, the value seen, the rule and the fix.
-Kubernetes naming rules come from `k8s.names`, derived numbers from `k8s.derived`.
+Kubernetes naming rules come from `fsdpkit.k8s.names`, derived numbers from `fsdpkit.k8s.derived`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import re
 import typing
 from typing import Any
 
-from cliargs import parse_float
-from k8s import elastic, names
-from k8s.derived import (
+from fsdpkit.contracts.cliargs import parse_float
+from fsdpkit.k8s import elastic, names
+from fsdpkit.k8s.derived import (
     TIER_COPIES,
     grace_needed_s,
     heartbeat_seconds,
@@ -30,8 +30,8 @@ from k8s.derived import (
     tiers,
     world_size,
 )
-from k8s.entrypoint import IMAGE_TAG, image_problem, parse_entrypoint, shown
-from k8s.model import (
+from fsdpkit.k8s.entrypoint import IMAGE_TAG, image_problem, parse_entrypoint, shown
+from fsdpkit.k8s.model import (
     FSX_MOUNT,
     KEEP_ALIVE_ATTEMPTS_MAX,
     KEEP_ALIVE_S_RANGE,
@@ -45,9 +45,9 @@ from k8s.model import (
     JobValues,
     ValuesError,
 )
-from k8s.overrides import key_label as _key_label
-from k8s.profiles import Profile, get_profile
-from k8s.versions import version_problem
+from fsdpkit.k8s.overrides import key_label as _key_label
+from fsdpkit.k8s.profiles import Profile, get_profile
+from fsdpkit.k8s.versions import version_problem
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TAINT = re.compile(
@@ -194,7 +194,7 @@ def _check_inprocess(v: JobValues) -> None:
 
 
 def _check_kubernetes_version(v: JobValues) -> None:
-    """The manifests need Job features and schemas of the versions `k8s.versions` supports."""
+    """The manifests need Job features and schemas of the versions `fsdpkit.k8s.versions` supports."""
     if problem := version_problem(v.kubernetes_version):
         _fail("KUBERNETES_VERSION", v.kubernetes_version, problem)
 
@@ -279,7 +279,8 @@ _KIT_TRAINER_SECTIONS = {"model": "its model", "data": "its data", "optim": "its
 
 
 def _check_entrypoint(v: JobValues) -> None:
-    """ENTRYPOINT's own rules (`k8s.entrypoint`), then the kit trainer's values it leaves without a reader."""
+    """ENTRYPOINT's own rules (`fsdpkit.k8s.entrypoint`), then the kit trainer's values it leaves without a
+    reader."""
     if parse_entrypoint(v.entrypoint) is None:
         return
     fix = "drop it, or drop ENTRYPOINT to train with the kit's trainer"
@@ -504,7 +505,7 @@ def _check_claim_namespace(v: JobValues, given: _Given) -> None:
 
 
 def _check_elastic(v: JobValues, given: _Given) -> None:
-    """Elastic node counts against the global batch (`k8s.elastic`)."""
+    """Elastic node counts against the global batch (`fsdpkit.k8s.elastic`)."""
     elastic.check_rules(v)
 
 

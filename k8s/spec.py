@@ -12,9 +12,11 @@ from typing import Any
 
 import yaml
 
-from cliargs import parse_int
-from k8s import elastic
-from k8s.derived import (
+from fsdpkit.contracts import env as kit_env
+from fsdpkit.contracts import metrics_settings as telemetry
+from fsdpkit.contracts.cliargs import parse_int
+from fsdpkit.k8s import elastic
+from fsdpkit.k8s.derived import (
     heartbeat_seconds,
     max_restarts,
     procs_per_node,
@@ -23,8 +25,8 @@ from k8s.derived import (
     tiers,
     world_size,
 )
-from k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
-from k8s.model import (
+from fsdpkit.k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
+from fsdpkit.k8s.model import (
     FSX_MOUNT,
     RESILIENCE_SECTIONS,
     RUNS_ROOT,
@@ -33,9 +35,7 @@ from k8s.model import (
     JobValues,
     ValuesError,
 )
-from k8s.profiles import get_profile
-from training.contracts import env as kit_env
-from training.contracts import metrics_settings as telemetry
+from fsdpkit.k8s.profiles import get_profile
 
 CONFIG_DIR = "/etc/kit"
 CONFIG_FILE = "train.yaml"
@@ -161,7 +161,7 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
             "interval": v.checkpoint_interval,
             "keep": v.checkpoint_keep,
             "backend": v.checkpoint_backend,
-            # With ENTRYPOINT the state's size is the script's: auto is left to the pods (training.resilience)
+            # With ENTRYPOINT the state's size is the script's: auto is left to the pods (fsdpkit.resilience)
             "tiers": tiers(v)
             if v.checkpoint_mode != "off" and not (v.entrypoint and v.checkpoint_tiers == "auto")
             else None,
@@ -194,7 +194,7 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
 CONFIG_COMMENTS = {
     False: "Trainer config (contract 4): the container reads it with --config; the pods carry its sha256.",
     True: "Resilience config (run, training, checkpoint, fault, inprocess, straggler): ENTRYPOINT's script "
-    "reads it from $KIT_CONFIG (training.resilience.load_config); the pods carry its sha256.",
+    "reads it from $KIT_CONFIG (fsdpkit.resilience.load_config); the pods carry its sha256.",
 }
 
 
@@ -302,7 +302,7 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
         cmd = [
             "python",
             "-m",
-            "training.launcher",
+            "fsdpkit.launcher",
             f"--nnodes={elastic.nnodes(v)}",
             f"--nproc-per-node={nproc}",
             "--node-rank=$(NODE_RANK)",
@@ -385,7 +385,7 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         {"name": "RUN_DIR", "value": run_dir},
         {"name": kit_env.CONFIG, "value": config_path},
         {"name": kit_env.GRACE_S, "value": str(termination_grace_s(v))},
-        # Live metrics (training.contracts.metrics_settings): the launcher and the trainer read the same four.
+        # Live metrics (fsdpkit.contracts.metrics_settings): the launcher and the trainer read the same four.
         {"name": telemetry.SINK_ENV, "value": metrics_sink(v)},
         {"name": telemetry.CLUSTER_ENV, "value": v.cluster_name or "local"},
         {"name": telemetry.JOB_ENV, "value": v.run_id},
@@ -502,7 +502,7 @@ def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
         "labels": {**labels, **selector, "app.kubernetes.io/component": RDZV_STORE_COMPONENT},
         "selector": selector,
         "port": v.rdzv_port,
-        "command": ["python", "-m", "training.launcher.store", f"--port={v.rdzv_port}"],
+        "command": ["python", "-m", "fsdpkit.launcher.store", f"--port={v.rdzv_port}"],
         "node_selector": {} if local else dict(SYSTEM_NODE_LABELS),
         "resources": {"cpu": "500m", "memory": "1Gi"},
     }

@@ -1,7 +1,7 @@
 """Check the rendered trainer config with the trainer's own rules before anything is applied.
 
 k8s does not import the trainer (no torch here, design's folders table): it runs
-`python -m training.trainer.check_config --elsewhere --config <file>` as a subprocess on exactly the
+`python -m fsdpkit.trainer.check_config --elsewhere --config <file>` as a subprocess on exactly the
 `train.yaml` the ConfigMap will hold, and turns the trainer's one-line error (exit 78) into a `ValuesError`.
 The trainer's config module does not import torch (training/resilience/checkpoint/__init__.py), so a check
 takes ~0.2 s.
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from k8s.model import ValuesError
+from fsdpkit.k8s.model import ValuesError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FATAL_CONFIG = 78
@@ -50,7 +50,7 @@ def check_trainer_config(
             env |= {"WORLD_SIZE": str(memory[0]), "LOCAL_WORLD_SIZE": str(memory[1])}
         try:
             proc = subprocess.run(
-                [python, "-m", "training.trainer.check_config", "--elsewhere", "--config", str(path), *extra],
+                [python, "-m", "fsdpkit.trainer.check_config", "--elsewhere", "--config", str(path), *extra],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -61,7 +61,7 @@ def check_trainer_config(
         except subprocess.TimeoutExpired:
             raise ValuesError(
                 f"the trainer's config check did not finish in {CHECK_TIMEOUT_S:g} s; "
-                f"run {python} -m training.trainer.check_config --config FILE to see why"
+                f"run {python} -m fsdpkit.trainer.check_config --config FILE to see why"
             ) from None
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     if proc.returncode == 0:

@@ -2,7 +2,8 @@
 
 Schema validation uses the JSON schemas bundled with kubernetes-validate (offline, 1.25-1.37) in strict mode,
 so a misspelt field fails. The policy checks are rules the schemas cannot express: names, label and
-annotation keys and label values by the Kubernetes naming rules (`k8s.names`), not privileged, only the
+annotation keys and label values by the Kubernetes naming rules (`fsdpkit.k8s.names`), not privileged, only
+the
 IPC_LOCK capability, no secrets in literal env, whole devices (requests = limits), per-pod DNS wired up
 (subdomain -> headless Service, MASTER_ADDR -> pod 0), and no dry-run placeholders in what gets applied.
 Every problem is one line: `<file>: <Kind>/<name>: <field path>: <what is wrong>`.
@@ -15,12 +16,12 @@ from typing import Any
 
 import kubernetes_validate
 
-from k8s import names
-from k8s.model import PLACEHOLDER
-from k8s.render import Manifest
-from k8s.rules import contains_credential, looks_secret
-from k8s.spec import master_addr
-from k8s.versions import version_problem
+from fsdpkit.k8s import names
+from fsdpkit.k8s.model import PLACEHOLDER
+from fsdpkit.k8s.render import Manifest
+from fsdpkit.k8s.rules import contains_credential, looks_secret
+from fsdpkit.k8s.spec import master_addr
+from fsdpkit.k8s.versions import version_problem
 
 SCHEMA_VERSIONS: tuple[str, ...] = ("1.33", "1.34", "1.35")
 """Versions the tests validate against; `make train-job` uses the cluster's own version."""

@@ -1,9 +1,11 @@
 """Typed values of one training Job: defaults, then stack outputs, then overrides; validated once.
 
-`build_values()` is the only way in: it merges the three layers (`k8s.outputs.values_from_outputs`, then
-`k8s.overrides.apply_overrides`, which parses each override by its field type), and checks every rule
-(`k8s.rules`), raising `ValuesError` with one line that names the key, the value and the fix. After that
-the values are trusted; `k8s.spec` derives everything else (world size, env, command line).
+`build_values()` is the only way in: it merges the three layers (`fsdpkit.k8s.outputs.values_from_outputs`,
+then
+`fsdpkit.k8s.overrides.apply_overrides`, which parses each override by its field type), and checks every rule
+(`fsdpkit.k8s.rules`), raising `ValuesError` with one line that names the key, the value and the fix. After
+that
+the values are trusted; `fsdpkit.k8s.spec` derives everything else (world size, env, command line).
 
 The model, parsing, rules and derived numbers live in their own modules; the names other code uses are
 importable from here too.
@@ -15,11 +17,18 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from k8s.derived import heartbeat_seconds, max_restarts, procs_per_node, shm_gib, staging_gib, world_size
-from k8s.model import FSX_MOUNT, PLACEHOLDER, RUNS_ROOT, TRAINER_FIELDS, JobValues, ValuesError
-from k8s.outputs import placeholders, values_from_outputs
-from k8s.overrides import apply_overrides, parse_scalar
-from k8s.rules import advice, check_fields, check_rules, contains_credential, looks_secret
+from fsdpkit.k8s.derived import (
+    heartbeat_seconds,
+    max_restarts,
+    procs_per_node,
+    shm_gib,
+    staging_gib,
+    world_size,
+)
+from fsdpkit.k8s.model import FSX_MOUNT, PLACEHOLDER, RUNS_ROOT, TRAINER_FIELDS, JobValues, ValuesError
+from fsdpkit.k8s.outputs import placeholders, values_from_outputs
+from fsdpkit.k8s.overrides import apply_overrides, parse_scalar
+from fsdpkit.k8s.rules import advice, check_fields, check_rules, contains_credential, looks_secret
 
 __all__ = [
     "FSX_MOUNT",

@@ -2,7 +2,7 @@
 
 Throttling (`Throttling`, `RequestLimitExceeded`, `SlowDown`, 5xx) is retried by botocore itself
 (`retries={"mode": ..., "max_attempts": ...}`); dependency errors that botocore does not retry are handled by
-`ops.teardown.strategies`. The endpoint can be overridden with `AWS_ENDPOINT_URL` /
+`fsdpkit.ops.teardown.strategies`. The endpoint can be overridden with `AWS_ENDPOINT_URL` /
 `AWS_ENDPOINT_URL_<SERVICE>` (botocore honours both
 natively), which is how the tests point everything at a local moto server.
 """

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections import Counter
 
-from cliargs import OneLineParser
+from fsdpkit.contracts.cliargs import OneLineParser
 
 
 def parse_once(parser: OneLineParser, argv: list[str] | None) -> argparse.Namespace:

@@ -1,4 +1,5 @@
-"""`python -m ops.cost_report --prefix P`: what the kit spent, what it burns now, and what faults cost.
+"""`python -m fsdpkit.ops.cost_report --prefix P`: what the kit spent, what it burns now, and what faults
+cost.
 
 Sections: spend (Cost Explorer, by service and by stack, for --period), burn rate (running kit instances x
 on-demand price, plus FSx and EBS storage), and, with --run-dir, the cost of checkpoint stalls, recovery
@@ -17,15 +18,15 @@ from pathlib import Path
 import botocore.exceptions
 from rich.console import Console
 
-from cliargs import OneLineParser, float_arg, output_file_problem
-from ops.aws import Aws, AwsSettings, OpsError, describe_error
-from ops.cli import parse_once
-from ops.cost import prices
-from ops.cost.burn import get_burn
-from ops.cost.faults import fault_cost, load_metrics
-from ops.cost.render import CostReport, to_csv, to_json, to_markdown, to_png, to_table
-from ops.cost.spend import get_spend
-from ops.tags import prefix_error
+from fsdpkit.contracts.cliargs import OneLineParser, float_arg, output_file_problem
+from fsdpkit.ops.aws import Aws, AwsSettings, OpsError, describe_error
+from fsdpkit.ops.cli import parse_once
+from fsdpkit.ops.cost import prices
+from fsdpkit.ops.cost.burn import get_burn
+from fsdpkit.ops.cost.faults import fault_cost, load_metrics
+from fsdpkit.ops.cost.render import CostReport, to_csv, to_json, to_markdown, to_png, to_table
+from fsdpkit.ops.cost.spend import get_spend
+from fsdpkit.ops.tags import prefix_error
 
 DEFAULT_INSTANCE = "p5.48xlarge"
 MAX_GPU_HOUR_USD = 1000.0
@@ -54,7 +55,7 @@ def parse_period(text: str, today: dt.date) -> tuple[dt.date, dt.date]:
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
-        prog="python -m ops.cost_report", description=__doc__.splitlines()[0], allow_abbrev=False
+        prog="python -m fsdpkit.ops.cost_report", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     p.add_argument("--prefix", required=True, help="the kit's name prefix (value of the kit:project tag)")
     p.add_argument("--region", help="AWS region of the kit (default: AWS_REGION / the profile's region)")

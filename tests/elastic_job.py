@@ -2,7 +2,7 @@
 
 Shared by tests/training (a restart on other world sizes) and tests/k8s (a node lost with no spare, then
 back): both compare what each optimizer step consumed with the same reference run
-(training.analysis.batch_ledger).
+(fsdpkit.analysis.batch_ledger).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 12
@@ -39,7 +39,7 @@ def run_reference(tmp: Path, nproc: int = 4) -> Path:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}", "--max-restarts", "0",
-        "--log-dir", str(tmp / "torchelastic"), "-m", "training.trainer",
+        "--log-dir", str(tmp / "torchelastic"), "-m", "fsdpkit.trainer",
         "--run.id", "elastic-ref", "--run.root", str(tmp / "runs"), *ELASTIC, "--checkpoint.mode", "off",
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(tmp)}

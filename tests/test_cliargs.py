@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cliargs import (
+from fsdpkit.contracts.cliargs import (
     OneLineParser,
     float_arg,
     int_arg,

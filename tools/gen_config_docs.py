@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fielddocs import field_docs
+from fsdpkit.contracts.fielddocs import field_docs
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "configuration.md"
@@ -41,15 +41,15 @@ class Model:
 MODELS: tuple[Model, ...] = (
     Model(
         title="Stacks (`cdk.json` context)",
-        module="infra.config",
+        module="fsdpkit.infra.config",
         name="KitConfig",
         how="Set in `cdk.json` under `context`, or per command with `-c key=value` (which wins). "
         "Values given with `-c` are strings parsed by the field's type; lists as JSON or comma-separated; "
         "`null` unsets.",
     ),
     Model(
-        title="Trainer (`python -m training.trainer`)",
-        module="training.trainer.config",
+        title="Trainer (`python -m fsdpkit.trainer`)",
+        module="fsdpkit.trainer.config",
         name="TrainConfig",
         how="Set in a YAML file with one mapping per section (`--config FILE.yaml`), or per run with "
         "`--section.field VALUE`. Command line beats the file, which beats the defaults; "
@@ -57,7 +57,7 @@ MODELS: tuple[Model, ...] = (
     ),
     Model(
         title="Kubernetes job values (`make train-job`, `make train-local`)",
-        module="k8s.values",
+        module="fsdpkit.k8s.values",
         name="JobValues",
         how="Defaults, then the stack outputs file, then overrides from the command line "
         "(`make train-job NODES=4 MODEL=llama3.1-8b`). Validated before anything is rendered. Mapping keys "

@@ -5,18 +5,23 @@ function-local ones included, and `importlib.import_module("...")` with a litera
 per broken rule; exit 1 when any is broken. tests/tools/test_import_rules.py runs it on the repository and
 breaks each rule once on purpose.
 
-The rules (the tables below are the rules; the functions only apply them):
-1. **No circle** among the modules of the parts (`PARTS`), whatever kind of import closes it.
-2. **Floors.** `training/` is built in floors, bottom first (`FLOORS`): a package imports only itself and the
-   floors below it, never a floor above or a sibling on its own floor.
-3. **Parts meet at contracts.** infra, k8s and ops import `training` only through `training.contracts`;
-   one part imports another only where `PART_EDGES` says so, with the reason beside it.
-4. **Libraries by floor** (`FORBIDDEN`): `training` imports no AWS or CDK code; the contracts and the
-   shared helpers use the standard library only (infra, k8s and ops import them without torch); the
-   resilience API imports no model, tokenizer or dataset library (it knows no model, data or loop);
-   infra, k8s and ops import no torch.
-5. **The public API is the way in** (`PUBLIC_ONLY`): the kit's trainer and the examples import of `training`
-   only `training.resilience` itself (never one of its modules) and the contracts.
+The kit's code lives in the folders the project was specified with and is imported under one name,
+`fsdpkit` (`PACKAGE_DIRS`, as pyproject.toml installs it): training/ is `fsdpkit`, k8s/ `fsdpkit.k8s`, infra/
+`fsdpkit.infra`, ops/ `fsdpkit.ops`. The rules (the tables below are the rules; the functions apply them):
+1. **No circle** among the modules, whatever kind of import closes it.
+2. **Floors.** The training side is built in floors, bottom first (`FLOORS`): a package imports only itself
+   and the floors below it, never a floor above or a sibling on its own floor.
+3. **Parts meet at contracts.** infra, k8s and ops import the training side only through
+   `fsdpkit.contracts`; one part imports another only where `PART_EDGES` says so, with the reason beside it.
+4. **Libraries by floor** (`FORBIDDEN`): the training side imports no AWS or CDK code; the contracts use the
+   standard library only (infra, k8s and ops import them without torch); the resilience API imports no
+   model, tokenizer or dataset library (it knows no model, data or loop); infra, k8s and ops import no torch.
+5. **The public API is the way in** (`PUBLIC_ONLY`): the kit's trainer and the examples import of the kit
+   only `fsdpkit.resilience` itself (never one of its modules) and the contracts.
+6. **One name** (`REPO_NAMES`): nothing imports the kit by its folders' names (`training.*`, `k8s`, ...),
+   tests included: a second name would load a second copy of every module (two registries, two of each class).
+   The folders' names serve `python -m training.launcher` and the like from a checkout, whose `__main__`
+   imports fsdpkit.
 """
 
 from __future__ import annotations
@@ -28,51 +33,58 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PARTS: tuple[str, ...] = (
-    "training", "infra", "k8s", "ops", "app", "cliargs", "fielddocs", "tools", "demo", "bench", "examples",
-)  # fmt: skip
-"""Top-level names whose modules are checked (tests are not: they may reach anything they test)."""
+PACKAGE_DIRS: dict[str, str] = {
+    "training": "fsdpkit", "k8s": "fsdpkit.k8s", "infra": "fsdpkit.infra", "ops": "fsdpkit.ops",
+}  # fmt: skip
+"""Folder -> the package name it is installed and imported as (pyproject.toml's package-dir)."""
+TOPS: tuple[str, ...] = ("app", "tools", "demo", "bench", "examples")
+"""Other top-level folders and modules whose imports are checked; they sit on top and may use anything."""
+REPO_NAMES: tuple[str, ...] = (*PACKAGE_DIRS, "cliargs", "fielddocs")
+"""The folders' own names (and modules that moved into the contracts): never imported (rule 6)."""
 
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("cliargs", "fielddocs"),  # the repository's shared helpers: one-line CLI parsing, field docstrings
-    ("training.contracts",),  # what every part shares: env names, exit codes, run layout, catalog, shapes
-    ("training.runtime",),  # process plumbing: events, process groups, torch internals, the launcher channel
-    ("training.resilience", "training.launcher"),  # the public API; the launcher (a separate program)
-    ("training.trainer", "training.analysis"),  # the kit's trainer and tools; metrics and the report
+    ("fsdpkit.contracts",),  # what every part shares: env names, exit codes, run layout, catalog, shapes
+    ("fsdpkit.runtime",),  # process plumbing: events, process groups, torch internals, the launcher channel
+    ("fsdpkit.resilience", "fsdpkit.launcher"),  # the public API; the launcher (a separate program)
+    ("fsdpkit.trainer", "fsdpkit.analysis", "fsdpkit.export"),  # the kit's trainer; reports; model export
 )
 """Bottom first. Two packages on one floor do not import each other: the API and the launcher meet only in
-the runtime's channel (heartbeat, hang interrupt, error file, stacks) and the contracts."""
+the runtime's channel (heartbeat, hang interrupt, error file, stacks, eviction) and the contracts."""
 
+GOVERNED = ("fsdpkit.infra", "fsdpkit.k8s", "fsdpkit.ops")
+"""The parts whose imports of one another and of the training side are limited to `PART_EDGES`."""
 PART_EDGES: dict[tuple[str, str], str] = {
-    ("infra", "training.contracts"): "the metric catalog the dashboard and alarms draw",
-    ("k8s", "training.contracts"): "env names, defaults, ports, the global-batch rule, metric settings",
-    ("ops", "training.contracts"): "model shapes and peak FLOPs for the plan, the run folder's layout",
-    ("k8s", "ops.plan"): "make train-job prints the plan's one-line summary of the job it renders",
-    ("ops", "infra.config"): "make plan reads cdk.json through infra's typed, validated config",
-    ("ops", "infra.errors"): "that config's one-line error",
+    ("fsdpkit.infra", "fsdpkit.contracts"): "the metric catalog the dashboard and alarms draw",
+    (
+        "fsdpkit.k8s",
+        "fsdpkit.contracts",
+    ): "env names, defaults, ports, the global-batch rule, metric settings",
+    ("fsdpkit.ops", "fsdpkit.contracts"): "model shapes and peak FLOPs for the plan, the run folder's layout",
+    ("fsdpkit.k8s", "fsdpkit.ops.plan"): "make train-job prints the plan's one-line summary of its job",
+    ("fsdpkit.ops", "fsdpkit.infra.config"): "make plan reads cdk.json through infra's typed config",
+    ("fsdpkit.ops", "fsdpkit.infra.errors"): "that config's one-line error",
 }
 """Imports from one part into another that are allowed, with why; every other one is refused. Parts are
-infra, k8s, ops and training's floors; app.py, tools, demo, bench and examples may use anything (they sit
-on top), and every part may use the shared helpers (`FLOORS[0]`)."""
-GOVERNED = ("infra", "k8s", "ops")
-"""The parts whose imports of one another and of `training` are limited to `PART_EDGES`."""
+infra, k8s, ops and the training side's floors; app.py, tools, demo, bench and examples may use anything."""
 
-STDLIB_ONLY = ("training.contracts", "cliargs", "fielddocs")
+STDLIB_ONLY = ("fsdpkit.contracts",)
+TRAINING_SIDE = tuple(p for floor in FLOORS for p in floor)
+_AWS = ("boto3", "botocore", "aws_cdk", "constructs", "cdk_nag", "jinja2", "moto")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "training": ("boto3", "botocore", "aws_cdk", "constructs", "cdk_nag", "jinja2", "moto"),
-    "training.resilience": ("transformers", "tokenizers", "datasets", "safetensors"),
-    "infra": ("torch",),
-    "k8s": ("torch", "aws_cdk"),
-    "ops": ("torch", "aws_cdk"),
-}
-"""Libraries a package never imports (a prefix of the importing module's name -> top-level names)."""
+    **{side: _AWS for side in TRAINING_SIDE},
+    "fsdpkit.resilience": (*_AWS, "transformers", "tokenizers", "datasets", "safetensors"),
+    "fsdpkit.infra": ("torch",),
+    "fsdpkit.k8s": ("torch", "aws_cdk"),
+    "fsdpkit.ops": ("torch", "aws_cdk"),
+}  # fmt: skip
+"""Libraries a package never imports (a package of the importing module -> top-level library names)."""
 
-API = "training.resilience"
-PUBLIC_ONLY: tuple[str, ...] = ("training.trainer", "examples")
-"""Users of the API: of `training` they import only the API package itself (`from training import resilience`
+API = "fsdpkit.resilience"
+PUBLIC_ONLY: tuple[str, ...] = ("fsdpkit.trainer", "examples")
+"""Users of the API: of the kit they import only the API package itself (`from fsdpkit import resilience`
 or its names, never its modules) and the contracts; a user's script does the same."""
 
-SKIP_DIRS = frozenset({".git", "node_modules", "cdk.out", "build", "dist", "runs", "__pycache__", "tests"})
+SKIP_DIRS = frozenset({".git", "node_modules", "cdk.out", "build", "dist", "runs", "__pycache__"})
 
 
 @dataclass(frozen=True, order=True)
@@ -83,6 +95,8 @@ class Import:
     """The imported module: the longest name that is a module of the tree, else the top-level name."""
     path: str
     line: int
+    written: str = ""
+    """The name as the source wrote it (before resolving)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -97,21 +111,26 @@ class Violation:
 
 
 def _module_name(root: Path, path: Path) -> str:
+    """The name a file is imported as: its folder's package name (`PACKAGE_DIRS`), else its path."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts and parts[0] in PACKAGE_DIRS:
+        return ".".join([PACKAGE_DIRS[parts[0]], *parts[1:]])
     return ".".join(parts)
 
 
-def find_modules(root: Path) -> dict[str, Path]:
-    """Every checked module under `root`: name -> file."""
+def find_modules(root: Path, *, tops: Iterable[str] = (*PACKAGE_DIRS, *TOPS)) -> dict[str, Path]:
+    """Every checked module under `root` (the folders `tops`): import name -> file."""
     found: dict[str, Path] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if any(part in SKIP_DIRS or part.startswith(".") for part in rel[:-1]):
             continue
+        if Path(rel[0]).stem not in tops:
+            continue
         name = _module_name(root, path)
-        if name and name.split(".")[0] in PARTS:
+        if name:
             found[name] = path
     return found
 
@@ -153,14 +172,15 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], root: Path) -> I
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(name, _resolve(alias.name, modules), rel, node.lineno)
+                yield Import(name, _resolve(alias.name, modules), rel, node.lineno, alias.name)
         elif isinstance(node, ast.ImportFrom):
             base = _from_base(name, node, is_package)
             for alias in node.names:
                 full = f"{base}.{alias.name}"
-                yield Import(name, _resolve(full if full in modules else base, modules), rel, node.lineno)
+                target = _resolve(full if full in modules else base, modules)
+                yield Import(name, target, rel, node.lineno, full)
         elif isinstance(node, ast.Call) and (literal := _literal_import(node)):
-            yield Import(name, _resolve(literal, modules), rel, node.lineno)
+            yield Import(name, _resolve(literal, modules), rel, node.lineno, literal)
 
 
 def _within(module: str, package: str) -> bool:
@@ -193,18 +213,14 @@ def check_floors(imp: Import) -> str | None:
 
 
 def _part(module: str) -> str | None:
-    top = module.split(".")[0]
-    if top in GOVERNED:
-        return top
-    if top == "training":
-        return _owner(module, [p for floor in FLOORS for p in floor]) or "training"
-    return None
+    """infra, k8s or ops, or the training side's floor package that holds `module`; None for the rest."""
+    return _owner(module, GOVERNED) or _owner(module, TRAINING_SIDE)
 
 
 def check_parts(imp: Import) -> str | None:
     """Rule 3: infra, k8s and ops reach another part only along `PART_EDGES`."""
-    mine, theirs = _part(imp.source), _part(imp.target)
-    if mine not in GOVERNED or theirs is None or theirs == mine:
+    mine, theirs = _owner(imp.source, GOVERNED), _part(imp.target)
+    if mine is None or theirs is None or theirs == mine:
         return None
     if any(edge[0] == mine and _within(imp.target, edge[1]) for edge in PART_EDGES):
         return None
@@ -217,26 +233,34 @@ def _edges_of(part: str) -> str:
 
 def check_libraries(imp: Import, modules: dict[str, Path]) -> str | None:
     """Rule 4: the libraries each package never imports."""
-    if imp.target in modules or imp.target.split(".")[0] in PARTS:
-        return None
     library = imp.target.split(".")[0]
+    if imp.target in modules or library in ("fsdpkit", *REPO_NAMES, *TOPS):
+        return None
     for package in STDLIB_ONLY:
         if _within(imp.source, package) and library not in sys.stdlib_module_names:
             return f"{imp.source} imports {library}: {package} uses the standard library only"
-    for package, banned in FORBIDDEN.items():
-        if _within(imp.source, package) and library in banned:
-            return f"{imp.source} imports {library}, which {package} never imports"
+    owner = _owner(imp.source, FORBIDDEN)
+    if owner is not None and library in FORBIDDEN[owner]:
+        return f"{imp.source} imports {library}, which {owner} never imports"
     return None
 
 
 def check_public_api(imp: Import) -> str | None:
     """Rule 5: the kit's trainer and the examples use the API package and the contracts, nothing else."""
     user = _owner(imp.source, PUBLIC_ONLY)
-    if user is None or not _within(imp.target, "training") or _within(imp.target, user):
+    if user is None or not _within(imp.target, "fsdpkit") or _within(imp.target, user):
         return None
-    if imp.target == API or _within(imp.target, "training.contracts"):
+    if imp.target == API or _within(imp.target, "fsdpkit.contracts"):
         return None
     return f"{imp.source} imports {imp.target}: a user of the API imports `{API}` and the contracts only"
+
+
+def check_one_name(imp: Import) -> str | None:
+    """Rule 6: the kit is imported as fsdpkit, never by its folders' names."""
+    written = imp.written or imp.target
+    if written.split(".")[0] not in REPO_NAMES:
+        return None
+    return f"{imp.source} imports {written}: import the kit as fsdpkit (one name, one copy of each module)"
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -294,9 +318,14 @@ def check(root: Path) -> list[Violation]:
                 ("parts", check_parts(imp)),
                 ("libraries", check_libraries(imp, modules)),
                 ("public-api", check_public_api(imp)),
+                ("one-name", check_one_name(imp)),
             ):
                 if message:
                     found.append(Violation(imp.path, imp.line, rule, message))
+    for name, path in find_modules(root, tops=("tests",)).items():  # the tests keep the one name too
+        for imp in imports_of(name, path, modules, root):
+            if message := check_one_name(imp):
+                found.append(Violation(imp.path, imp.line, "one-name", message))
     for group in circles(graph):
         first = modules[group[0]]
         message = "import circle among " + ", ".join(group)

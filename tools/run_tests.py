@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cliargs import OneLineParser, int_arg
+from fsdpkit.contracts.cliargs import OneLineParser, int_arg
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,6 @@
     contracts/                 the vocabulary every part shares, standard library only: env names, exit
                                codes, the run folder, the metric catalog, model shapes, the batch rule
 
-A training script imports `training.resilience` (docs/own-model.md) and runs under `python -m
-training.launcher`. infra/, k8s/ and ops/ import only `training.contracts`; nothing here imports AWS or CDK.
+A training script imports `fsdpkit.resilience` (docs/own-model.md) and runs under `python -m
+fsdpkit.launcher`. infra/, k8s/ and ops/ import only `fsdpkit.contracts`; nothing here imports AWS or CDK.
 """

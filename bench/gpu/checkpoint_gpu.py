@@ -143,7 +143,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.checkpoint.staging import StagingOptions
 
-    from training.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
+    from fsdpkit.resilience.checkpoint.config import CheckpointConfig, nvrx_unavailable_reason
 
     mesh, ckpt_pg = _join()
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-gpu-", dir=args.dir))

@@ -1,10 +1,10 @@
 """Trainer on one CUDA GPU: step time, tokens/s, MFU and peak memory against the memory plan, per AC mode.
 
 `python -m bench.gpu.trainer_gpu [--out DIR] [--dry-run]`. For each activation-checkpointing mode (none,
-selective, full) it picks the largest Llama shape that fits this GPU by `training.trainer.memory_plan`
+selective, full) it picks the largest Llama shape that fits this GPU by `fsdpkit.trainer.memory_plan`
 (Llama-3.1-8B widths, vocabulary and 8K context; layers from 1 up to 32), builds it with the trainer's own
 `build_model` (FSDP2 over a 1-GPU mesh, bf16 mixed precision, AdamW), runs warm-up plus measured steps and
-records: step time, tokens/s, MFU (training.contracts.throughput: FLOPs per token / the device's peak), the
+records: step time, tokens/s, MFU (fsdpkit.contracts.throughput: FLOPs per token / the device's peak), the
 allocator's peak (torch.cuda.max_memory_allocated) and the plan's estimate of it (the plan's total less its
 runtime reserve). Results: DIR/trainer_gpu.json and .md (DIR defaults to $BENCH_OUT, else bench/gpu/results).
 Last line:
@@ -38,7 +38,7 @@ def _free_port() -> int:
 
 def largest_shape(mode: str, *, capacity: int, seq_len: int, on_gpu: bool, base) -> tuple[object, object]:
     """(ModelArgs, plan) with the most layers of `base`'s widths that fit `capacity` by the plan."""
-    from training.trainer.memory_plan import plan
+    from fsdpkit.trainer.memory_plan import plan
 
     best = None
     for layers in range(1, base.n_layers + 1):
@@ -56,8 +56,8 @@ def largest_shape(mode: str, *, capacity: int, seq_len: int, on_gpu: bool, base)
 def run_mode(mode: str, args, *, seq_len: int, steps: int, device, mesh) -> dict[str, float]:
     import torch
 
-    from training.contracts.throughput import flops_per_token, peak_flops
-    from training.trainer.model import build_model, loss_fn
+    from fsdpkit.contracts.throughput import flops_per_token, peak_flops
+    from fsdpkit.trainer.model import build_model, loss_fn
 
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WORLD_SIZE", "1")
     import torch
 
-    from training.contracts.shapes import MODEL_CONFIGS, ModelArgs
-    from training.runtime.distributed import init_distributed, shutdown
-    from training.trainer.memory_plan import GIB
+    from fsdpkit.contracts.shapes import MODEL_CONFIGS, ModelArgs
+    from fsdpkit.runtime.distributed import init_distributed, shutdown
+    from fsdpkit.trainer.memory_plan import GIB
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device visible to torch; use --dry-run on a CPU machine", file=sys.stderr)

@@ -3,7 +3,7 @@
     python examples/hf_llama/train.py --model-dir MODEL --data-dir SHARDS [--steps N ...] [--run.id ID ...]
 
 MODEL is a local folder with a `config.json` (e.g. a Llama config; with `model.safetensors` the weights are
-loaded, else initialised from the seed); SHARDS is the folder `python -m training.trainer.prepare_data` wrote
+loaded, else initialised from the seed); SHARDS is the folder `python -m fsdpkit.trainer.prepare_data` wrote
 from your text with your `tokenizer.json`. Options after the script's own (`--section.field VALUE`) and the
 Job's config file (`$KIT_CONFIG`) set the kit's sections: run, training, checkpoint, fault, inprocess,
 straggler.
@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: never a mod
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit, when run from a checkout
 
-from training import resilience
+from fsdpkit import resilience
 
 SHARD_HEADER = 32
 """The token shard header (magic, item size, vocab size, token count; training/trainer/data.py documents
@@ -49,7 +49,7 @@ def read_header(path: Path) -> tuple[np.dtype, int, int]:
         head = fh.read(SHARD_HEADER)
     if len(head) < SHARD_HEADER or head[:8] != b"KITTOK01":
         raise ValueError(
-            f"{path} is not a token shard: prepare it with python -m training.trainer.prepare_data"
+            f"{path} is not a token shard: prepare it with python -m fsdpkit.trainer.prepare_data"
         )
     itemsize = int.from_bytes(head[8:12], "little")
     dtype = np.dtype("<u2") if itemsize == 2 else np.dtype("<u4")
@@ -167,7 +167,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--model-dir", required=True, help="folder with config.json (and optionally model.safetensors)"
     )
     p.add_argument(
-        "--data-dir", required=True, help="token shards from python -m training.trainer.prepare_data"
+        "--data-dir", required=True, help="token shards from python -m fsdpkit.trainer.prepare_data"
     )
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank per step")
@@ -192,7 +192,7 @@ def check_inputs(args: argparse.Namespace) -> str | None:
     shards = sorted(Path(args.data_dir).glob("*.bin")) if Path(args.data_dir).is_dir() else []
     if not shards:
         return (
-            f"--data-dir {args.data_dir!r} holds no *.bin shards: run python -m training.trainer.prepare_data"
+            f"--data-dir {args.data_dir!r} holds no *.bin shards: run python -m fsdpkit.trainer.prepare_data"
         )
     for shard in shards:
         head = shard.read_bytes()[:SHARD_HEADER]

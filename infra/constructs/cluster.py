@@ -10,10 +10,10 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from infra import kubernetes_versions
-from infra.config import ClusterConfig
-from infra.constructs import launch_template as lt
-from infra.constructs.node_role import node_role
+from fsdpkit.infra import kubernetes_versions
+from fsdpkit.infra.config import ClusterConfig
+from fsdpkit.infra.constructs import launch_template as lt
+from fsdpkit.infra.constructs.node_role import node_role
 
 SYSTEM_NODE_LABELS = {"role": "system"}
 SYSTEM_ROOT_GIB = 100

@@ -8,9 +8,9 @@ from aws_cdk import Stack
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct, IConstruct
 
-from infra.config import KubernetesConfig
-from infra.constructs.gpu_nodegroup import GPU_NODE_LABELS, GPU_TAINT_EFFECT, GPU_TAINT_KEY
-from infra.eks_images import efa_plugin_repository
+from fsdpkit.infra.config import KubernetesConfig
+from fsdpkit.infra.constructs.gpu_nodegroup import GPU_NODE_LABELS, GPU_TAINT_EFFECT, GPU_TAINT_KEY
+from fsdpkit.infra.eks_images import efa_plugin_repository
 
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EFA_REPOSITORY = "https://aws.github.io/eks-charts"

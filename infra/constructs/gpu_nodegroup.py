@@ -9,13 +9,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from infra.config import GpuConfig, parse_repair_override
-from infra.constructs import launch_template as lt
-from infra.constructs.node_role import node_role
-from infra.instances import GPU_INSTANCES, max_pods, nic_layout
+from fsdpkit.infra.config import GpuConfig, parse_repair_override
+from fsdpkit.infra.constructs import launch_template as lt
+from fsdpkit.infra.constructs.node_role import node_role
+from fsdpkit.infra.instances import GPU_INSTANCES, max_pods, nic_layout
 
 REFERENCES_TAG = "kit:references"
-"""Launch-template tag holding the digest of the security groups it names (see infra.references)."""
+"""Launch-template tag holding the digest of the security groups it names (see fsdpkit.infra.references)."""
 
 _Lt = ec2.CfnLaunchTemplate
 

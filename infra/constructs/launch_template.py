@@ -61,7 +61,8 @@ def template_tag_specifications(
 ) -> list[ec2.CfnLaunchTemplate.LaunchTemplateTagSpecificationProperty]:
     """Tags on the launch template resource itself (the CDK tag aspect does not reach this L1 property).
 
-    The GPU template adds `kit:references` (a digest of the security groups it names, `infra.references`).
+    The GPU template adds `kit:references` (a digest of the security groups it names,
+    `fsdpkit.infra.references`).
     """
     return [
         _Lt.LaunchTemplateTagSpecificationProperty(

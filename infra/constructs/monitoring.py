@@ -1,7 +1,7 @@
 """The training dashboard and alarms: what the trainer and launcher say live (training/runtime/telemetry), on
 one page per cluster, with the pages an on-call person needs.
 
-Every metric name, unit, statistic and dimension comes from `training.contracts.metrics_catalog`, the module
+Every metric name, unit, statistic and dimension comes from `fsdpkit.contracts.metrics_catalog`, the module
 the trainer and launcher publish from, so an alarm cannot watch a metric nobody emits. Alarms watch the
 cluster-level series (dimension ClusterName alone, which every record also carries): one alarm covers every
 job of the cluster, whatever its name; the dashboard shows each job apart with SEARCH expressions. A job that
@@ -21,10 +21,10 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from infra.config import MonitoringConfig
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_catalog import MetricSpec, alarm_rules
-from training.contracts.metrics_settings import log_group_name
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_catalog import MetricSpec, alarm_rules
+from fsdpkit.contracts.metrics_settings import log_group_name
+from fsdpkit.infra.config import MonitoringConfig
 
 PERIOD = Duration.minutes(1)
 

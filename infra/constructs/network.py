@@ -9,7 +9,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra.config import NetworkConfig
+from fsdpkit.infra.config import NetworkConfig
 
 PRIVATE_SUBNET_MASK = 18
 """/18 per AZ: the VPC CNI gives every pod a VPC address."""

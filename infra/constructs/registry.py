@@ -6,7 +6,7 @@ from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
 from constructs import Construct
 
-from infra.config import RegistryConfig
+from fsdpkit.infra.config import RegistryConfig
 
 
 class Registry(Construct):

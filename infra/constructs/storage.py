@@ -8,7 +8,7 @@ from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from infra.config import StorageConfig
+from fsdpkit.infra.config import StorageConfig
 
 DATA_PATH = "/data"
 """Where the linked S3 bucket appears in the file system."""
@@ -30,7 +30,8 @@ def allow_lustre_callbacks(
     """Inbound LUSTRE_CLIENT_PORTS on a client group from the file system's group (L1 rules in `scope`'s
     stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle).
 
-    From another stack, pass `references_digest` (of the FSx group, `infra.references`): it goes into the
+    From another stack, pass `references_digest` (of the FSx group, `fsdpkit.infra.references`): it goes into
+    the
     rules' description, so a replaced FSx group changes them and the deploy points them at the new group.
     """
     description = "Lustre server callbacks to clients"
@@ -61,7 +62,7 @@ class Storage(Construct):
     and accept the server's callbacks on TCP 988 and 1018-1023 from the file system's group. PERSISTENT_2
     gets an automatic metadata configuration and, with `efa_enabled`, EFA: the EFA group then joins the file
     system, and the file system's group allows all traffic within itself (the FSx guide's rule for EFA).
-    `overrides` records the escape-hatch properties for `infra.references`.
+    `overrides` records the escape-hatch properties for `fsdpkit.infra.references`.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Stacks that compose the constructs; `build_kit` wires them: Network -> Storage, Registry -> Cluster."""
 
-from infra.stacks.kit import Kit, build_kit
+from fsdpkit.infra.stacks.kit import Kit, build_kit
 
 __all__ = ["Kit", "build_kit"]

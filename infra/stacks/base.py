@@ -6,8 +6,8 @@ import jsii
 from aws_cdk import Aspects, CfnResource, Environment, IAspect, Stack, TagManager, Tags
 from constructs import Construct, IConstruct
 
-from infra.config import KitConfig
-from infra.tags import PROJECT_TAG, STACK_TAG
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.tags import PROJECT_TAG, STACK_TAG
 
 
 class KitStack(Stack):

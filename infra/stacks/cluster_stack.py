@@ -6,18 +6,18 @@ from aws_cdk import CfnOutput
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct
 
-from infra import references
-from infra.config import KitConfig
-from infra.constructs.addons import ClusterAddons, NetworkingAddons
-from infra.constructs.cluster import Cluster
-from infra.constructs.device_plugins import DevicePlugins
-from infra.constructs.fsx_volume import FsxVolume, volume_names
-from infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
-from infra.constructs.monitoring import TrainingMonitoring
-from infra.constructs.network import Network
-from infra.constructs.storage import Storage, allow_lustre_callbacks
-from infra.instances import GPU_INSTANCES
-from infra.stacks.base import KitStack
+from fsdpkit.infra import references
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.constructs.addons import ClusterAddons, NetworkingAddons
+from fsdpkit.infra.constructs.cluster import Cluster
+from fsdpkit.infra.constructs.device_plugins import DevicePlugins
+from fsdpkit.infra.constructs.fsx_volume import FsxVolume, volume_names
+from fsdpkit.infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
+from fsdpkit.infra.constructs.monitoring import TrainingMonitoring
+from fsdpkit.infra.constructs.network import Network
+from fsdpkit.infra.constructs.storage import Storage, allow_lustre_callbacks
+from fsdpkit.infra.instances import GPU_INSTANCES
+from fsdpkit.infra.stacks.base import KitStack
 
 OUTPUT_KEYS = (
     "ClusterName",

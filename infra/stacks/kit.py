@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from aws_cdk import App, Validations
 from cdk_nag import AwsSolutionsChecks
 
-from infra.config import KitConfig
-from infra.nag import acknowledge_findings
-from infra.stacks.cluster_stack import ClusterStack
-from infra.stacks.network_stack import NetworkStack
-from infra.stacks.registry_stack import RegistryStack
-from infra.stacks.storage_stack import StorageStack
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.nag import acknowledge_findings
+from fsdpkit.infra.stacks.cluster_stack import ClusterStack
+from fsdpkit.infra.stacks.network_stack import NetworkStack
+from fsdpkit.infra.stacks.registry_stack import RegistryStack
+from fsdpkit.infra.stacks.storage_stack import StorageStack
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from infra.config import KitConfig
-from infra.constructs.network import Network
-from infra.stacks.base import KitStack
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.constructs.network import Network
+from fsdpkit.infra.stacks.base import KitStack
 
 
 class NetworkStack(KitStack):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from infra.config import KitConfig
-from infra.constructs.network import Network
-from infra.constructs.storage import Storage
-from infra.stacks.base import KitStack
+from fsdpkit.infra.config import KitConfig
+from fsdpkit.infra.constructs.network import Network
+from fsdpkit.infra.constructs.storage import Storage
+from fsdpkit.infra.stacks.base import KitStack
 
 
 class StorageStack(KitStack):

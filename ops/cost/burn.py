@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ops.aws import Aws
-from ops.cost import prices
-from ops.tags import PROJECT_TAG
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import ebs_volumes, fsx
-from ops.teardown.model import Options
-from ops.teardown.scope import discover
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.cost import prices
+from fsdpkit.ops.tags import PROJECT_TAG
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import ebs_volumes, fsx
+from fsdpkit.ops.teardown.model import Options
+from fsdpkit.ops.teardown.scope import discover
 
 
 @dataclass(frozen=True, kw_only=True)

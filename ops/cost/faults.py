@@ -1,4 +1,4 @@
-"""What faults and checkpoint stalls cost, from a run's metrics (`python -m training.analysis.report --json`).
+"""What faults and checkpoint stalls cost, from a run's metrics (`python -m fsdpkit.analysis.report --json`).
 
 GPU-hours = GPUs x seconds / 3600, with one GPU per trainer rank (world_size). Buckets, from RunMetrics:
   stall     checkpoint stalls (stall_s) plus the final drain (drain_s)
@@ -25,8 +25,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ops.aws import OpsError
-from training.contracts.run_layout import EVENTS_DIR
+from fsdpkit.contracts.run_layout import EVENTS_DIR
+from fsdpkit.ops.aws import OpsError
 
 REPORT_TIMEOUT_S = 600.0
 """A run's metrics take seconds to compute even for a long run; more means something hangs."""
@@ -67,13 +67,13 @@ class FaultCost:
 
 
 def load_metrics(run_dir: Path, *, python: str = sys.executable) -> Any:
-    """The run's metrics as `python -m training.analysis.report RUN_DIR --json` prints them (the one module
+    """The run's metrics as `python -m fsdpkit.analysis.report RUN_DIR --json` prints them (the one module
     that defines them; ops reads its JSON as data and imports nothing of the trainer), as attributes."""
     if not run_dir.is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} is not a folder; pass <run.root>/<run.id>")
     if not (run_dir / EVENTS_DIR).is_dir():
         raise OpsError(f"--run-dir {str(run_dir)!r} has no events/ folder; pass a run folder (contract 3)")
-    command = [python, "-m", "training.analysis.report", str(run_dir), "--json", "--no-png"]
+    command = [python, "-m", "fsdpkit.analysis.report", str(run_dir), "--json", "--no-png"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=REPORT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:

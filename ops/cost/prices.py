@@ -12,7 +12,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from ops.aws import GLOBAL_BILLING_REGION, Aws
+from fsdpkit.ops.aws import GLOBAL_BILLING_REGION, Aws
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "prices.json"
 

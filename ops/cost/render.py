@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ops.cost.burn import Burn
-from ops.cost.faults import FaultCost
-from ops.cost.spend import Spend
+from fsdpkit.ops.cost.burn import Burn
+from fsdpkit.ops.cost.faults import FaultCost
+from fsdpkit.ops.cost.spend import Spend
 
 
 @dataclass(frozen=True)

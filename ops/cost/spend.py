@@ -12,8 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.aws import GLOBAL_BILLING_REGION, Aws
-from ops.tags import PROJECT_TAG, STACK_TAG
+from fsdpkit.ops.aws import GLOBAL_BILLING_REGION, Aws
+from fsdpkit.ops.tags import PROJECT_TAG, STACK_TAG
 
 METRIC = "UnblendedCost"
 ACTIVATE_HINT = (

@@ -1,4 +1,5 @@
-"""`python -m ops.plan [--nodes N] [--model NAME] [--spares K] [--json] [--png PATH]` (`make plan`): the
+"""`python -m fsdpkit.ops.plan [--nodes N] [--model NAME] [--spares K] [--json] [--png PATH]` (`make plan`):
+the
 goodput each recovery mechanism keeps on a job before the cluster is rented, what it loses per day and in
 dollars, the checkpoint interval and the spares to keep (docs/plan.md).
 
@@ -16,13 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-from cliargs import OneLineParser, float_arg, int_arg, output_file_problem
-from infra.errors import ConfigError
-from ops.cli import parse_once
-from ops.plan.calibration import CalibrationError, ScalePhases, phase_times
-from ops.plan.failures import FAILURE_CLASSES, FailureRates, PlanInputError
-from ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, evaluate
-from ops.plan.planner import (
+from fsdpkit.contracts.cliargs import OneLineParser, float_arg, int_arg, output_file_problem, program
+from fsdpkit.contracts.shapes import MODEL_CONFIGS
+from fsdpkit.infra.errors import ConfigError
+from fsdpkit.ops.cli import parse_once
+from fsdpkit.ops.plan.calibration import CalibrationError, ScalePhases, phase_times
+from fsdpkit.ops.plan.failures import FAILURE_CLASSES, FailureRates, PlanInputError
+from fsdpkit.ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, evaluate
+from fsdpkit.ops.plan.planner import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MFU,
     DEFAULT_REPLACEMENT_S,
@@ -31,13 +33,14 @@ from ops.plan.planner import (
     PlanRequest,
     make_plan,
 )
-from training.contracts.shapes import MODEL_CONFIGS
 
 NODE_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def build_parser() -> OneLineParser:
-    p = OneLineParser(prog="python -m ops.plan", description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = OneLineParser(
+        prog=program("python -m fsdpkit.ops.plan"), description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     p.add_argument("--nodes", type=int_arg(lo=1), help="training nodes (default cdk.json gpu.max_nodes)")
     p.add_argument("--spares", type=int_arg(lo=0), help="hot spares (default: the plan's own)")
     p.add_argument(
@@ -146,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if png is not None:
         print(f"goodput against nodes: {png}")
     return 0
+
+
+def entry() -> None:
+    """The `kit-plan` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

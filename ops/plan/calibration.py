@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.plan.model import PhaseTimes
+from fsdpkit.ops.plan.model import PhaseTimes
 
 REPO = Path(__file__).resolve().parents[2]
 CALIBRATION_FILE = REPO / "docs" / "benchmarks" / "calibration.json"

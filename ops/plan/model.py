@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ops.plan.failures import FAILURE_CLASSES, FailureClass, FailureRates, PlanInputError
+from fsdpkit.ops.plan.failures import FAILURE_CLASSES, FailureClass, FailureRates, PlanInputError
 
 Mechanism = Literal["kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun"]
 MECHANISMS: tuple[Mechanism, ...] = ("kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun")

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.config import load_config
-from ops.cost.prices import ec2_hourly
-from ops.plan.calibration import ScalePhases, phase_times, read_sections, scale_phases
-from ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
-from ops.plan.model import MECHANISMS, Job, Mechanism, Outcome, evaluate, spares_needed
-from training.contracts.hf_config import HfModelError, hf_shape, read_hf_config
-from training.contracts.shapes import MODEL_CONFIGS, ModelArgs
-from training.contracts.throughput import PEAK_BF16_FLOPS
+from fsdpkit.contracts.hf_config import HfModelError, hf_shape, read_hf_config
+from fsdpkit.contracts.shapes import MODEL_CONFIGS, ModelArgs
+from fsdpkit.contracts.throughput import PEAK_BF16_FLOPS
+from fsdpkit.infra.config import load_config
+from fsdpkit.ops.cost.prices import ec2_hourly
+from fsdpkit.ops.plan.calibration import ScalePhases, phase_times, read_sections, scale_phases
+from fsdpkit.ops.plan.failures import FAILURE_CLASSES, LLAMA3, FailureRates, PlanInputError
+from fsdpkit.ops.plan.model import MECHANISMS, Job, Mechanism, Outcome, evaluate, spares_needed
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS_PER_NODE = 8

@@ -23,8 +23,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ops.plan.calibration import MechanismPhases
-from ops.plan.failures import PlanInputError
+from fsdpkit.ops.plan.calibration import MechanismPhases
+from fsdpkit.ops.plan.failures import PlanInputError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,1 +1,2 @@
-"""Safe teardown of everything the kit owns (`python -m ops.teardown`); order lives in `registry.py`."""
+"""Safe teardown of everything the kit owns (`python -m fsdpkit.ops.teardown`); order lives in
+`registry.py`."""

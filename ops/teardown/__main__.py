@@ -1,4 +1,5 @@
-"""`python -m ops.teardown --prefix P`: print what the kit owns and, only when confirmed, delete it in order.
+"""`python -m fsdpkit.ops.teardown --prefix P`: print what the kit owns and, only when confirmed, delete it
+in order.
 
 Dry run by default. Deleting needs `--yes` and the typed confirmation `P/ACCOUNT` (flag or prompt).
 Exit codes: 0 ok (dry run, or all deleted), 1 aborted by an AWS error before deleting, 2 bad input or wrong
@@ -15,14 +16,14 @@ import botocore.exceptions
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cliargs import OneLineParser, float_arg, int_arg
-from ops.aws import Aws, AwsSettings, OpsError, describe_error
-from ops.cli import parse_once
-from ops.tags import PROJECT_TAG, prefix_error
-from ops.teardown import report, runner
-from ops.teardown.model import Options
-from ops.teardown.registry import KIND_NAMES
-from ops.teardown.scope import discover
+from fsdpkit.contracts.cliargs import OneLineParser, float_arg, int_arg
+from fsdpkit.ops.aws import Aws, AwsSettings, OpsError, describe_error
+from fsdpkit.ops.cli import parse_once
+from fsdpkit.ops.tags import PROJECT_TAG, prefix_error
+from fsdpkit.ops.teardown import report, runner
+from fsdpkit.ops.teardown.model import Options
+from fsdpkit.ops.teardown.registry import KIND_NAMES
+from fsdpkit.ops.teardown.scope import discover
 
 MAX_STEP_TIMEOUT_S = 86400.0
 """One step may wait at most a day: a longer deadline is a typo (and a huge one overflows the clock)."""
@@ -36,7 +37,7 @@ seconds = float_arg(lo=0, lo_open=True, hi=MAX_INTERVAL_S)
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
-        prog="python -m ops.teardown",
+        prog="python -m fsdpkit.ops.teardown",
         allow_abbrev=False,
         description="Delete everything tagged kit:project=PREFIX, in dependency order. Dry run by default.",
         epilog="exit codes: 0 ok/dry run, 1 aborted by an AWS error before deleting, 2 bad input or wrong "

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import botocore.exceptions
 
-from ops.aws import Aws, describe_error
-from ops.tags import CLUSTER_TAG, PROJECT_TAG, cluster_owner
-from ops.teardown.kinds import ebs_volumes, enis, load_balancers, security_groups, target_groups
-from ops.teardown.model import Prepared, Resource, Scope
+from fsdpkit.ops.aws import Aws, describe_error
+from fsdpkit.ops.tags import CLUSTER_TAG, PROJECT_TAG, cluster_owner
+from fsdpkit.ops.teardown.kinds import ebs_volumes, enis, load_balancers, security_groups, target_groups
+from fsdpkit.ops.teardown.model import Prepared, Resource, Scope
 
 ELB_TAG_BATCH = 20
 """add_tags takes at most 20 ARNs; create_tags accepts many more ids."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ops.tags import KEEP_TAG, KEEP_VALUE, PROJECT_TAG, cluster_owner
-from ops.teardown.model import Decision, Resource, Scope
+from fsdpkit.ops.tags import KEEP_TAG, KEEP_VALUE, PROJECT_TAG, cluster_owner
+from fsdpkit.ops.teardown.model import Decision, Resource, Scope
 
 Filter = Callable[[Resource, Scope], str | None]
 """Returns a reason to keep the resource, or None to let it through."""

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from ops.aws import Aws
+    from fsdpkit.ops.aws import Aws
 
 Action = Literal["delete", "keep"]
 Status = Literal["deleted", "gone", "kept", "failed"]

@@ -6,7 +6,7 @@ Each step re-lists its kind right before deleting, because earlier steps free or
 
 from __future__ import annotations
 
-from ops.teardown.kinds import (
+from fsdpkit.ops.teardown.kinds import (
     cluster,
     ebs_volumes,
     ecr,
@@ -23,7 +23,7 @@ from ops.teardown.kinds import (
     tagged,
     target_groups,
 )
-from ops.teardown.model import Kind
+from fsdpkit.ops.teardown.model import Kind
 
 KINDS: tuple[Kind, ...] = (
     # 1. Kubernetes objects first, while the Load Balancer Controller and the CSI drivers still run, so they
@@ -36,7 +36,8 @@ KINDS: tuple[Kind, ...] = (
     #    the hour, hold ENIs in the subnets and use the security groups.
     instances.KIND,
     # 4. The cluster: after it, nothing recreates controller resources or the control-plane log group. Just
-    #    before, its controllers' resources get the kit tag, so a rerun still owns them (ops.teardown.adopt).
+    #    before, its controllers' resources get the kit tag, so a rerun still owns them
+    # (fsdpkit.ops.teardown.adopt).
     cluster.KIND,
     # 5. Load balancers the controller left: they hold ENIs/public IPs in the subnets and use controller SGs.
     load_balancers.KIND,

@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ops.teardown.model import Scope
-from ops.teardown.runner import Step
+from fsdpkit.ops.teardown.model import Scope
+from fsdpkit.ops.teardown.runner import Step
 
 STATUS_STYLE = {"deleted": "green", "gone": "green", "kept": "yellow", "failed": "red bold"}
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import botocore.exceptions
 
-from ops.aws import Aws, describe_error
-from ops.teardown import filters, strategies
-from ops.teardown.model import Decision, Kind, Resource, Result, Scope, Unavailable
-from ops.teardown.registry import KINDS
+from fsdpkit.ops.aws import Aws, describe_error
+from fsdpkit.ops.teardown import filters, strategies
+from fsdpkit.ops.teardown.model import Decision, Kind, Resource, Result, Scope, Unavailable
+from fsdpkit.ops.teardown.registry import KINDS
 
 # Exit codes (documented in docs/ops.md and the CLI's --help).
 EXIT_OK = 0

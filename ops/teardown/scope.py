@@ -16,9 +16,9 @@ from datetime import datetime
 
 import botocore.exceptions
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG
-from ops.teardown.model import Options, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG
+from fsdpkit.ops.teardown.model import Options, Scope
 
 STACK_CLUSTER_TYPES = ("AWS::EKS::Cluster", "Custom::AWSCDK-EKS-Cluster")
 CLUSTER_OUTPUT = "ClusterName"

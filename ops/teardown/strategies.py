@@ -1,6 +1,7 @@
 """Shared deletion strategy: start every delete, retry dependency errors with backoff, wait until gone.
 
-Throttling never reaches this module: botocore retries it (ops.aws). What botocore does not retry are the
+Throttling never reaches this module: botocore retries it (fsdpkit.ops.aws). What botocore does not retry are
+the
 "something still uses it" errors (DependencyViolation, ResourceInUse, VolumeInUse, ...): those usually clear
 when an earlier deletion finishes, so they are retried here with exponential backoff until the step's
 deadline, then reported as failed with the last error. Every item gets exactly one Result.
@@ -13,8 +14,8 @@ from collections.abc import Callable
 
 import botocore.exceptions
 
-from ops.aws import Aws, describe_error, error_code
-from ops.teardown.model import Decision, DeleteFailed, Kind, Resource, Result, Scope, Status
+from fsdpkit.ops.aws import Aws, describe_error, error_code
+from fsdpkit.ops.teardown.model import Decision, DeleteFailed, Kind, Resource, Result, Scope, Status
 
 Tick = Callable[[int, int, str], None]
 """Progress callback: (items finished, items in the step, what we are waiting for)."""

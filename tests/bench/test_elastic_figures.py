@@ -5,7 +5,7 @@ is proven end to end in tests/k8s/test_k8s_node_faults.py."""
 from __future__ import annotations
 
 from bench import elastic
-from training.analysis.batch_ledger import StepBatch, compare_ledgers, useful_steps
+from fsdpkit.analysis.batch_ledger import StepBatch, compare_ledgers, useful_steps
 
 
 def _ledger(worlds: list[int], *, start: float = 0.0, every: float = 1.0) -> dict[int, StepBatch]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench import tiers
-from infra.sizing import CHECKPOINT_BYTES_PER_PARAM, CLIENT_MBPS
+from fsdpkit.infra.sizing import CHECKPOINT_BYTES_PER_PARAM, CLIENT_MBPS
 
 
 def _step(rank: int, step: int, ts: float) -> dict:

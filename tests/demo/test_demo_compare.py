@@ -19,10 +19,10 @@ from demo.run import (
     torchrun_node_loss_line,
     whole_job_restart,
 )
-from k8s.local import PodRecord
-from training.analysis.metrics import FaultMetrics
-from training.resilience.checkpoint.checkpointer import Checkpointer
-from training.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.analysis.metrics import FaultMetrics
+from fsdpkit.k8s.local import PodRecord
+from fsdpkit.resilience.checkpoint.checkpointer import Checkpointer
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 
 
 def _run(run_dir: Path, weights: torch.Tensor, *, step: int = 3) -> Path:

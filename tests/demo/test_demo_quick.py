@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from fsdpkit.analysis.metrics import NOT_FAILURES
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.resilience.faults import parse_spec
 from tests.fixtures.emf_spec import parse_event
-from training.analysis.metrics import NOT_FAILURES
-from training.contracts import metrics_catalog as catalog
-from training.resilience.faults import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

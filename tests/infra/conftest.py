@@ -19,8 +19,8 @@ import aws_cdk as cdk
 import pytest
 from cdk_nag import AwsSolutionsChecks
 
-from infra.config import KitConfig, load_config
-from infra.stacks import Kit, build_kit
+from fsdpkit.infra.config import KitConfig, load_config
+from fsdpkit.infra.stacks import Kit, build_kit
 
 REPO = Path(__file__).resolve().parents[2]
 

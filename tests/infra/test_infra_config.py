@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from infra.config import GpuConfig, KitConfig, known_keys, load_config
-from infra.docs import settings_rows, settings_table
-from infra.errors import ConfigError
+from fsdpkit.infra.config import GpuConfig, KitConfig, known_keys, load_config
+from fsdpkit.infra.docs import settings_rows, settings_table
+from fsdpkit.infra.errors import ConfigError
 from tests.infra.conftest import REPO, cdk_context
 
 BASE = cdk_context()
@@ -135,7 +135,7 @@ def test_every_setting_has_a_docstring_and_the_docs_are_current() -> None:
     assert sorted(rows) == sorted(known_keys())
     assert [key for key, doc in rows.items() if not doc] == []
     assert settings_table() in (REPO / "docs" / "infra.md").read_text(encoding="utf-8"), (
-        "docs/infra.md is stale: run `python -m infra.docs --write`"
+        "docs/infra.md is stale: run `python -m fsdpkit.infra.docs --write`"
     )
 
 

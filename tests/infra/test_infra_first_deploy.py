@@ -13,20 +13,20 @@ import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 
-from infra import references, sizing
-from infra.config import ClusterConfig, load_config
-from infra.constructs.addons import (
+from fsdpkit.infra import references, sizing
+from fsdpkit.infra.config import ClusterConfig, load_config
+from fsdpkit.infra.constructs.addons import (
     CLOUDWATCH_CONFIGURATION,
     CLOUDWATCH_DEFAULT_AGENT_CONFIG,
     CLOUDWATCH_DROPPED_DEFAULTS,
 )
-from infra.constructs.device_plugins import efa_plugin_repository
-from infra.constructs.gpu_nodegroup import REFERENCES_TAG
-from infra.constructs.storage import LUSTRE_CLIENT_PORTS
-from infra.errors import ConfigError
-from infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
-from infra.notices import capacity_line, synth_notices
-from infra.stacks import build_kit
+from fsdpkit.infra.constructs.device_plugins import efa_plugin_repository
+from fsdpkit.infra.constructs.gpu_nodegroup import REFERENCES_TAG
+from fsdpkit.infra.constructs.storage import LUSTRE_CLIENT_PORTS
+from fsdpkit.infra.errors import ConfigError
+from fsdpkit.infra.kubernetes_versions import SUPPORT, newest_in_standard_support, support_notice
+from fsdpkit.infra.notices import capacity_line, synth_notices
+from fsdpkit.infra.stacks import build_kit
 from tests.infra.conftest import REPO, VARIANTS, Synth, cdk_context, only, resources
 
 ALL = list(VARIANTS)

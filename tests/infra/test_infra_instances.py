@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from infra.config import GpuConfig
-from infra.instances import GPU_INSTANCES, MAX_DEVICE_INDEX, efa_count, max_pods, nic_layout
+from fsdpkit.infra.config import GpuConfig
+from fsdpkit.infra.instances import GPU_INSTANCES, MAX_DEVICE_INDEX, efa_count, max_pods, nic_layout
 
 LAYOUTS = typing.get_args(typing.get_type_hints(GpuConfig)["efa_layout"])
 CASES = [(name, layout) for name in sorted(GPU_INSTANCES) for layout in LAYOUTS]

@@ -16,9 +16,9 @@ from aws_cdk import aws_eks_v2 as eks
 from syrupy.assertion import SnapshotAssertion
 from syrupy.extensions.json import JSONSnapshotExtension
 
-from infra.config import KitConfig, load_config
-from infra.constructs.gpu_nodegroup import GpuNodeGroup
-from infra.instances import GPU_INSTANCES, efa_count
+from fsdpkit.infra.config import KitConfig, load_config
+from fsdpkit.infra.constructs.gpu_nodegroup import GpuNodeGroup
+from fsdpkit.infra.instances import GPU_INSTANCES, efa_count
 from tests.infra.conftest import cdk_context
 
 CAPACITY: dict[str, dict[str, str]] = {
@@ -116,7 +116,7 @@ def test_synthesized_interfaces_match_the_layout(layouts: LayoutSynth, instance:
 
 
 def test_efa_count_helper_agrees_with_the_specs() -> None:
-    from infra.instances import nic_layout
+    from fsdpkit.infra.instances import nic_layout
 
     assert {n: efa_count(nic_layout(s, "efa-only")) for n, s in GPU_INSTANCES.items()} == {
         n: s.efa_devices for n, s in GPU_INSTANCES.items()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from infra.lint import cfn_lint_commands
-from infra.tags import PROJECT_TAG, STACK_TAG
+from fsdpkit.infra.lint import cfn_lint_commands
+from fsdpkit.infra.tags import PROJECT_TAG, STACK_TAG
 from tests.infra.conftest import VARIANTS, Synth
 
 # CloudFormation types in the templates that take no tags (checked against the resource specs by cfn-lint's
@@ -121,7 +121,7 @@ def test_stacks_carry_the_kit_tags_for_cloudformation_to_propagate(synth: Synth)
 
 
 def test_summary_counts_resources_per_stack(synth: Synth) -> None:
-    from infra.summary import summarize
+    from fsdpkit.infra.summary import summarize
 
     rows = {stack: (count, outputs) for stack, count, outputs, _ in summarize(synth.outdir)}
     assert rows == {
@@ -132,7 +132,7 @@ def test_summary_counts_resources_per_stack(synth: Synth) -> None:
 def test_lint_and_summary_refuse_a_missing_assembly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra import lint, summary
+    from fsdpkit.infra import lint, summary
 
     assert lint.main([str(tmp_path)]) == 2
     assert summary.main([str(tmp_path)]) == 2

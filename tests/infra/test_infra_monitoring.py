@@ -1,5 +1,5 @@
 """The dashboard and alarms in the synthesized cluster template watch exactly the series the trainer and the
-launcher emit (training.contracts.metrics_catalog: one source of the names), at the thresholds cdk.json
+launcher emit (fsdpkit.contracts.metrics_catalog: one source of the names), at the thresholds cdk.json
 sets."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.constructs.monitoring import COMPARISON
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_settings import log_group_name
+from fsdpkit.infra.constructs.monitoring import COMPARISON
 from tests.infra.conftest import Synth
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_settings import log_group_name
 
 
 def _resources(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:

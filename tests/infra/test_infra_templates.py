@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from infra.constructs.gpu_nodegroup import GPU_NODE_LABELS, GPU_TAINT
-from infra.instances import GPU_INSTANCES
-from infra.stacks.cluster_stack import OUTPUT_KEYS
+from fsdpkit.infra.constructs.gpu_nodegroup import GPU_NODE_LABELS, GPU_TAINT
+from fsdpkit.infra.instances import GPU_INSTANCES
+from fsdpkit.infra.stacks.cluster_stack import OUTPUT_KEYS
 from tests.infra.conftest import VARIANTS, Synth, only, resources
 
 ALL = list(VARIANTS)

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (exact commands and messages, one per line)
-"""`python -m k8s`: bad input exits non-zero with one line and no traceback; dry runs; apply/status/delete
+"""`python -m fsdpkit.k8s`: bad input exits non-zero with one line and no traceback; dry runs; apply/status/delete
 against a stand-in kubectl on PATH (the boundary), which records its argv and answers like a cluster."""
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ def run_cli(
     if path is not None:
         env["PATH"] = path
     return subprocess.run(
-        [sys.executable, "-m", "k8s", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "fsdpkit.k8s", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -45,7 +50,11 @@ BAD_INPUT = [
         2,
         "error: stack outputs file cdk-outputs.json not found; run 'make deploy' first",
     ),
-    (["render", "--bogus"], 2, "error: unrecognized arguments: --bogus (see python -m k8s render --help)"),
+    (
+        ["render", "--bogus"],
+        2,
+        "error: unrecognized arguments: --bogus (see python -m fsdpkit.k8s render --help)",
+    ),
     (["frobnicate"], 2, "error: argument command: invalid choice: 'frobnicate'"),
     (["status", "NODES=2"], 2, "error: status takes RUN_ID=<id> and NAMESPACE=<ns> only, not NODES"),
     (["delete"], 2, "error: delete needs RUN_ID=<id> (make train-job-status lists the runs)"),
@@ -308,8 +317,8 @@ def test_k8s_docs_are_current(tmp_path: Path) -> None:
 def test_k8s_values_markdown_lists_every_field() -> None:
     import dataclasses
 
-    from k8s.docs import values_markdown
-    from k8s.values import JobValues
+    from fsdpkit.k8s.docs import values_markdown
+    from fsdpkit.k8s.values import JobValues
 
     table = values_markdown()
     for f in dataclasses.fields(JobValues):
@@ -378,7 +387,7 @@ def test_a_key_the_command_would_ignore_is_refused_and_nothing_runs(
 def test_dry_run_in_the_environment_is_refused_not_ignored(
     tmp_path: Path, outputs_file: Path, fake_kubectl
 ) -> None:
-    """`DRY_RUN=1 python -m k8s apply` must not apply: the CLI reads its arguments only, so a key in the
+    """`DRY_RUN=1 python -m fsdpkit.k8s apply` must not apply: the CLI reads its arguments only, so a key in the
     environment is refused, not silently ignored."""
     path, log = fake_kubectl
     env = {"FAKE_LOG": str(log), "DRY_RUN": "1"}
@@ -386,7 +395,7 @@ def test_dry_run_in_the_environment_is_refused_not_ignored(
         proc = run_cli(*args, cwd=tmp_path, path=path, extra_env=env)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr == (
-            "error: DRY_RUN='1' is set in the environment, which python -m k8s does not read: give DRY_RUN=1 "
+            "error: DRY_RUN='1' is set in the environment, which the job CLI does not read: give DRY_RUN=1 "
             "(or --dry-run) as an argument, or unset DRY_RUN\n"
         )
     assert not log.exists() and not (tmp_path / "build").exists()

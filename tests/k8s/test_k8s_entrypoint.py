@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from k8s.entrypoint import Entrypoint, image_problem, parse_entrypoint
-from k8s.local import LocalRunner, load_job, run_local
-from k8s.model import ValuesError
-from k8s.render import render
-from k8s.trainer_check import check_trainer_config
-from k8s.values import build_values
+from fsdpkit.k8s.entrypoint import Entrypoint, image_problem, parse_entrypoint
+from fsdpkit.k8s.local import LocalRunner, load_job, run_local
+from fsdpkit.k8s.model import ValuesError
+from fsdpkit.k8s.render import render
+from fsdpkit.k8s.trainer_check import check_trainer_config
+from fsdpkit.k8s.values import build_values
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,8 +94,8 @@ BAD_ENTRYPOINTS = [
         "ENTRYPOINT=python -m torch.distributed.run t.py: torch.distributed.run is a launcher",
     ),
     (
-        "python -m training.trainer --model.name small",
-        "ENTRYPOINT=python -m training.trainer --model.name small: -m training.trainer is the kit's trainer: leave ENTRYPOINT out and set its values (MODEL=, STEPS=, TRAIN.<section>.<field>=)",
+        "python -m fsdpkit.trainer --model.name small",
+        "ENTRYPOINT=python -m fsdpkit.trainer --model.name small: -m fsdpkit.trainer is the kit's trainer: leave ENTRYPOINT out and set its values (MODEL=, STEPS=, TRAIN.<section>.<field>=)",
     ),
     (
         "PYTHONPATH=/fsx/code python t.py",
@@ -276,7 +276,7 @@ def test_k8s_image_name_length_and_tag() -> None:
 
 
 def test_k8s_image_comes_from_the_outputs_unless_given(stack_outputs: dict) -> None:
-    from k8s.outputs import merge_stack_outputs
+    from fsdpkit.k8s.outputs import merge_stack_outputs
 
     outputs = merge_stack_outputs(stack_outputs)
     ecr = "123456789012.dkr.ecr.us-east-2.amazonaws.com/kit-trainer"
@@ -299,7 +299,7 @@ def test_k8s_local_runs_a_script_from_the_repository_root(tmp_path: Path) -> Non
     runner = _local(tmp_path, "ENTRYPOINT=python examples/hf_llama/train.py --steps 20")
     env = runner.pod_env(0, "loc-0-x")
     argv = runner.pod_argv(env)
-    assert argv[0] == sys.executable and argv[1:3] == ["-m", "training.launcher"]
+    assert argv[0] == sys.executable and argv[1:3] == ["-m", "fsdpkit.launcher"]
     assert argv[-3:] == ["examples/hf_llama/train.py", "--steps", "20"] and "--config" not in argv
     assert env["KIT_CONFIG"] == f"{tmp_path}/configmaps/loc-config/train.yaml"
 

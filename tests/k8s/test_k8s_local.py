@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from k8s.local import LocalRunError, LocalRunner, PathMap, expand_vars, load_job, run_local
-from k8s.render import Manifest, render
-from k8s.spec import POD_WRAPPER, WORKER_WRAPPER
-from k8s.values import build_values
+from fsdpkit.k8s.local import LocalRunError, LocalRunner, PathMap, expand_vars, load_job, run_local
+from fsdpkit.k8s.render import Manifest, render
+from fsdpkit.k8s.spec import POD_WRAPPER, WORKER_WRAPPER
+from fsdpkit.k8s.values import build_values
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,9 +153,9 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     `store_scope`), and pod 0's launcher stops its restarting rank at once.
     (With it off, a 2-pod group restart after a kill is the node-fault tests' and the demo's path.)"""
     inprocess = "true"
-    metrics = pytest.importorskip("training.analysis.metrics")
+    metrics = pytest.importorskip("fsdpkit.analysis.metrics")
     proc = subprocess.run(
-        [sys.executable, "-m", "k8s", "local", "NODES=2", "STEPS=20", "CHECKPOINT_INTERVAL=5",
+        [sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=2", "STEPS=20", "CHECKPOINT_INTERVAL=5",
          f"INPROCESS={inprocess}", "FAULT_SPEC=kill:step=12:rank=1", "RUN_ID=kill-e2e",
          "--workdir", str(tmp_path), "--timeout", "300"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from k8s.local import LocalJob, LocalRunner
+from fsdpkit.k8s.local import LocalJob, LocalRunner
 
 # A "launcher" that starts a worker in a new session; the worker ignores SIGTERM, writes its pid, sleeps.
 LAUNCHER = """

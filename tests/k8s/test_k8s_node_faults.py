@@ -24,10 +24,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ops.cost.faults import fault_cost
-from training.analysis import metrics
-from training.analysis.report import straggler_lines, world_line
-from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from fsdpkit.analysis import metrics
+from fsdpkit.analysis.report import straggler_lines, world_line
+from fsdpkit.ops.cost.faults import fault_cost
+from fsdpkit.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -43,10 +43,11 @@ def run_job(
     flags: tuple[str, ...] = (),
     during: Callable[[subprocess.Popen[str], Path], None] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`python -m k8s local` as a user runs it (`during(process, run folder)` on a thread while it runs);
+    """`python -m fsdpkit.k8s local` as a user runs it (`during(process, run folder)` on a thread while it
+    runs);
     returns the process and the run folder."""
     run_dir = tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
-    argv = [sys.executable, "-m", "k8s", "local", *job, *overrides, f"RUN_ID={run_id}",
+    argv = [sys.executable, "-m", "fsdpkit.k8s", "local", *job, *overrides, f"RUN_ID={run_id}",
             "--workdir", str(tmp), "--timeout", "240", *flags]  # fmt: skip
     popen = subprocess.Popen(
         argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
@@ -75,7 +76,7 @@ def kill_the_store_at(step: int) -> Callable[[subprocess.Popen[str], Path], None
             time.sleep(0.05)
         for child in psutil.Process(job.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "training.launcher.store" in child.cmdline():
+                if "fsdpkit.launcher.store" in child.cmdline():
                     child.kill()
 
     return act
@@ -269,7 +270,7 @@ def test_a_node_lost_with_no_spare_shrinks_then_grows_back_with_the_same_global_
     rounding; the report shows the world sizes and the node-hours at each."""
     from elastic_job import ELASTIC_LOSS_RTOL
 
-    from training.analysis.batch_ledger import compare_ledgers, step_batches
+    from fsdpkit.analysis.batch_ledger import compare_ledgers, step_batches
 
     run_id = "elastic"
     proc, run_dir = run_job(

@@ -2,7 +2,7 @@
 
 `examples/hf_llama/train.py` (only the public resilience API) trains the 2-layer HF Llama of
 tests/fixtures/hf on the repo's corpus, tokenized here with a BPE trained here
-(`training.trainer.prepare_data`), on 2 pods x 1 rank under the kit launcher, run by ENTRYPOINT. Against one
+(`fsdpkit.trainer.prepare_data`), on 2 pods x 1 rank under the kit launcher, run by ENTRYPOINT. Against one
 fault-free run:
 - a kill, an exception and a hang on rank 1 (the demo's three faults), in-process restart on;
 - a drain of pod 1 with a hot spare (it leaves after the agreed step is committed: no step lost).
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from bench.own_model import exactly_once, trajectory
+from fsdpkit.analysis import metrics
+from fsdpkit.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
+from fsdpkit.trainer import prepare_data
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
-from training.analysis import metrics
-from training.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
-from training.trainer import prepare_data
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"
@@ -48,7 +48,8 @@ def run_job(
     entry = (f"python examples/hf_llama/train.py --model-dir {TINY} --data-dir {shards} --seq-len 64 "
              "--sample-log $(RUN_DIR)/samples")  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "k8s", "local", *JOB, *overrides, f"ENTRYPOINT={entry}", f"RUN_ID={run_id}",
+        [sys.executable, "-m", "fsdpkit.k8s", "local", *JOB, *overrides, f"ENTRYPOINT={entry}",
+         f"RUN_ID={run_id}",
          "--workdir", str(tmp), "--timeout", "300"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         capture_output=True, text=True, timeout=360,

@@ -14,12 +14,12 @@ import jinja2
 import pytest
 import yaml
 
-from k8s.local import LocalRunner, load_job
-from k8s.outputs import merge_stack_outputs
-from k8s.render import Manifest, environment, render, write
-from k8s.spec import POD_WRAPPER, PROGRAM_WRAPPER, WORKER_WRAPPER
-from k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
-from k8s.values import build_values
+from fsdpkit.k8s.local import LocalRunner, load_job
+from fsdpkit.k8s.outputs import merge_stack_outputs
+from fsdpkit.k8s.render import Manifest, environment, render, write
+from fsdpkit.k8s.spec import POD_WRAPPER, PROGRAM_WRAPPER, WORKER_WRAPPER
+from fsdpkit.k8s.validate import SCHEMA_VERSIONS, ManifestError, policy_problems, schema_problems, validate
+from fsdpkit.k8s.values import build_values
 
 GOLDEN = Path(__file__).parent / "golden" / "p5"
 LOCAL = ["PROFILE=local", "RUN_ID=t"]
@@ -59,7 +59,7 @@ def test_k8s_every_profile_and_launcher_is_valid(profile: str, launcher: str) ->
     validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
     command = _container(manifests)["command"]
     if launcher == "kit":
-        assert command[:3] == ["python", "-m", "training.launcher"]
+        assert command[:3] == ["python", "-m", "fsdpkit.launcher"]
     else:  # torchrun and ft_launcher run inside the exit-78 wrappers
         assert command[:2] == ["sh", "-c"] and command[4] == (
             "ft_launcher" if launcher == "ft_launcher" else "python"
@@ -152,7 +152,7 @@ PER_VALUE = [
     ([f"IMAGE={ECR_DIGEST}"], "Job", f"{C0}.image", ECR_DIGEST),
     (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-2", "-m"),
     (["ENTRYPOINT=python -m my.train"], "Job", f"{C0}.command.-1", "my.train"),
-    ([], "Job", f"{C0}.command.-3", "training.trainer"),
+    ([], "Job", f"{C0}.command.-3", "fsdpkit.trainer"),
     (["IMAGE_PULL_POLICY=Always"], "Job", f"{C0}.imagePullPolicy", "Always"),
     (["BACKOFF_LIMIT_PER_INDEX=0"], "Job", "spec.backoffLimitPerIndex", 0),
     (["BACKOFF_LIMIT_PER_INDEX=7"], "Job", "spec.backoffLimitPerIndex", 7),
@@ -336,7 +336,7 @@ LAUNCH = [
         [
             "python",
             "-m",
-            "training.launcher",
+            "fsdpkit.launcher",
             "--nnodes=2",
             "--nproc-per-node=8",
             "--node-rank=$(NODE_RANK)",
@@ -354,7 +354,7 @@ LAUNCH = [
             "--heartbeat-safety-factor=3",
             "--run-dir=/fsx/runs/r1",
             "-m",
-            "training.trainer",
+            "fsdpkit.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -375,7 +375,7 @@ LAUNCH = [
             "--ft-rank-heartbeat-timeout=900",
             *WORKER,
             "-m",
-            "training.trainer",
+            "fsdpkit.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -396,7 +396,7 @@ LAUNCH = [
             "--monitor-interval=0.5",
             *WORKER,
             "-m",
-            "training.trainer",
+            "fsdpkit.trainer",
             "--config",
             "/etc/kit/train.yaml",
         ],
@@ -696,7 +696,7 @@ def test_k8s_rendezvous_store_is_its_own_pod_on_the_system_nodes(stack_outputs: 
     store = _obj(manifests, "Deployment", store=True)
     pod = store["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "system"} and "tolerations" not in pod
-    assert pod["containers"][0]["command"] == ["python", "-m", "training.launcher.store", "--port=29500"]
+    assert pod["containers"][0]["command"] == ["python", "-m", "fsdpkit.launcher.store", "--port=29500"]
     svc = _obj(manifests, "Service", store=True)
     assert svc["metadata"]["name"] == "t-rdzv" and svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == store["spec"]["selector"]["matchLabels"]

@@ -1,4 +1,4 @@
-"""The render-time trainer config check: `python -m training.trainer.check_config` runs the trainer's own
+"""The render-time trainer config check: `python -m fsdpkit.trainer.check_config` runs the trainer's own
 loader on the rendered train.yaml (no process group, no model), and k8s turns its exit 78 into one line."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s.model import ValuesError
-from k8s.render import render
-from k8s.spec import CONFIG_FILE
-from k8s.trainer_check import check_trainer_config
-from k8s.values import build_values
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.k8s.model import ValuesError
+from fsdpkit.k8s.render import render
+from fsdpkit.k8s.spec import CONFIG_FILE
+from fsdpkit.k8s.trainer_check import check_trainer_config
+from fsdpkit.k8s.values import build_values
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _check_config(
     path = tmp_path / "train.yaml"
     path.write_text(config)
     return subprocess.run(
-        [sys.executable, "-m", "training.trainer.check_config", *flags, "--config", str(path)],
+        [sys.executable, "-m", "fsdpkit.trainer.check_config", *flags, "--config", str(path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )  # fmt: skip
@@ -54,7 +54,7 @@ def test_the_check_does_not_import_torch(tmp_path: Path) -> None:
         "import runpy, sys\n"
         f"sys.argv = ['check_config', '--elsewhere', '--config', {str(path)!r}]\n"
         "try:\n"
-        "    runpy.run_module('training.trainer.check_config', run_name='__main__')\n"
+        "    runpy.run_module('fsdpkit.trainer.check_config', run_name='__main__')\n"
         "finally:\n"
         "    print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
     )
@@ -129,8 +129,8 @@ def test_p5_job_without_activation_checkpointing_is_refused_at_render() -> None:
 
 def test_k8s_trainer_fields_are_trainer_config_fields() -> None:
     """k8s keeps its own list (it does not import the trainer): every name in it must exist there."""
-    from k8s.model import TRAINER_FIELDS
-    from training.trainer.config import TrainConfig
+    from fsdpkit.k8s.model import TRAINER_FIELDS
+    from fsdpkit.trainer.config import TrainConfig
 
     known = TrainConfig.sections()
     for section, names in TRAINER_FIELDS.items():

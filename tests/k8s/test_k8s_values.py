@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from k8s.outputs import OutputsError, load_stack_outputs, merge_stack_outputs
-from k8s.values import ValuesError, advice, build_values, shm_gib, staging_gib
+from fsdpkit.k8s.outputs import OutputsError, load_stack_outputs, merge_stack_outputs
+from fsdpkit.k8s.values import ValuesError, advice, build_values, shm_gib, staging_gib
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -57,7 +57,7 @@ BAD_VALUES = [
     ),
     (
         ["NODES=4", "MIN_NODES=2", "ENTRYPOINT=python train.py", *LOCAL],
-        "MIN_NODES=2: with ENTRYPOINT, set TRAIN.training.global_batch (samples per optimizer step): your script splits it with training.resilience.plan_batch on whatever number of nodes is left",
+        "MIN_NODES=2: with ENTRYPOINT, set TRAIN.training.global_batch (samples per optimizer step): your script splits it with fsdpkit.resilience.plan_batch on whatever number of nodes is left",
     ),
     (["NODES=four", *LOCAL], "NODES='four': not a whole number"),
     (["NODES=1e3", *LOCAL], "NODES='1e3': not a whole number"),
@@ -551,8 +551,8 @@ def test_k8s_outputs_device_counts_must_match_the_profile(stack_outputs: dict) -
 def test_k8s_an_elastic_job_renders_min_max_nodes_its_wait_and_its_global_batch() -> None:
     """MIN_NODES=3 of 4: the launcher's --nnodes 3:4 and last call, the trainer's global batch (the config's
     product, 4 x 1 x 1 x 3 = 12, kept at 3 nodes: 4 micro-batches each) instead of the accumulation."""
-    from k8s.elastic import nnodes
-    from k8s.spec import launcher_command, trainer_config
+    from fsdpkit.k8s.elastic import nnodes
+    from fsdpkit.k8s.spec import launcher_command, trainer_config
 
     v = build_values(
         overrides=[

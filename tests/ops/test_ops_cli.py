@@ -8,10 +8,10 @@ import sys
 import pytest
 from ops_world import PREFIX, World
 
-from cliargs import OneLineParser
-from ops.cli import parse_once
-from ops.cost_report import main as cost_main
-from ops.teardown.__main__ import main as teardown_main
+from fsdpkit.contracts.cliargs import OneLineParser
+from fsdpkit.ops.cli import parse_once
+from fsdpkit.ops.cost_report import main as cost_main
+from fsdpkit.ops.teardown.__main__ import main as teardown_main
 
 
 def cli(module: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,13 +35,13 @@ def assert_one_line_error(p: subprocess.CompletedProcess[str], code: int, *words
         assert w in lines[0], (w, lines[0])
 
 
-@pytest.mark.parametrize("module", ["ops.teardown", "ops.cost_report"])
+@pytest.mark.parametrize("module", ["fsdpkit.ops.teardown", "fsdpkit.ops.cost_report"])
 def test_unknown_region(module: str, fake_aws, subprocess_env: dict[str, str]) -> None:
     p = cli(module, subprocess_env, "--prefix", PREFIX, "--region", "us-nowhere-1")
     assert_one_line_error(p, 2, "unknown AWS region 'us-nowhere-1'", "us-east-1")
 
 
-@pytest.mark.parametrize("module", ["ops.teardown", "ops.cost_report"])
+@pytest.mark.parametrize("module", ["fsdpkit.ops.teardown", "fsdpkit.ops.cost_report"])
 def test_no_credentials(module: str, fake_aws, subprocess_env: dict[str, str]) -> None:
     env = {k: v for k, v in subprocess_env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     p = cli(module, env, "--prefix", PREFIX)
@@ -50,19 +50,19 @@ def test_no_credentials(module: str, fake_aws, subprocess_env: dict[str, str]) -
 
 def test_prefix_that_matches_nothing(world: World, subprocess_env: dict[str, str]) -> None:
     world.stacks()
-    p = cli("ops.teardown", subprocess_env, "--prefix", "Nope")
+    p = cli("fsdpkit.ops.teardown", subprocess_env, "--prefix", "Nope")
     assert_one_line_error(p, 5, "nothing tagged kit:project=Nope", "--prefix")
 
 
 def test_bad_prefix_is_rejected(fake_aws, subprocess_env: dict[str, str]) -> None:
-    p = cli("ops.teardown", subprocess_env, "--prefix", "9 lives")
+    p = cli("fsdpkit.ops.teardown", subprocess_env, "--prefix", "9 lives")
     assert_one_line_error(p, 2, "--prefix must be")
 
 
 def test_dry_run_prints_the_plan_and_how_to_confirm(world: World, subprocess_env: dict[str, str]) -> None:
     world.full()
     before = world.inventory()
-    p = cli("ops.teardown", subprocess_env, "--prefix", PREFIX)
+    p = cli("fsdpkit.ops.teardown", subprocess_env, "--prefix", PREFIX)
     assert p.returncode == 0, p.stderr
     assert "Teardown plan" in p.stdout and "delete" in p.stdout and "keep" in p.stdout
     assert f"--confirm '{PREFIX}/123456789012'" in p.stderr
@@ -75,7 +75,7 @@ def test_subprocess_run_retries_throttling_with_real_backoff(
     world.full()
     rule = fake_aws.proxy.fail("ecr", "DeleteRepository", "ThrottlingException", times=2)
     p = cli(
-        "ops.teardown",
+        "fsdpkit.ops.teardown",
         subprocess_env,
         "--prefix",
         PREFIX,
@@ -148,7 +148,7 @@ def test_bad_flags_are_one_line_before_any_aws_call(
     assert fake_aws.proxy.log == []  # nothing was asked of AWS, let alone deleted
 
 
-@pytest.mark.parametrize("module", ["ops.teardown", "ops.cost_report"])
+@pytest.mark.parametrize("module", ["fsdpkit.ops.teardown", "fsdpkit.ops.cost_report"])
 def test_a_missing_prefix_is_one_line_not_a_usage_block(module: str, subprocess_env: dict[str, str]) -> None:
     p = cli(module, subprocess_env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
@@ -161,7 +161,7 @@ def test_aws_region_alone_is_enough(world: World, subprocess_env: dict[str, str]
     """boto3's session reads AWS_DEFAULT_REGION only; the CLIs also honour AWS_REGION, as the docs say."""
     world.stacks()
     env = {k: v for k, v in subprocess_env.items() if k != "AWS_DEFAULT_REGION"}
-    p = cli("ops.teardown", env, "--prefix", "Nope")
+    p = cli("fsdpkit.ops.teardown", env, "--prefix", "Nope")
     assert_one_line_error(p, 5, "nothing tagged kit:project=Nope in us-east-1")
 
 

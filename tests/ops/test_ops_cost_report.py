@@ -1,5 +1,5 @@
 """Cost report: Cost Explorer injected through moto's documented endpoint, Pricing from a recorded
-response served at the HTTP boundary, fault cost from a run folder written with training.runtime.events."""
+response served at the HTTP boundary, fault cost from a run folder written with fsdpkit.runtime.events."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from ops_fakeaws import LocalAws, Response, Rule
 from ops_world import KIT, PREFIX, World, tags_list
 
-from ops.cost_report import main
+from fsdpkit.ops.cost_report import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CE_PATH = "/moto-api/static/ce/cost-and-usage-results"
@@ -165,7 +165,7 @@ def write_run(
     """Two ranks: steps 1-6 (1 s each, a 0.5 s checkpoint stall after step 4), rank 1 killed after step 6,
     resume from step 4 on attempt 1, steps 5-10, end. With `nodes`, the kit launcher's `launcher_start`
     says how many training nodes and hot spares the job had."""
-    from training.runtime.events import EventLog
+    from fsdpkit.runtime.events import EventLog
 
     t0 = 1_700_000_000.0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
@@ -209,7 +209,7 @@ def write_run(
 def test_fault_and_stall_cost_from_a_run_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.analysis.metrics import load_run_metrics
+    from fsdpkit.analysis.metrics import load_run_metrics
 
     run = tmp_path / "run-a"
     write_run(run, monkeypatch)
@@ -253,7 +253,7 @@ def test_spares_are_billed_for_the_whole_run(
     gpus_per_node: int,
 ) -> None:
     """A hot spare's node is paid while it waits: spares x GPUs per node (world / training nodes) x wall."""
-    from training.analysis.metrics import load_run_metrics
+    from fsdpkit.analysis.metrics import load_run_metrics
 
     run = tmp_path / "run-spares"
     write_run(run, monkeypatch, nodes=nodes, spares=spares)
@@ -313,7 +313,7 @@ def test_formats_and_png(
 )
 def test_bad_input_is_one_line(args: list[str], words: str, subprocess_env: dict[str, str]) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "ops.cost_report", "--prefix", PREFIX, *args],
+        [sys.executable, "-m", "fsdpkit.ops.cost_report", "--prefix", PREFIX, *args],
         env=subprocess_env,
         capture_output=True,
         text=True,

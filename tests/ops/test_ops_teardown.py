@@ -7,7 +7,7 @@ import json
 import pytest
 from ops_world import CLUSTER, PREFIX, World
 
-from ops.teardown.__main__ import main
+from fsdpkit.ops.teardown.__main__ import main
 
 FAST = ["--poll-interval", "0.01", "--backoff", "0.01", "--timeout", "20"]
 CONFIRM = f"{PREFIX}/123456789012"

@@ -9,7 +9,7 @@ import pytest
 from ops_world import CLUSTER, KIT, OTHER_CLUSTER, PREFIX, ROLE, World, tags_list
 from test_ops_teardown import CONFIRM, plan_of, results_by_id, run
 
-from ops.teardown.__main__ import main
+from fsdpkit.ops.teardown.__main__ import main
 
 
 def kit_vpc_and_p5_alone(world: World) -> None:

@@ -12,11 +12,11 @@ import pytest
 from ops_world import CLUSTER, PREFIX, World
 from test_ops_teardown import CONFIRM, run
 
-from ops.tags import PROJECT_TAG, STACK_TAG
-from ops.teardown.filters import plan
-from ops.teardown.kinds.s3 import MAX_DELETE_BATCH, batches
-from ops.teardown.kinds.tagging import parse_arn
-from ops.teardown.model import Options, Resource, Scope
+from fsdpkit.ops.tags import PROJECT_TAG, STACK_TAG
+from fsdpkit.ops.teardown.filters import plan
+from fsdpkit.ops.teardown.kinds.s3 import MAX_DELETE_BATCH, batches
+from fsdpkit.ops.teardown.kinds.tagging import parse_arn
+from fsdpkit.ops.teardown.model import Options, Resource, Scope
 
 SCOPE = Scope(
     prefix=PREFIX,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.plan.calibration import (
+from fsdpkit.ops.plan.calibration import (
     CalibrationError,
     MechanismPhases,
     goodput_phases,
@@ -19,9 +19,9 @@ from ops.plan.calibration import (
     scale_phases,
     write_section,
 )
-from ops.plan.failures import PlanInputError
-from ops.plan.planner import GOODPUT_MARGIN, PlanRequest, job_summary, make_plan
-from ops.plan.schedule import RunRecord, ScheduledRun, calibrate, predict, replayed_steps
+from fsdpkit.ops.plan.failures import PlanInputError
+from fsdpkit.ops.plan.planner import GOODPUT_MARGIN, PlanRequest, job_summary, make_plan
+from fsdpkit.ops.plan.schedule import RunRecord, ScheduledRun, calibrate, predict, replayed_steps
 
 PHASES = MechanismPhases(
     step_s=0.2, overhead_s=3.0, save_s=0.5, fault_s={"exception": 2.0, "hang": 12.0}, keeps_live_state=False

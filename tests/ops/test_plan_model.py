@@ -8,8 +8,16 @@ import math
 
 import pytest
 
-from ops.plan.failures import LLAMA3, FailureRates, PlanInputError
-from ops.plan.model import MECHANISMS, Job, PhaseTimes, evaluate, poisson_cdf, spares_needed, young_daly_s
+from fsdpkit.ops.plan.failures import LLAMA3, FailureRates, PlanInputError
+from fsdpkit.ops.plan.model import (
+    MECHANISMS,
+    Job,
+    PhaseTimes,
+    evaluate,
+    poisson_cdf,
+    spares_needed,
+    young_daly_s,
+)
 
 PER_HOUR = 1e-4
 
@@ -101,7 +109,7 @@ def test_bad_input_is_one_line(make, message: str) -> None:
 
 
 def test_make_plan_prints_every_mechanism_as_json_and_draws_the_png(tmp_path, capsys) -> None:
-    from ops.plan.__main__ import main
+    from fsdpkit.ops.plan.__main__ import main
 
     png = tmp_path / "plan.png"
     assert main(["--nodes", "1024", "--spares", "4", "--json", "--png", str(png)]) == 0
@@ -130,7 +138,7 @@ def test_make_plan_prints_every_mechanism_as_json_and_draws_the_png(tmp_path, ca
     ],
 )
 def test_make_plan_refuses_bad_input_in_one_line(argv: list[str], message: str, capsys) -> None:
-    from ops.plan.__main__ import main
+    from fsdpkit.ops.plan.__main__ import main
 
     try:
         code = main(argv)

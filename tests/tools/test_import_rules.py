@@ -15,16 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 ALLOWED = {
     "training/contracts/env.py": "import os\nNAME = 'X'\n",
-    "training/runtime/events.py": "from training.contracts import env\n",
-    "training/resilience/__init__.py": "from training.resilience.job import Job\n",
-    "training/resilience/job.py": "import torch\nfrom training.runtime import events\n",
-    "training/launcher/agent.py": "from training.runtime.events import env\n",
-    "training/trainer/train.py": "from training import resilience\nfrom training.contracts import env\n",
-    "training/analysis/metrics.py": "from training.runtime import events\n",
-    "k8s/spec.py": "from training.contracts import env\nfrom ops.plan import planner\n",
-    "ops/plan/planner.py": "from infra.config import load\nfrom training.contracts.env import NAME\n",
-    "infra/config.py": "from training.contracts import env\n\ndef load(): ...\n",
-    "examples/train.py": "from training import resilience\n",
+    "training/runtime/events.py": "from fsdpkit.contracts import env\n",
+    "training/resilience/__init__.py": "from fsdpkit.resilience.job import Job\n",
+    "training/resilience/job.py": "import torch\nfrom fsdpkit.runtime import events\n",
+    "training/launcher/agent.py": "from fsdpkit.runtime.events import env\n",
+    "training/trainer/train.py": "from fsdpkit import resilience\nfrom fsdpkit.contracts import env\n",
+    "training/analysis/metrics.py": "from fsdpkit.runtime import events\n",
+    "k8s/spec.py": "from fsdpkit.contracts import env\nfrom fsdpkit.ops.plan import planner\n",
+    "ops/plan/planner.py": "from fsdpkit.infra.config import load\nfrom fsdpkit.contracts.env import NAME\n",
+    "infra/config.py": "from fsdpkit.contracts import env\n\ndef load(): ...\n",
+    "examples/train.py": "from fsdpkit import resilience\n",
 }
 """A tree that keeps every rule: the floors importing downward, the parts meeting at their allowed edges."""
 
@@ -54,100 +54,118 @@ BREAKS = [
     pytest.param(
         {
             "training/runtime/pod.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from training.runtime import events\n",
-            "training/runtime/events.py": "from training.runtime import pod\n",
+            "    from fsdpkit.runtime import events\n",
+            "training/runtime/events.py": "from fsdpkit.runtime import pod\n",
         },
         "circles",
         "training/runtime/events.py:1",
-        "import circle among training.runtime.events, training.runtime.pod",
+        "import circle among fsdpkit.runtime.events, fsdpkit.runtime.pod",
         id="a circle closed by a type-only import",
     ),
     pytest.param(
-        {"training/runtime/distributed.py": "def f():\n    from training.resilience import job\n"},
+        {"training/runtime/distributed.py": "def f():\n    from fsdpkit.resilience import job\n"},
         "floors",
         "training/runtime/distributed.py:2",
         "a floor above it",
         id="an upward import",
     ),
     pytest.param(
-        {"training/resilience/job.py": "from training.launcher import agent\n"},
+        {"training/resilience/job.py": "from fsdpkit.launcher import agent\n"},
         "floors",
         "training/resilience/job.py:1",
         "share a floor and stay apart",
         id="a sibling floor",
     ),
     pytest.param(
-        {"infra/config.py": "from training.runtime import events\n\ndef load(): ...\n"},
+        {"infra/config.py": "from fsdpkit.runtime import events\n\ndef load(): ...\n"},
         "parts",
         "infra/config.py:1",
-        "infra meets other parts only at training.contracts",
+        "infra meets other parts only at fsdpkit.contracts",
         id="infra importing training beyond the contracts",
     ),
     pytest.param(
-        {"ops/cost.py": "import importlib\nm = importlib.import_module('training.analysis.metrics')\n"},
+        {"ops/cost.py": "import importlib\nm = importlib.import_module('fsdpkit.analysis.metrics')\n"},
         "parts",
         "ops/cost.py:2",
-        "ops.cost imports training.analysis.metrics",
+        "fsdpkit.ops.cost imports fsdpkit.analysis.metrics",
         id="ops importing training by a literal import_module",
     ),
     pytest.param(
-        {"infra/stack.py": "from k8s import spec\n"},
+        {"infra/stack.py": "from fsdpkit.k8s import spec\n"},
         "parts",
         "infra/stack.py:1",
-        "infra.stack imports k8s.spec",
+        "fsdpkit.infra.stack imports fsdpkit.k8s.spec",
         id="a part edge nobody allowed",
     ),
     pytest.param(
         {"training/runtime/aws.py": "import boto3\n"},
         "libraries",
         "training/runtime/aws.py:1",
-        "boto3, which training never imports",
+        "boto3, which fsdpkit.runtime never imports",
         id="training and boto3",
     ),
     pytest.param(
         {"training/launcher/stack.py": "from aws_cdk import Stack\n"},
         "libraries",
         "training/launcher/stack.py:1",
-        "aws_cdk, which training never imports",
+        "aws_cdk, which fsdpkit.launcher never imports",
         id="training and CDK",
     ),
     pytest.param(
         {"training/contracts/shapes.py": "import torch\n"},
         "libraries",
         "training/contracts/shapes.py:1",
-        "training.contracts uses the standard library only",
+        "fsdpkit.contracts uses the standard library only",
         id="the contracts and torch",
     ),
     pytest.param(
         {"training/resilience/state.py": "from transformers import AutoModel\n"},
         "libraries",
         "training/resilience/state.py:1",
-        "transformers, which training.resilience never imports",
+        "transformers, which fsdpkit.resilience never imports",
         id="the API and a model library",
     ),
     pytest.param(
         {"k8s/render.py": "import torch\n"},
         "libraries",
         "k8s/render.py:1",
-        "torch, which k8s never imports",
+        "torch, which fsdpkit.k8s never imports",
         id="k8s and torch",
     ),
     pytest.param(
         {
-            "training/trainer/config.py": "from training.resilience.config import RunConfig\n",
+            "training/trainer/config.py": "from fsdpkit.resilience.config import RunConfig\n",
             "training/resilience/config.py": "class RunConfig: ...\n",
         },
         "public-api",
         "training/trainer/config.py:1",
-        "imports training.resilience.config",
+        "imports fsdpkit.resilience.config",
         id="the kit trainer through a private module",
     ),
     pytest.param(
-        {"examples/train.py": "from training.runtime.events import EventLog\n"},
+        {"examples/train.py": "from fsdpkit.runtime.events import EventLog\n"},
         "public-api",
         "examples/train.py:1",
-        "a user of the API imports `training.resilience`",
+        "a user of the API imports `fsdpkit.resilience`",
         id="an example beside the API",
+    ),
+]
+
+
+BREAKS += [
+    pytest.param(
+        {"k8s/spec.py": "from fsdpkit.contracts import env\nfrom training.contracts import seeds\n"},
+        "one-name",
+        "k8s/spec.py:2",
+        "fsdpkit.k8s.spec imports training.contracts.seeds: import the kit as fsdpkit",
+        id="the kit by its folder's name",
+    ),
+    pytest.param(
+        {"tests/test_x.py": "from k8s.model import JobValues\n"},
+        "one-name",
+        "tests/test_x.py:1",
+        "tests.test_x imports k8s.model.JobValues",
+        id="a test by the folder's name",
     ),
 ]
 
@@ -169,5 +187,5 @@ def test_the_command_prints_one_line_per_break_and_fails(tmp_path: Path) -> None
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stdout.splitlines() == [
-        "k8s/render.py:1: libraries: k8s.render imports torch, which k8s never imports"
+        "k8s/render.py:1: libraries: fsdpkit.k8s.render imports torch, which fsdpkit.k8s never imports"
     ]

@@ -2,7 +2,7 @@
 
 Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) is saved by rank 0 after
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
-training.resilience.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that
+fsdpkit.resilience.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that
 rank compute
 (spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
 KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START;
@@ -26,9 +26,9 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from training.resilience.faults import FaultConfig, FaultInjector
-from training.runtime.events import EventLog
-from training.runtime.heartbeat import HeartbeatClient
+from fsdpkit.resilience.faults import FaultConfig, FaultInjector
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.heartbeat import HeartbeatClient
 
 
 def main() -> None:

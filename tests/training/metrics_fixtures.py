@@ -1,4 +1,4 @@
-"""Synthetic runs for the metrics and report tests, written with the real `training.runtime.events.EventLog`.
+"""Synthetic runs for the metrics and report tests, written with the real `fsdpkit.runtime.events.EventLog`.
 
 Timestamps are chosen by the test (the `ts` field), so each expected number can be worked out from the
 inputs. Ranks step in lock-step, as FSDP's collectives make them.
@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.runtime.events import EventLog
+from fsdpkit.runtime.events import EventLog
 
 T0 = 1_700_000_000.0
 """A wall-clock origin for synthetic runs (seconds)."""

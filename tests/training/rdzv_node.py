@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from training.launcher.rendezvous import KitRendezvous, Settings, StoreLink
+from fsdpkit.launcher.rendezvous import KitRendezvous, Settings, StoreLink
 
 LIFETIME_S = 300.0
 """A node left behind by its test (whose limit is 120 s) ends by itself."""

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from training.analysis import report
-from training.contracts import exitcodes
-from training.trainer import make_shards, train
+from fsdpkit.analysis import report
+from fsdpkit.contracts import exitcodes
+from fsdpkit.trainer import make_shards, train
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--run.id", "bad", "--model.name", "tiny", "--training.steps", "16"]
@@ -84,7 +84,7 @@ def test_a_bad_fault_plan_fails_the_launcher_at_once_with_78(tmp_path: Path) -> 
     the budget was spent)."""
     proc = _launch(
         tmp_path,
-        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "-m", "training.trainer", *BASE,
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "-m", "fsdpkit.trainer", *BASE,
          "--run.root", str(tmp_path / "runs"), "--fault.spec", "kill:step=1:rank=5"],
     )  # fmt: skip
     assert proc.returncode == exitcodes.FATAL_CONFIG, proc.stderr[-3000:]
@@ -96,7 +96,7 @@ def _launch(tmp: Path, argv: list[str], **env: str) -> subprocess.CompletedProce
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), **env}
     full_env.pop("KIT_HEARTBEAT_DIR", None)
     return subprocess.run(
-        [sys.executable, "-m", "training.launcher", *argv],
+        [sys.executable, "-m", "fsdpkit.launcher", *argv],
         cwd=REPO,
         env=full_env,
         capture_output=True,
@@ -115,7 +115,7 @@ def test_launcher_refuses_a_module_that_does_not_exist(tmp_path: Path) -> None:
 def test_launcher_refuses_a_tmpdir_too_long_for_the_zygote_socket(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120)
     deep.mkdir()
-    proc = _launch(tmp_path, ["--standalone", "-m", "training.trainer"], TMPDIR=str(deep))
+    proc = _launch(tmp_path, ["--standalone", "-m", "fsdpkit.trainer"], TMPDIR=str(deep))
     assert proc.returncode == exitcodes.FATAL_CONFIG
     line = _one_line(proc.stderr)
     assert f"TMPDIR={str(deep)!r} is too long" in line and "--worker-start exec" in line
@@ -130,7 +130,7 @@ def test_launcher_refuses_a_rendezvous_port_in_use(tmp_path: Path) -> None:
         proc = _launch(
             tmp_path,
             ["--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "x", "--rdzv-conf",
-             "is_host=1", "--worker-start", "exec", "-m", "training.trainer"],
+             "is_host=1", "--worker-start", "exec", "-m", "fsdpkit.trainer"],
         )  # fmt: skip
     assert proc.returncode == exitcodes.USAGE
     line = _one_line(proc.stderr)

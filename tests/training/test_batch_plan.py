@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from training import resilience
-from training.resilience.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
-from training.resilience.checkpoint.layout import checkpoints_dir, step_dir
+from fsdpkit import resilience
+from fsdpkit.resilience.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, step_dir
 
 
 def _config(root: Path, *extra: str) -> resilience.ResilienceConfig:

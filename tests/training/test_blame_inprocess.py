@@ -14,14 +14,14 @@ from pathlib import Path
 
 from trainer_helpers import REPO, trainer_env
 
-from training.launcher import blame
-from training.runtime import stacks as stacks_module
+from fsdpkit.launcher import blame
+from fsdpkit.runtime import stacks as stacks_module
 
 HANGING_WORKER = textwrap.dedent(
     """
     import sys, time
     from torch.distributed.elastic.multiprocessing.errors import record
-    from training.runtime import stacks
+    from fsdpkit.runtime import stacks
 
     def stuck():
         print("ready", flush=True)

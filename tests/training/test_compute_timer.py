@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import resilience
-from training.resilience import job as job_module
-from training.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
-from training.resilience.faults import FaultConfig, FaultInjector
-from training.runtime.events import EventLog, read_events
+from fsdpkit import resilience
+from fsdpkit.resilience import job as job_module
+from fsdpkit.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
+from fsdpkit.resilience.faults import FaultConfig, FaultInjector
+from fsdpkit.runtime.events import EventLog, read_events
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ class _FigureAfterReport(ThreadTimer):
 def test_the_step_hands_its_figure_to_the_detector(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timer: type[ThreadTimer]
 ) -> None:
-    from training.runtime.distributed import DistContext
+    from fsdpkit.runtime.distributed import DistContext
 
     monkeypatch.setattr(job_module, "compute_timer", lambda device: timer())
     cfg = resilience.load_config(["--run.id", "t", "--run.root", str(tmp_path), "--checkpoint.mode", "off"])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from training.runtime.efa import EfaError, check_fabric, check_nccl_log, efa_devices, nccl_network
-from training.runtime.events import read_events
+from fsdpkit.runtime.efa import EfaError, check_fabric, check_nccl_log, efa_devices, nccl_network
+from fsdpkit.runtime.events import read_events
 
 FIX = Path(__file__).parent / "fixtures" / "efa"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, record
 
-from training.runtime.error_file import (
+from fsdpkit.runtime.error_file import (
     TORCH_ERRORS_LOGGER,
     AtomicErrorHandler,
     held_parse_failures,

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from trainer_helpers import assert_resumes_from_final, assert_same_final_checkpoint, launch_trainer
 
-from training.resilience.checkpoint.commit import expected_files, read_commit
-from training.resilience.checkpoint.compare import load_committed
-from training.resilience.checkpoint.layout import is_committed, list_steps, step_dir
-from training.runtime.events import read_events
+from fsdpkit.resilience.checkpoint.commit import expected_files, read_commit
+from fsdpkit.resilience.checkpoint.compare import load_committed
+from fsdpkit.resilience.checkpoint.layout import is_committed, list_steps, step_dir
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 HOLDS = "staging@2,writing@4,committing@6"
@@ -35,7 +35,7 @@ def _faults(kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("kind", "inprocess"),
-    # An exception and a hang (interrupted by the launcher: training.runtime.hang_interrupt) are recovered
+    # An exception and a hang (interrupted by the launcher: fsdpkit.runtime.hang_interrupt) are recovered
     # in
     # process; a kill always restarts the group (the peer's in-process attempt waits for a rank that is
     # gone), so it runs with in-process restart off: the group-restart path, which an exception or a hang

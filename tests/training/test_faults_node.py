@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.node_failures import NodeFailures
-from training.resilience.faults import Fault, NodeFaultTarget, parse_spec
+from fsdpkit.launcher.node_failures import NodeFailures
+from fsdpkit.resilience.faults import Fault, NodeFaultTarget, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ else:
         if time.monotonic() > deadline:
             sys.exit(f"pod {folder}: its three processes never all started")
         time.sleep(0.02)
-    from training.runtime import pod
+    from fsdpkit.runtime import pod
     if action == "kill_pod":
         pod.kill_pod()
     elif action == "freeze_pod":
@@ -142,7 +142,7 @@ def test_node_kinds_name_a_node_and_rank_kinds_a_rank() -> None:
     ],
 )
 def test_node_fault_spec_errors_name_the_fix(spec: str, message: str) -> None:
-    from training.resilience.faults import FaultConfigError
+    from fsdpkit.resilience.faults import FaultConfigError
 
     with pytest.raises(FaultConfigError, match=message):
         parse_spec(spec)

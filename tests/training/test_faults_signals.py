@@ -13,14 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIM = textwrap.dedent(
     """
     import sys
-    from training.runtime.events import EventLog
-    from training.resilience.faults import FaultConfig, FaultInjector
+    from fsdpkit.runtime.events import EventLog
+    from fsdpkit.resilience.faults import FaultConfig, FaultInjector
     run_dir, spec = sys.argv[1], sys.argv[2]
     events = EventLog(run_dir, role="trainer", rank=1)
     injector = FaultInjector(
@@ -99,8 +99,8 @@ def test_time_kill_fires_from_the_timer_thread(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, threading\n"
-            "from training.runtime.events import EventLog\n"
-            "from training.resilience.faults import FaultConfig, FaultInjector\n"
+            "from fsdpkit.runtime.events import EventLog\n"
+            "from fsdpkit.resilience.faults import FaultConfig, FaultInjector\n"
             "ev = EventLog(sys.argv[1], role='trainer', rank=0)\n"
             "cfg = FaultConfig(spec='kill:time=0.2:rank=0')\n"
             "FaultInjector(cfg, rank=0, world_size=1, max_steps=1, events=ev)\n"

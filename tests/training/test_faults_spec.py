@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training.resilience.faults import (
+from fsdpkit.resilience.faults import (
     Fault,
     FaultConfig,
     FaultConfigError,
@@ -18,7 +18,7 @@ from training.resilience.faults import (
     parse_spec,
     seeded_schedule,
 )
-from training.runtime.events import EventLog, read_events
+from fsdpkit.runtime.events import EventLog, read_events
 
 
 @pytest.mark.parametrize(

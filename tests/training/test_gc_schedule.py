@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-from training.resilience.config import ConfigError, TrainingConfig
-from training.resilience.gc_schedule import FULL_EVERY, GcSchedule
+from fsdpkit.resilience.config import ConfigError, TrainingConfig
+from fsdpkit.resilience.gc_schedule import FULL_EVERY, GcSchedule
 
 
 @pytest.fixture

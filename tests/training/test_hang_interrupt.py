@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from test_launch_recovery import env_for, launcher_events
 
-from training.contracts import exitcodes
+from fsdpkit.contracts import exitcodes
 
 pytestmark = pytest.mark.slow
 
 WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
-    from training.runtime import hang_interrupt
-    from training.runtime.heartbeat import HeartbeatClient
+    from fsdpkit.runtime import hang_interrupt
+    from fsdpkit.runtime.heartbeat import HeartbeatClient
 
     hb = HeartbeatClient.from_env()
     hb.phase("train")
@@ -61,7 +61,7 @@ def test_a_hung_rank_is_interrupted_in_place_or_restarted_after_the_grace(tmp_pa
     script, out, run = tmp_path / "worker.py", tmp_path / "out.txt", tmp_path / "run"
     script.write_text(WORKER)
     cmd = [
-        sys.executable, "-m", "training.launcher", "--standalone", "--nproc-per-node", "1",
+        sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", "1",
         "--run-dir", str(run), "--heartbeat-timeout", "0.5", "--hang-interrupt-grace", "1",
         "--max-restarts", "1", str(script), str(out), where,
     ]  # fmt: skip

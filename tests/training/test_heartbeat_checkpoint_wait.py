@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training.runtime.heartbeat import HeartbeatClient, heartbeat_path
+from fsdpkit.runtime.heartbeat import HeartbeatClient, heartbeat_path
 
 
 def _beat_file(directory: Path) -> dict:

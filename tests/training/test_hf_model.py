@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 from test_memory_plan import P5  # one p5 job for both plans
 
-from training.contracts.hf_config import HfModelError, check_tokenizer, hf_shape, read_hf_config
-from training.contracts.shapes import MODEL_CONFIGS
-from training.trainer.hf_model import check_weights
-from training.trainer.memory_plan import MemoryPlanError, plan, plan_line
+from fsdpkit.contracts.hf_config import HfModelError, check_tokenizer, hf_shape, read_hf_config
+from fsdpkit.contracts.shapes import MODEL_CONFIGS
+from fsdpkit.trainer.hf_model import check_weights
+from fsdpkit.trainer.memory_plan import MemoryPlanError, plan, plan_line
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 LLAMA_8B = HF / "llama-3.1-8b"
@@ -73,7 +73,7 @@ def test_tied_embeddings_count_one_matrix():
 def test_hf_shape_counts_the_hf_models_parameters(tmp_path: Path):
     import torch
 
-    from training.trainer.hf_model import _hf_config, _meta_model
+    from fsdpkit.trainer.hf_model import _hf_config, _meta_model
 
     for folder in (TINY, LLAMA_8B, model_folder(tmp_path, tie_word_embeddings=True)):
         config = read_hf_config(folder)
@@ -142,7 +142,7 @@ def tiny_weights(**changes):
     """The tiny model's parameter shapes as zero tensors, with shapes changed by name (None: dropped)."""
     import torch
 
-    from training.trainer.hf_model import _hf_config, _meta_model
+    from fsdpkit.trainer.hf_model import _hf_config, _meta_model
 
     model = _meta_model(_hf_config(TINY))
     tensors = {name: torch.zeros(p.shape) for name, p in model.named_parameters()}
@@ -205,7 +205,7 @@ def mesh():
 def build(folder: Path, mesh, **kwargs):
     import torch
 
-    from training.trainer.hf_model import build_hf_model
+    from fsdpkit.trainer.hf_model import build_hf_model
 
     return build_hf_model(folder, mesh=mesh, device=torch.device("cpu"), seed=kwargs.pop("seed", 0), **kwargs)
 
@@ -218,7 +218,7 @@ def full_state(model) -> dict:
 
 def plain_model(folder: Path, state: dict):
     """The same model without FSDP2, holding `state`."""
-    from training.trainer.hf_model import _hf_config, _transformers
+    from fsdpkit.trainer.hf_model import _hf_config, _transformers
 
     model = _transformers().AutoModelForCausalLM.from_config(_hf_config(folder), attn_implementation="sdpa")
     model.load_state_dict(state, strict=True)
@@ -265,7 +265,7 @@ def test_random_init_is_bitwise_repeatable_and_seeded(mesh, tmp_path: Path):
 def test_forward_and_gradients_match_the_plain_model(mesh, ac):
     import torch
 
-    from training.trainer.hf_model import hf_loss
+    from fsdpkit.trainer.hf_model import hf_loss
 
     sharded = build(TINY, mesh, seed=3, activation_checkpointing=ac)
     plain = plain_model(TINY, full_state(sharded))
@@ -317,7 +317,7 @@ def test_the_sharded_init_of_gpus_is_hfs_init(mesh, tmp_path: Path):
 
     import torch
 
-    from training.trainer.hf_model import _init_sharded
+    from fsdpkit.trainer.hf_model import _init_sharded
 
     folder = model_folder(tmp_path, pad_token_id=3)
     states = []
@@ -337,7 +337,7 @@ def test_the_sharded_init_of_gpus_is_hfs_init(mesh, tmp_path: Path):
 def test_loss_falls_over_20_adamw_steps_with_bf16_compute(mesh):
     import torch
 
-    from training.trainer.hf_model import hf_loss
+    from fsdpkit.trainer.hf_model import hf_loss
 
     model = build(TINY, mesh, param_dtype=torch.bfloat16, activation_checkpointing="selective")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -365,7 +365,7 @@ def _two_rank_worker(rank: int, tmp: str) -> None:
     from safetensors.torch import load_file
     from torch.distributed.device_mesh import init_device_mesh
 
-    from training.trainer.hf_model import _init_sharded
+    from fsdpkit.trainer.hf_model import _init_sharded
 
     root = Path(tmp)
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=2)
@@ -393,10 +393,10 @@ def _two_rank_worker(rank: int, tmp: str) -> None:
             torch.save(seeded, root / "seeded.pt")
     finally:
         dist.destroy_process_group()
-    # As the trainer leaves (training.runtime.process_exit): the interpreter's teardown of torch's C++ state
+    # As the trainer leaves (fsdpkit.runtime.process_exit): the interpreter's teardown of torch's C++ state
     # aborts now and then ("terminate called without an active exception", SIGABRT), failing a rank whose
     # work succeeded.
-    from training.runtime.process_exit import leave
+    from fsdpkit.runtime.process_exit import leave
 
     leave(0)
 

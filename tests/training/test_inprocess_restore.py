@@ -1,5 +1,5 @@
-"""Which state an in-process restart resumes from (training.resilience.inprocess.agree), whether a rank's
-live state is clean (training.resilience.state.TrainState brackets each step), and the test hook that fails a
+"""Which state an in-process restart resumes from (fsdpkit.resilience.inprocess.agree), whether a rank's
+live state is clean (fsdpkit.resilience.state.TrainState brackets each step), and the test hook that fails a
 rank mid-update.
 The end-to-end runs (real processes, gloo) are in test_trainer_inprocess.py and test_fault_during_save.py.
 """
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from training.resilience.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
-from training.resilience.inprocess import Plan, Report, agree
-from training.resilience.state import TrainState
-from training.runtime.events import EventLog, read_events
-from training.trainer.config import DataConfig
-from training.trainer.data import TokenLoader
+from fsdpkit.resilience.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
+from fsdpkit.resilience.inprocess import Plan, Report, agree
+from fsdpkit.resilience.state import TrainState
+from fsdpkit.runtime.events import EventLog, read_events
+from fsdpkit.trainer.config import DataConfig
+from fsdpkit.trainer.data import TokenLoader
 
 
 def test_live_only_when_every_rank_is_clean_at_the_same_step() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_trainer
 
-from training.analysis.metrics import load_run_metrics
-from training.resilience.checkpoint.interval import INTERVAL_EVENT
-from training.runtime.events import read_events
+from fsdpkit.analysis.metrics import load_run_metrics
+from fsdpkit.resilience.checkpoint.interval import INTERVAL_EVENT
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
-from training.contracts.ports import free_port_run
-from training.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
-from training.launcher.rendezvous.liveness import beat_value, parse_beat
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
+from fsdpkit.launcher.rendezvous.liveness import beat_value, parse_beat
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = Path(__file__).with_name("rdzv_node.py")
@@ -35,7 +35,7 @@ LAST_CALL_S = 1.0
 
 
 class Store:
-    """`python -m training.launcher.store` on a free port; `restart()` kills it and serves the port again."""
+    """`python -m fsdpkit.launcher.store` on a free port; `restart()` kills it and serves the port again."""
 
     def __init__(self) -> None:
         self.port = free_port_run(1)
@@ -44,7 +44,7 @@ class Store:
 
     def _serve(self) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "training.launcher.store", "--host", "127.0.0.1",
+            [sys.executable, "-m", "fsdpkit.launcher.store", "--host", "127.0.0.1",
              "--port", str(self.port)],
             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.activity import CpuActivity, read_thread, sampled_threads
-from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from fsdpkit.launcher.activity import CpuActivity, read_thread, sampled_threads
+from fsdpkit.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 
 WAIT_S = 60
 """Only a bound on waiting for a child's clock (a broken test fails instead of hanging)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_launch_recovery import expected_value, final_value, launch, launcher_events
 
-from training.contracts import exitcodes
+from fsdpkit.contracts import exitcodes
 
 pytestmark = pytest.mark.slow
 

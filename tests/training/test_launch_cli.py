@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training.contracts import exitcodes
-from training.launcher.cli import parse_args
+from fsdpkit.contracts import exitcodes
+from fsdpkit.launcher.cli import parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_contract_command_line_parses_with_torchrun_names() -> None:
             "--heartbeat-safety-factor=3",
             "--run-dir=/tmp/x",
             "-m",
-            "training.trainer",
+            "fsdpkit.trainer",
             "--config",
             "f.yaml",
             "--training.steps",
@@ -44,13 +44,13 @@ def test_contract_command_line_parses_with_torchrun_names() -> None:
     assert args.heartbeat_timeout_s is None and args.heartbeat_load_timeout_s == 900
     assert args.heartbeat_safety_factor == 3 and args.zygote
     assert args.entrypoint == sys.executable
-    assert args.argv == ["-u", "-m", "training.trainer", "--config", "f.yaml", "--training.steps", "5"]
+    assert args.argv == ["-u", "-m", "fsdpkit.trainer", "--config", "f.yaml", "--training.steps", "5"]
 
 
 def test_spares_and_the_kits_rendezvous_defaults() -> None:
     args = parse_args(
         ["--nnodes=2", "--spares=1", "--node-rank=2", "--rdzv-endpoint=s:1", "--rdzv-id=j",
-         "--rdzv-conf=is_host=0", "-m", "training.trainer"]
+         "--rdzv-conf=is_host=0", "-m", "fsdpkit.trainer"]
     )  # fmt: skip
     assert (args.spares, args.node_rank, args.max_nodes) == (1, 2, 2)
     elastic = parse_args(["--nnodes=2:3", "--spares=1", "--rdzv-endpoint=s:1", "--rdzv-id=j", "x.py"])
@@ -144,7 +144,7 @@ def test_underscore_spellings_and_standalone() -> None:
 )
 def test_bad_flags_exit_2_with_one_line(argv: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "training.launcher", *argv],
+        [sys.executable, "-m", "fsdpkit.launcher", *argv],
         cwd=REPO,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
@@ -159,8 +159,8 @@ def test_bad_flags_exit_2_with_one_line(argv: list[str], message: str) -> None:
 def test_the_temp_folder_is_tmpdir_when_set_else_memory(monkeypatch, tmp_path: Path) -> None:
     """Heartbeats are replaced every step: in memory (/dev/shm) they never wait on a disk's journal; a TMPDIR
     the user set wins."""
-    from training.contracts import env
-    from training.launcher import cli as launch
+    from fsdpkit.contracts import env
+    from fsdpkit.launcher import cli as launch
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert launch._workdir_parent() is None, "TMPDIR set: tempfile's choice, i.e. TMPDIR"

@@ -19,13 +19,13 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.utils import macros
 
-from training.contracts import exitcodes
-from training.contracts.ports import free_port_run
-from training.launcher.agent import KitElasticAgent
-from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
-from training.runtime import torch_internals as internals
-from training.runtime.events import EventLog
-from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.agent import KitElasticAgent
+from fsdpkit.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
 WAIT_S = 30.0
 WORKER = """
@@ -104,9 +104,9 @@ def test_peers_of_a_failed_worker_are_killed_and_clean_exits_are_not_failures(
 
 
 def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():
-    from training.launcher.cli import parse_args
+    from fsdpkit.launcher.cli import parse_args
 
-    base = ["--standalone", "--nproc-per-node", "2", "-m", "training.trainer"]
+    base = ["--standalone", "--nproc-per-node", "2", "-m", "fsdpkit.trainer"]
     assert parse_args(base).node_failure_limit == 0
     spares = [
         "--nnodes",
@@ -120,5 +120,5 @@ def test_node_failure_limit_defaults_to_off_without_spares_and_3_with():
         "--spares",
         "1",
     ]
-    assert parse_args([*spares, "-m", "training.trainer"]).node_failure_limit == 3
+    assert parse_args([*spares, "-m", "fsdpkit.trainer"]).node_failure_limit == 3
     assert parse_args(["--node-failure-limit", "5", *base]).node_failure_limit == 5

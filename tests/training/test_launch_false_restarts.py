@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import REPO, TINY, trainer_env
 
-from training.contracts import exitcodes
-from training.runtime.events import read_events
+from fsdpkit.contracts import exitcodes
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 STEPS = 24
@@ -22,10 +22,10 @@ def test_fault_free_run_with_async_saves_has_no_false_restart(tmp_path: Path) ->
     # A save every 2 steps: every other step overlaps a background write. Default heartbeat flags.
     root = tmp_path / "runs"
     cmd = [
-        sys.executable, "-m", "training.launcher", "--standalone", "--nproc-per-node", "2",
+        sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", "2",
         "--max-restarts", "0",
         "--log-dir", str(tmp_path / "logs"), "--run-dir", str(root / "free"),
-        "-m", "training.trainer", "--run.id", "free", "--run.root", str(root), *TINY,
+        "-m", "fsdpkit.trainer", "--run.id", "free", "--run.root", str(root), *TINY,
         "--training.steps", str(STEPS), "--checkpoint.mode", "async", "--checkpoint.interval", "2",
     ]  # fmt: skip
     proc = subprocess.run(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import training.runtime.heartbeat
-from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings, TimeoutLearner
-from training.runtime.heartbeat import HEARTBEAT_DIR_ENV, HeartbeatClient, heartbeat_path
+import fsdpkit.runtime.heartbeat
+from fsdpkit.launcher.monitor import HeartbeatMonitor, HeartbeatSettings, TimeoutLearner
+from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV, HeartbeatClient, heartbeat_path
 
 
 def _settings(**kw: float | None) -> HeartbeatSettings:
@@ -137,7 +137,7 @@ def test_the_step_after_a_save_is_learned_and_allowed_apart(
     """The first step after a save overlaps its background write and runs slow; it gets its own allowance,
     so the ordinary steps' timeout (and with it the time to find a real hang) does not follow it."""
     clock = types.SimpleNamespace(now=time.time())
-    monkeypatch.setattr(training.runtime.heartbeat, "time", types.SimpleNamespace(time=lambda: clock.now))
+    monkeypatch.setattr(fsdpkit.runtime.heartbeat, "time", types.SimpleNamespace(time=lambda: clock.now))
     monkeypatch.setenv("RANK", "0")
     monitor = HeartbeatMonitor(tmp_path, _settings(min_timeout_s=0.01))
     directory = monitor.reset([0])

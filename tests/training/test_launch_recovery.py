@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.contracts import exitcodes
-from training.contracts.ports import free_port_run
-from training.runtime.events import read_events
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = str(Path(__file__).with_name("launch_worker.py"))
@@ -32,7 +32,7 @@ def expected_value(steps: int, world: int) -> float:
 
 def launch_cmd(run: Path, flags: list[str], steps: int, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "training.launcher", "--log-dir", str(run / "logs"), "--run-dir", str(run),
+        sys.executable, "-m", "fsdpkit.launcher", "--log-dir", str(run / "logs"), "--run-dir", str(run),
         *flags, WORKER, str(run), str(steps), "0.05", *extra,
     ]  # fmt: skip
 

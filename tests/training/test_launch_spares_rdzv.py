@@ -14,8 +14,8 @@ import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, RendezvousParameters
 
-from training.launcher.rendezvous import c10d
-from training.launcher.rendezvous.ranks import stable_ranks
+from fsdpkit.launcher.rendezvous import c10d
+from fsdpkit.launcher.rendezvous.ranks import stable_ranks
 
 pytestmark = pytest.mark.timeout(60)
 INTERVAL_S = 1.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import assert_resumes_from_final, assert_same_final_checkpoint, launch_trainer
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 

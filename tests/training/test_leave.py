@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_leave_flushes_runs_atexit_and_exits_with_the_code(code: str, expected: int) -> None:
     script = (
         "import atexit, sys\n"
-        "from training.runtime.process_exit import leave\n"
+        "from fsdpkit.runtime.process_exit import leave\n"
         "atexit.register(lambda: print('atexit ran'))\n"
         "sys.stdout.write('buffered, not flushed')\n"
         f"leave({code})\n"

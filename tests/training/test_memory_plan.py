@@ -10,8 +10,8 @@ import pytest
 from trainer_helpers import run_cli
 
 from bench.trainer import measure, planned
-from training.contracts.shapes import MODEL_CONFIGS
-from training.trainer.memory_plan import GIB, MemoryPlanError, plan, refusal
+from fsdpkit.contracts.shapes import MODEL_CONFIGS
+from fsdpkit.trainer.memory_plan import GIB, MemoryPlanError, plan, refusal
 
 LLAMA = MODEL_CONFIGS["llama3.1-8b"]
 H100 = 81559 << 20
@@ -28,7 +28,7 @@ def test_shapes_count_the_built_models_parameters():
     """The plan's parameter counts are the real module's: build each small shape on the meta device."""
     import torch
 
-    from training.trainer.model import Transformer
+    from fsdpkit.trainer.model import Transformer
 
     for name in ("tiny", "small", "llama3.1-8b", "llama3.1-70b"):
         args = MODEL_CONFIGS[name]

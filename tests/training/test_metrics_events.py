@@ -1,4 +1,4 @@
-"""training.analysis.metrics on event streams written with the real EventLog; each expectation is worked out
+"""fsdpkit.analysis.metrics on event streams written with the real EventLog; each expectation is worked out
 here."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from metrics_fixtures import T0, SyntheticRun, fault_free_run
 
-from training.analysis.metrics import (
+from fsdpkit.analysis.metrics import (
     MetricsError,
     compute_metrics,
     goodput_over,
     load_run_metrics,
     time_budget,
 )
-from training.runtime.events import events_dir, read_events
+from fsdpkit.runtime.events import events_dir, read_events
 
 
 def test_fault_free_async_run(tmp_path: Path) -> None:
@@ -365,7 +365,7 @@ def test_throughput_is_the_median_of_the_steps_and_absent_without_it() -> None:
 
 def test_a_restore_counts_as_the_dearest_source_any_rank_used() -> None:
     """The job waits for its slowest rank: one rank's shared read makes the restore a shared one."""
-    from training.analysis.metrics import restore_source
+    from fsdpkit.analysis.metrics import restore_source
 
     assert restore_source(["memory", "memory"]) == "memory"
     assert restore_source(["memory", "peer"]) == "peer"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launcher.node_actions import (
+from fsdpkit.launcher.node_actions import (
     FIELD_MANAGER,
     NODE_NAME_ENV,
     REASON_ANNOTATION,
@@ -28,8 +28,8 @@ from training.launcher.node_actions import (
     NodeActions,
     mark_straggler_node,
 )
-from training.runtime.events import EventLog, read_events
-from training.runtime.eviction import REQUEST_FILE, EvictionRequest, request_eviction
+from fsdpkit.runtime.events import EventLog, read_events
+from fsdpkit.runtime.eviction import REQUEST_FILE, EvictionRequest, request_eviction
 
 NODE = "ip-10-0-1-5.ec2.internal"
 LOOPBACK = "127.0.0.1"

@@ -1,4 +1,4 @@
-"""MASTER_PORT comes with its two store ports free (training.contracts.ports): the NVRx backend binds
+"""MASTER_PORT comes with its two store ports free (fsdpkit.contracts.ports): the NVRx backend binds
 MASTER_PORT+1 and +2 on rank 0, and a taken one meant EADDRINUSE on rank 0 and a 45 s hang on rank 1."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from torch.distributed import HashStore
 from torch.distributed.elastic.rendezvous import api as rendezvous_api
 
-from training.contracts.ports import free_port_run
-from training.launcher.rendezvous import c10d
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.rendezvous import c10d
 
 
 def _free_run(count: int) -> int:

@@ -1,4 +1,4 @@
-"""`python -m training.analysis.report` run as a real process on synthetic run folders."""
+"""`python -m fsdpkit.analysis.report` run as a real process on synthetic run folders."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def report(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "training.analysis.report", *args],
+        [sys.executable, "-m", "fsdpkit.analysis.report", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The public resilience API (training.resilience): its surface, its layering, its config, the step protocol
+"""The public resilience API (fsdpkit.resilience): its surface, its layering, its config, the step protocol
 and the report of planned faults that never fired. The end-to-end proofs (a user's script under the
 launcher and the local runner with faults, bitwise equal on disk) are in tests/k8s/test_k8s_own_model.py."""
 
@@ -15,11 +15,11 @@ from typing import Literal
 import pytest
 import torch
 
-from training import resilience
-from training.analysis.metrics import load_run_metrics
-from training.analysis.report import metrics_table
-from training.resilience.faults import FaultConfig, FaultInjector
-from training.runtime.events import EventLog, read_events
+from fsdpkit import resilience
+from fsdpkit.analysis.metrics import load_run_metrics
+from fsdpkit.analysis.report import metrics_table
+from fsdpkit.resilience.faults import FaultConfig, FaultInjector
+from fsdpkit.runtime.events import EventLog, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ class _Counter:
 
 
 def _session(tmp_path: Path) -> tuple[resilience.Job, resilience.Session, _Counter]:
-    from training.runtime.distributed import DistContext
+    from fsdpkit.runtime.distributed import DistContext
 
     cfg = resilience.load_config(["--run.id", "api", "--run.root", str(tmp_path), "--checkpoint.mode", "off"])
     job = resilience.Job(cfg)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from training.contracts.ports import free_port_run
-from training.runtime import distributed
-from training.runtime.distributed import connect_store, wait_for_listener
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.runtime import distributed
+from fsdpkit.runtime.distributed import connect_store, wait_for_listener
 
 pytestmark = pytest.mark.timeout(60)
 

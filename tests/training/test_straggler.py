@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from training.resilience.faults import FaultConfigError, parse_kinds, parse_spec
-from training.resilience.straggler import StragglerConfig, StragglerConfigError, StragglerDetector
+from fsdpkit.resilience.faults import FaultConfigError, parse_kinds, parse_spec
+from fsdpkit.resilience.straggler import StragglerConfig, StragglerConfigError, StragglerDetector
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from training.resilience.straggler import PERSIST, StragglerConfig, StragglerDetector
+from fsdpkit.resilience.straggler import PERSIST, StragglerConfig, StragglerDetector
 
 EVERY, WARMUP = 2, 3
 """The demo's settings: the shortest reports a run uses, so the noisiest figures."""

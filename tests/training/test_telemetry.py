@@ -1,4 +1,4 @@
-"""Live metrics (training.runtime.telemetry): the settings' one-line errors, records that the EMF
+"""Live metrics (fsdpkit.runtime.telemetry): the settings' one-line errors, records that the EMF
 specification's rules accept, the agent sink over a real socket, and what the trainer's and launcher's events
 turn into."""
 
@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.telemetry.emf import EmfPublisher, format_record
+from fsdpkit.runtime.telemetry.launcher import LauncherMetrics
+from fsdpkit.runtime.telemetry.trainer import TrainerMetrics
+from fsdpkit.trainer import train
 from tests.fixtures.emf_spec import EmfViolation, parse_event
-from training.contracts import exitcodes
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
-from training.runtime.events import EventLog
-from training.runtime.telemetry.emf import EmfPublisher, format_record
-from training.runtime.telemetry.launcher import LauncherMetrics
-from training.runtime.telemetry.trainer import TrainerMetrics
-from training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = MetricsSettings(cluster="c1", job="run-1", sink="file")
@@ -78,7 +78,7 @@ def test_trainer_and_launcher_refuse_bad_metrics_settings_before_anything_starts
     monkeypatch.delenv("KIT_METRICS")
     env = {**os.environ, "PYTHONPATH": str(REPO), "KIT_METRICS_PERIOD_S": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "training.launcher", "--standalone", "-m", "training.trainer"],
+        [sys.executable, "-m", "fsdpkit.launcher", "--standalone", "-m", "fsdpkit.trainer"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == exitcodes.USAGE and "Traceback" not in proc.stderr
@@ -250,7 +250,7 @@ def test_docs_list_every_metric_and_alarm_as_the_catalog_has_them() -> None:
 
 
 def test_the_preview_draws_the_dashboard_from_a_runs_records(tmp_path: Path, capsys) -> None:
-    from training.analysis import dashboard_preview as preview
+    from fsdpkit.analysis import dashboard_preview as preview
 
     run_dir = tmp_path / "run"
     publisher = EmfPublisher(SETTINGS, run_dir=run_dir, who="t", properties={})

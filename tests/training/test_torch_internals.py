@@ -15,10 +15,10 @@ import pytest
 import torch
 from typing_extensions import override
 
-from training.contracts import exitcodes
-from training.launcher.agent import KitElasticAgent
-from training.launcher.rendezvous.c10d import KitOpExecutor
-from training.runtime import torch_internals as internals
+from fsdpkit.contracts import exitcodes
+from fsdpkit.launcher.agent import KitElasticAgent
+from fsdpkit.launcher.rendezvous.c10d import KitOpExecutor
+from fsdpkit.runtime import torch_internals as internals
 
 REPO = Path(__file__).resolve().parents[2]
 KIT_CLASSES = (KitElasticAgent, KitOpExecutor)
@@ -140,9 +140,9 @@ def test_the_launcher_on_c10d_refuses_a_torch_whose_rendezvous_internals_changed
         "--run-dir",
         str(tmp_path / "run"),
         "-m",
-        "training.trainer",
+        "fsdpkit.trainer",
     ]
-    proc = _with_changed_torch(change, "training.launcher", argv, tmp_path)
+    proc = _with_changed_torch(change, "fsdpkit.launcher", argv, tmp_path)
     assert proc.returncode == exitcodes.FATAL_CONFIG
     line = _one_line(proc.stderr)
     assert (
@@ -164,7 +164,7 @@ def test_a_worker_refuses_an_unsupported_torch_before_any_process_group(tmp_path
         "--training.steps",
         "2",
     ]
-    proc = _with_changed_torch("torch.__version__ = '2.15.0'", "training.trainer", argv, tmp_path)
+    proc = _with_changed_torch("torch.__version__ = '2.15.0'", "fsdpkit.trainer", argv, tmp_path)
     assert proc.returncode == exitcodes.FATAL_CONFIG
     line = _one_line(proc.stderr)
     assert "torch 2.15.0 is not supported (the kit supports 2.11 to 2.13)" in line

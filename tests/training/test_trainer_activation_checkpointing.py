@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_trainer
 
-from training.trainer.model import checkpointed_blocks
+from fsdpkit.trainer.model import checkpointed_blocks
 
 pytestmark = pytest.mark.slow
 

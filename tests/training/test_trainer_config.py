@@ -8,8 +8,8 @@ import pytest
 import yaml
 from trainer_helpers import run_cli
 
-from training.contracts.exitcodes import FATAL_CONFIG
-from training.trainer.config import ConfigError, TrainConfig, help_text, load_config
+from fsdpkit.contracts.exitcodes import FATAL_CONFIG
+from fsdpkit.trainer.config import ConfigError, TrainConfig, help_text, load_config
 
 
 def _write(tmp: Path, data: dict) -> Path:

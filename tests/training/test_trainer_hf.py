@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from fsdpkit.contracts import exitcodes
+from fsdpkit.runtime.events import read_events
+from fsdpkit.trainer import prepare_data, train
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
-from training.contracts import exitcodes
-from training.runtime.events import read_events
-from training.trainer import prepare_data, train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"

@@ -17,7 +17,7 @@ from trainer_helpers import (
     run_trainer,
 )
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 

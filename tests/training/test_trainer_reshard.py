@@ -13,11 +13,11 @@ from pathlib import Path
 from elastic_job import ELASTIC, ELASTIC_LOSS_RTOL
 from trainer_helpers import TINY, run_cli, run_trainer
 
-from training.analysis.batch_ledger import compare_ledgers, step_batches
-from training.contracts import exitcodes
-from training.resilience.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
-from training.resilience.checkpoint.layout import checkpoints_dir, step_dir
-from training.runtime.events import read_events
+from fsdpkit.analysis.batch_ledger import compare_ledgers, step_batches
+from fsdpkit.contracts import exitcodes
+from fsdpkit.resilience.checkpoint.commit import CommitRecord, FileEntry, expected_files, write_commit
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, step_dir
+from fsdpkit.runtime.events import read_events
 
 
 def test_a_restart_on_other_world_sizes_reshards_and_keeps_every_global_batch(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import REF_STEPS, TINY, assert_same_final_checkpoint, run_trainer
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 

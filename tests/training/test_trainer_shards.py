@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from trainer_helpers import REPO
 
-from training.trainer.config import ConfigError, DataConfig, load_config
-from training.trainer.data import TokenLoader
-from training.trainer.make_shards import EOS, decode
-from training.trainer.shards import TokenShards, read_header
+from fsdpkit.trainer.config import ConfigError, DataConfig, load_config
+from fsdpkit.trainer.data import TokenLoader
+from fsdpkit.trainer.make_shards import EOS, decode
+from fsdpkit.trainer.shards import TokenShards, read_header
 
 
 def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -25,7 +25,7 @@ def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.Co
         files.append(str(f))
     out = tmp / "shards"
     proc = subprocess.run(
-        [sys.executable, "-m", "training.trainer.make_shards", *files, "--out", str(out), *extra],
+        [sys.executable, "-m", "fsdpkit.trainer.make_shards", *files, "--out", str(out), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return out, proc
@@ -80,7 +80,7 @@ def test_truncated_shard_is_a_one_line_config_error(tmp_path: Path) -> None:
 
 def test_tool_rejects_missing_input(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "training.trainer.make_shards", str(tmp_path / "absent.txt"),
+        [sys.executable, "-m", "fsdpkit.trainer.make_shards", str(tmp_path / "absent.txt"),
          "--out", str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

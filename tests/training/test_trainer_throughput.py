@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TINY, run_trainer
 
-from training.contracts.shapes import MODEL_CONFIGS
-from training.contracts.throughput import flops_per_token, measure, peak_flops
-from training.runtime.events import read_events
+from fsdpkit.contracts.shapes import MODEL_CONFIGS
+from fsdpkit.contracts.throughput import flops_per_token, measure, peak_flops
+from fsdpkit.runtime.events import read_events
 
 
 def test_flops_per_token_of_llama_8b_at_8k_is_torchtitans():

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.launcher.zygote import SHIM_PATH, Zygote
+from fsdpkit.launcher.zygote import SHIM_PATH, Zygote
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Helpers for multi-process trainer tests: real processes, real torch.distributed (gloo), 2 ranks.
 
-`run_trainer(...)` starts `python -m torch.distributed.run --nproc-per-node N -m training.trainer ...`
+`run_trainer(...)` starts `python -m torch.distributed.run --nproc-per-node N -m fsdpkit.trainer ...`
 with a free rendezvous port, OMP_NUM_THREADS=1 and torchelastic's logs under the test's tmp folder;
 `launch_trainer(...)` runs it under the kit's launcher instead. Fault-equivalence tests end with
 `assert_same_final_checkpoint` (the persisted final checkpoint, loaded back from disk, equals the
@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.contracts import exitcodes
-from training.contracts.ports import free_port_run
-from training.resilience.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
-from training.runtime.events import read_events
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.resilience.checkpoint.compare import Comparison, compare_checkpoints, final_checkpoint
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -68,7 +68,7 @@ def run_trainer(
         "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port_run()}",
         "--max-restarts", "0", "--log-dir", str(logs),
-        "-m", "training.trainer", *args,
+        "-m", "fsdpkit.trainer", *args,
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, cwd=REPO, env=trainer_env(tmp) | (env or {}), capture_output=True, text=True, timeout=timeout
@@ -79,9 +79,9 @@ def run_trainer(
 def run_cli(
     tmp: Path, args: list[str], *, timeout: float = 120, env: dict[str, str] | None = None
 ) -> Finished:
-    """Run `python -m training.trainer ARGS` as one plain process (config errors exit before any group)."""
+    """Run `python -m fsdpkit.trainer ARGS` as one plain process (config errors exit before any group)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "training.trainer", *args],
+        [sys.executable, "-m", "fsdpkit.trainer", *args],
         cwd=REPO,
         env=trainer_env(tmp) | (env or {}),
         capture_output=True,
@@ -127,8 +127,8 @@ def launch_trainer(
     run_dir = root / name
     args = ["--run.id", name, "--run.root", str(root), *TINY, "--training.steps", str(REF_STEPS), *trainer]
     cmd = [
-        sys.executable, "-m", "training.launcher", "--standalone", "--nproc-per-node", "2",
-        "--log-dir", str(tmp / "logs"), "--run-dir", str(run_dir), *launcher, "-m", "training.trainer", *args,
+        sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", "2",
+        "--log-dir", str(tmp / "logs"), "--run-dir", str(run_dir), *launcher, "-m", "fsdpkit.trainer", *args,
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, cwd=REPO, env={**trainer_env(tmp), **(env or {})}, capture_output=True, text=True, timeout=400

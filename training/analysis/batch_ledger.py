@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 
 @dataclass(frozen=True)

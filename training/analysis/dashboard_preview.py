@@ -1,4 +1,4 @@
-"""`python -m training.analysis.dashboard_preview RUN_DIR [--png PATH]`: the stacks' training dashboard,
+"""`python -m fsdpkit.analysis.dashboard_preview RUN_DIR [--png PATH]`: the stacks' training dashboard,
 drawn from a run's own metric records (`KIT_METRICS=file`, the local default), before any cluster exists.
 
 The layout and the alarms are the catalog's (`DASHBOARD_ROWS`, `alarm_rules`), the ones the stacks deploy,
@@ -14,10 +14,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from cliargs import OneLineParser, output_file_problem
-from training.contracts import exitcodes
-from training.contracts import metrics_catalog as catalog
-from training.runtime.telemetry.emf import METRICS_DIR
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.cliargs import OneLineParser, output_file_problem
+from fsdpkit.runtime.telemetry.emf import METRICS_DIR
 
 Series = dict[str, list[tuple[float, float, str | None]]]
 """Metric name -> (unix time, value, fault class) of every record, in time order."""
@@ -113,7 +113,7 @@ def render(series: Series, png: Path, *, title: str, thresholds: catalog.AlarmTh
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
-        prog="python -m training.analysis.dashboard_preview", description=__doc__.splitlines()[0]
+        prog="python -m fsdpkit.analysis.dashboard_preview", description=__doc__.splitlines()[0]
     )
     parser.add_argument("run_dir", type=Path, help="the run folder (<run.root>/<run.id>)")
     parser.add_argument("--png", type=Path, help="where to write it (default RUN_DIR/dashboard.png)")

@@ -1,7 +1,7 @@
 """The design's metrics, computed after the fact from a run's events (design, contract 3).
 
 One module owns every definition, so the report, the benchmarks and the cost report agree. Nothing here runs
-inside the training loop: the loop only writes events (`training.runtime.events`).
+inside the training loop: the loop only writes events (`fsdpkit.runtime.events`).
 
 Conventions, chosen once and documented here:
 - Per-rank sums (step time, checkpoint stalls, drain) are read from the *reference rank*, the lowest trainer
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.runtime.events import events_dir
+from fsdpkit.runtime.events import events_dir
 
 Event = Mapping[str, Any]
 
@@ -124,7 +124,7 @@ class StragglerMetrics:
 
 
 UNFIRED = "fault_unfired"
-"""The trainer's event for a planned fault that never fired (training.resilience.job: `Job.finish`)."""
+"""The trainer's event for a planned fault that never fired (fsdpkit.resilience.job: `Job.finish`)."""
 
 
 @dataclass(frozen=True)
@@ -718,7 +718,7 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
     folder = events_dir(path)
     if not folder.is_dir() or not any(folder.glob("*.jsonl")):
         raise MetricsError(
-            f"{str(path)!r} has no events/*.jsonl: pass a run folder that training.trainer.train wrote"
+            f"{str(path)!r} has no events/*.jsonl: pass a run folder that fsdpkit.trainer.train wrote"
         )
     return compute_metrics(load_events(path))
 
@@ -726,7 +726,7 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
 def load_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """A run's events sorted by time, checked line by line: MetricsError names the file and line of the
     first line that is not UTF-8, not a JSON object, or has no numeric `ts` or no `kind`. Only a file's
-    torn last line (its writer was killed mid-write) is skipped, as `training.runtime.events.read_events`
+    torn last line (its writer was killed mid-write) is skipped, as `fsdpkit.runtime.events.read_events`
     does."""
     events: list[dict[str, Any]] = []
     for path in sorted(events_dir(run_dir).glob("*.jsonl")):

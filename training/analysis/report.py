@@ -1,7 +1,7 @@
-"""`python -m training.analysis.report RUN_DIR [--png PATH] [--json]`: a run's metrics as a table and a PNG
+"""`python -m fsdpkit.analysis.report RUN_DIR [--png PATH] [--json]`: a run's metrics as a table and a PNG
 timeline.
 
-The numbers come from `training.analysis.metrics` (one module defines them); this module only presents them.
+The numbers come from `fsdpkit.analysis.metrics` (one module defines them); this module only presents them.
 The timeline shows steps per rank over time, checkpoint stalls, faults, launcher detections and recoveries.
 """
 
@@ -19,8 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cliargs import OneLineParser, output_file_problem
-from training.analysis.metrics import (
+from fsdpkit.analysis.metrics import (
     DETECTION_KINDS,
     FaultMetrics,
     MetricsError,
@@ -29,7 +28,8 @@ from training.analysis.metrics import (
     load_run_metrics,
     restore_source,
 )
-from training.contracts import exitcodes
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.cliargs import OneLineParser, output_file_problem, program
 
 RESTORE_STYLE = {"memory": "gD", "peer": "bs", "shared": "mv"}
 """Timeline marker of a restore by its source (green diamonds, blue squares, purple triangles)."""
@@ -380,7 +380,9 @@ def _as_json(m: RunMetrics, png: Path | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m training.analysis.report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog=program("python -m fsdpkit.analysis.report"), description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder: <run.root>/<run.id>")
     parser.add_argument(
         "--png", type=Path, help=f"where to write the timeline (default RUN_DIR/{DEFAULT_PNG})"
@@ -425,6 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if png is not None:
         console.print(f"timeline: {png}")
     return exitcodes.OK
+
+
+def entry() -> None:
+    """The `kit-report` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

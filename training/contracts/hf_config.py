@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from training.contracts.shapes import ModelArgs
+from fsdpkit.contracts.shapes import ModelArgs
 
 CONFIG = "config.json"
 SIZE_FIELDS = (
@@ -73,7 +73,7 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def hf_shape(config: Mapping[str, Any]) -> ModelArgs:
-    """The shape `training.trainer.memory_plan` and `training.contracts.throughput` read, from a config of
+    """The shape `fsdpkit.trainer.memory_plan` and `fsdpkit.contracts.throughput` read, from a config of
     `read_hf_config`. Standard library only. Refuses a `head_dim` other than hidden_size /
     num_attention_heads (see the module's docstring)."""
     heads = config["num_attention_heads"]

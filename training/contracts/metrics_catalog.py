@@ -125,14 +125,15 @@ DASHBOARD_ROWS: tuple[tuple[MetricSpec, ...], ...] = (
     (SECONDS_SINCE_STEP, SPARES_WAITING, WORLD_SIZE, CHECKPOINT_AGE_INTERVALS),
 )
 """The dashboard's graphs, four to a row: progress, time lost, faults, capacity; every metric once. The
-stacks' dashboard and the local preview (training.analysis.dashboard_preview) both lay it out from here."""
+stacks' dashboard and the local preview (fsdpkit.analysis.dashboard_preview) both lay it out from here."""
 
 Comparison = Literal["GreaterThanThreshold", "LessThanThreshold", "LessThanOrEqualToThreshold"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlarmThresholds:
-    """What the alarms fire at; the stacks read them from `monitoring.*` in cdk.json (infra.config), where
+    """What the alarms fire at; the stacks read them from `monitoring.*` in cdk.json (fsdpkit.infra.config),
+    where
     they are checked, with these defaults."""
 
     no_progress_minutes: int = 10

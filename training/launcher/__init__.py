@@ -1,4 +1,4 @@
-"""The heartbeat launcher, a program of its own (`python -m training.launcher`, torchrun's flag names).
+"""The heartbeat launcher, a program of its own (`python -m fsdpkit.launcher`, torchrun's flag names).
 
 `cli` parses and checks the flags (`args`), `runner` builds torch's WorkerSpec around `agent`
 (KitElasticAgent: torchelastic's agent with three hooks, each handing its work to a collaborator: `exits`,

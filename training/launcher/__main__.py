@@ -1,6 +1,5 @@
-"""`python -m training.launcher [FLAGS] -m MODULE | SCRIPT ARGS...`: the kit's heartbeat launcher (cli.py)."""
+"""`python -m fsdpkit.launcher [FLAGS] -m MODULE | SCRIPT ARGS...` (`kit-launch`): the heartbeat launcher."""
 
-from training.launcher.cli import main
-from training.runtime.process_exit import leave
+from fsdpkit.launcher.cli import entry
 
-leave(main())
+entry()

@@ -31,18 +31,18 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import LogsSpecs
 from typing_extensions import override
 
-from training.launcher.activity import CpuActivity
-from training.launcher.budget import AgentBudget
-from training.launcher.exits import WorkerExits
-from training.launcher.failures import FailureRecord
-from training.launcher.hang import BUSY_WINDOW_TICKS, HangWatch
-from training.launcher.lifecycle import GroupLifecycle
-from training.launcher.monitor import HeartbeatMonitor
-from training.launcher.node_actions import NodeActions
-from training.launcher.node_failures import NodeFailures, OwnFailures
-from training.launcher.zygote import Zygote
-from training.runtime import torch_internals as internals
-from training.runtime.events import EventLog
+from fsdpkit.launcher.activity import CpuActivity
+from fsdpkit.launcher.budget import AgentBudget
+from fsdpkit.launcher.exits import WorkerExits
+from fsdpkit.launcher.failures import FailureRecord
+from fsdpkit.launcher.hang import BUSY_WINDOW_TICKS, HangWatch
+from fsdpkit.launcher.lifecycle import GroupLifecycle
+from fsdpkit.launcher.monitor import HeartbeatMonitor
+from fsdpkit.launcher.node_actions import NodeActions
+from fsdpkit.launcher.node_failures import NodeFailures, OwnFailures
+from fsdpkit.launcher.zygote import Zygote
+from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.events import EventLog
 
 
 class KitElasticAgent(LocalElasticAgent):

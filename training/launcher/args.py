@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.contracts.metrics_settings import MetricsSettings
+from fsdpkit.contracts.metrics_settings import MetricsSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,4 +40,4 @@ class LaunchArgs:
     target: str
     """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    """Where the launcher's live metrics go (training.contracts.metrics_settings: the pod's environment)."""
+    """Where the launcher's live metrics go (fsdpkit.contracts.metrics_settings: the pod's environment)."""

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.runtime.stacks import STACK_SIGNAL, stack_path
+from fsdpkit.runtime.stacks import STACK_SIGNAL, stack_path
 
 TORCH_PATH = f"{os.sep}torch{os.sep}"
 COLLECTIVE_PATH = f"{TORCH_PATH}distributed{os.sep}"

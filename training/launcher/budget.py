@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from training.runtime import torch_internals as internals
+from fsdpkit.runtime import torch_internals as internals
 
 
 class RestartBudget(Protocol):

@@ -1,4 +1,4 @@
-"""The kit's heartbeat launcher: `python -m training.launcher [FLAGS] -m training.trainer ARGS...`.
+"""The kit's heartbeat launcher: `python -m fsdpkit.launcher [FLAGS] -m fsdpkit.trainer ARGS...`.
 
 torchrun's engine (torch.distributed.elastic: worker groups, restart budget, multi-node restarts; the kit's
 rendezvous by default, training/launcher/rendezvous/) with what the kit adds: hang detection from
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from training.contracts import env, exitcodes
-from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
-from training.launcher.args import LaunchArgs
-from training.launcher.shim import ZYGOTE_SOCKET_NAME
+from fsdpkit.contracts import env, exitcodes
+from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
+from fsdpkit.launcher.args import LaunchArgs
+from fsdpkit.launcher.shim import ZYGOTE_SOCKET_NAME
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {
@@ -262,7 +262,7 @@ FLAG_GROUPS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m training.launcher",
+        prog="kit-launch",
         description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
     )
     for add_flags in FLAG_GROUPS:
@@ -534,7 +534,7 @@ def _workdir_parent() -> str | None:
 
 
 def _make_tier_dir() -> str | None:
-    """The node's memory-tier folder (training.resilience.checkpoint.tier): in memory, made by the launcher
+    """The node's memory-tier folder (fsdpkit.resilience.checkpoint.tier): in memory, made by the launcher
     and removed when it exits, so it outlives every worker and no pod's replacement inherits it. None (and
     the tiers stay off, said once by the trainer) when no memory-backed folder can be written."""
     base = os.environ.get(env.TIER_BASE) or env.SHM
@@ -550,7 +550,7 @@ def _make_tier_dir() -> str | None:
 
 def _prepare_environment(workdir: str) -> None:
     """Env the workers and the rendezvous handler read; set before torch creates anything."""
-    from training.runtime import pod
+    from fsdpkit.runtime import pod
 
     os.environ.setdefault(pod.POD_ROOT_ENV, str(os.getpid()))  # the pod, when no Job names one
     if os.getpid() == 1:  # a container's PID 1 ignores SIGKILL from inside: the `node` fault uses this
@@ -566,10 +566,10 @@ def _prepare_environment(workdir: str) -> None:
     # Every node runs --nproc-per-node workers of one role: torch then numbers them without a store round
     # (group rank x local world + local rank, what its O(N) gather on node 0 computes anyway).
     os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")
-    from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
+    from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
     os.environ[HEARTBEAT_DIR_ENV] = os.path.join(workdir, "heartbeat")
-    from training.runtime.stacks import STACKS_DIR_ENV
+    from fsdpkit.runtime.stacks import STACKS_DIR_ENV
 
     os.environ[STACKS_DIR_ENV] = os.path.join(workdir, "stacks")
     os.makedirs(os.environ[STACKS_DIR_ENV])
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[env.SPARES] = str(args.spares)  # the straggler policy `replace` evicts only with spares
         if tier_dir is not None:
             os.environ[env.TIER_DIR] = tier_dir
-        from training.launcher.runner import run  # imports torch: after the env is set
+        from fsdpkit.launcher.runner import run  # imports torch: after the env is set
 
         return run(args, workdir=workdir)
     finally:
@@ -620,7 +620,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tier_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    from training.runtime.process_exit import leave
+def entry() -> None:
+    """The `kit-launch` console script: exits as an interpreter would, without its teardown (process_exit)."""
+    from fsdpkit.runtime.process_exit import leave
 
     leave(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from torch.distributed.elastic.agent.server.api import RunResult
 
-from training.contracts import exitcodes
-from training.launcher.blame import ExitClock
-from training.runtime.error_file import held_parse_failures, set_aside_if_torn
+from fsdpkit.contracts import exitcodes
+from fsdpkit.launcher.blame import ExitClock
+from fsdpkit.runtime.error_file import held_parse_failures, set_aside_if_torn
 
 log = logging.getLogger("kit.launch")
 

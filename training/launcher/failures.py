@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
-from training.contracts import exitcodes
-from training.launcher.budget import RestartBudget
-from training.launcher.exits import WorkerExits, describe_exit
-from training.launcher.monitor import HeartbeatMonitor
-from training.launcher.node_failures import OwnFailures
-from training.runtime.events import EventLog
+from fsdpkit.contracts import exitcodes
+from fsdpkit.launcher.budget import RestartBudget
+from fsdpkit.launcher.exits import WorkerExits, describe_exit
+from fsdpkit.launcher.monitor import HeartbeatMonitor
+from fsdpkit.launcher.node_failures import OwnFailures
+from fsdpkit.runtime.events import EventLog
 
 log = logging.getLogger("kit.launch")
 

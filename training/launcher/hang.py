@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.rendezvous import RendezvousError
 
-from training.launcher.activity import CpuActivity
-from training.launcher.blame import Probe, culprit, probe
-from training.launcher.failures import FailureRecord
-from training.launcher.monitor import HeartbeatMonitor, Stale
-from training.launcher.node_failures import OwnFailures
-from training.launcher.rendezvous import KitRendezvous
-from training.runtime.events import EventLog
-from training.runtime.hang_interrupt import INTERRUPT_SIGNAL
+from fsdpkit.launcher.activity import CpuActivity
+from fsdpkit.launcher.blame import Probe, culprit, probe
+from fsdpkit.launcher.failures import FailureRecord
+from fsdpkit.launcher.monitor import HeartbeatMonitor, Stale
+from fsdpkit.launcher.node_failures import OwnFailures
+from fsdpkit.launcher.rendezvous import KitRendezvous
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.hang_interrupt import INTERRUPT_SIGNAL
 
 log = logging.getLogger("kit.launch")
 BUSY_WINDOW_TICKS = 2

@@ -20,13 +20,13 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 
-from training.launcher.budget import RestartBudget
-from training.launcher.exits import WorkerExits
-from training.launcher.failures import Break
-from training.launcher.monitor import HeartbeatMonitor
-from training.launcher.zygote import Zygote
-from training.runtime.events import EventLog
-from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from fsdpkit.launcher.budget import RestartBudget
+from fsdpkit.launcher.exits import WorkerExits
+from fsdpkit.launcher.failures import Break
+from fsdpkit.launcher.monitor import HeartbeatMonitor
+from fsdpkit.launcher.zygote import Zygote
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV
 
 log = logging.getLogger("kit.launch")
 BROKEN_GROUP_KILL_TIMEOUT_S = 10

@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.runtime.heartbeat import heartbeat_path
+from fsdpkit.runtime.heartbeat import heartbeat_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +53,7 @@ class HeartbeatSettings:
     min_timeout_s: float
     """Floor of the learned timeout, seconds."""
     interrupt_grace_s: float = 0.0
-    """A hung rank that says it is interruptible (training.runtime.hang_interrupt) is interrupted first,
+    """A hung rank that says it is interruptible (fsdpkit.runtime.hang_interrupt) is interrupted first,
     and the
     group restarted only if it has not beaten again this many seconds later; 0 restarts at once."""
     busy_cap_factor: float = 3.0
@@ -236,7 +236,7 @@ class HeartbeatMonitor:
         return out
 
     def interruptible(self, rank: int) -> bool:
-        """Its last beat said a hang interrupt is taken in place (training.runtime.hang_interrupt)."""
+        """Its last beat said a hang interrupt is taken in place (fsdpkit.runtime.hang_interrupt)."""
         seen = self._seen.get(rank)
         return seen is not None and seen.interruptible
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.contracts import env
-from training.runtime.eviction import take_eviction
+from fsdpkit.contracts import env
+from fsdpkit.runtime.eviction import take_eviction
 
 if TYPE_CHECKING:
-    from training.runtime.events import EventLog
+    from fsdpkit.runtime.events import EventLog
 
 NODE_NAME_ENV = env.NODE_NAME
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

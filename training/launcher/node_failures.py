@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from training.launcher.budget import RestartBudget
-from training.runtime.events import EventLog
+from fsdpkit.launcher.budget import RestartBudget
+from fsdpkit.runtime.events import EventLog
 
 log = logging.getLogger("kit.launch")
 

@@ -20,21 +20,21 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousPa
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig
 
-from training.contracts import exitcodes
-from training.launcher import rendezvous
-from training.launcher.agent import KitElasticAgent
-from training.launcher.args import LaunchArgs
-from training.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
-from training.launcher.node_actions import NodeActions
-from training.launcher.node_failures import NodeFailures
-from training.launcher.rendezvous.c10d import KitOpExecutor, wait_for_first_round
-from training.launcher.zygote import Zygote, prewarm_modules, worker_command
-from training.runtime import pod
-from training.runtime import torch_internals as internals
-from training.runtime.events import EventLog
-from training.runtime.heartbeat import HEARTBEAT_DIR_ENV
-from training.runtime.stacks import STACKS_DIR_ENV
-from training.runtime.telemetry.launcher import LauncherMetrics
+from fsdpkit.contracts import exitcodes
+from fsdpkit.launcher import rendezvous
+from fsdpkit.launcher.agent import KitElasticAgent
+from fsdpkit.launcher.args import LaunchArgs
+from fsdpkit.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
+from fsdpkit.launcher.node_actions import NodeActions
+from fsdpkit.launcher.node_failures import NodeFailures
+from fsdpkit.launcher.rendezvous.c10d import KitOpExecutor, wait_for_first_round
+from fsdpkit.launcher.zygote import Zygote, prewarm_modules, worker_command
+from fsdpkit.runtime import pod
+from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from fsdpkit.runtime.stacks import STACKS_DIR_ENV
+from fsdpkit.runtime.telemetry.launcher import LauncherMetrics
 
 log = logging.getLogger("kit.launch")
 

@@ -1,4 +1,4 @@
-"""The job's rendezvous store, in a pod of its own: `python -m training.launcher.store --port P`.
+"""The job's rendezvous store, in a pod of its own: `python -m fsdpkit.launcher.store --port P`.
 
 torchelastic's c10d rendezvous keeps its state in a TCPStore that, by default, the agent on the endpoint's
 host serves (pod 0): lose pod 0's node and every launcher loses the rendezvous. Here a small process that
@@ -19,11 +19,11 @@ import sys
 import threading
 from datetime import timedelta
 
-from cliargs import OneLineParser, int_arg
+from fsdpkit.contracts.cliargs import OneLineParser, int_arg
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m training.launcher.store", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m fsdpkit.launcher.store", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
     p.add_argument("--port", type=int_arg(lo=1, hi=65535), required=True, help="TCP port")
     args: argparse.Namespace = p.parse_args(sys.argv[1:] if argv is None else argv)

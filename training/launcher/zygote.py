@@ -35,9 +35,9 @@ from pathlib import Path
 
 import psutil
 
-from training.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
-from training.runtime import stacks
-from training.runtime.process_exit import leave
+from fsdpkit.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
+from fsdpkit.runtime import stacks
+from fsdpkit.runtime.process_exit import leave
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
 

@@ -1,7 +1,7 @@
 """The kit's public resilience API (version `API_VERSION`): what a training script calls to get the kit's
 guarantees. Everything else under `training/` is private and may change between releases.
 
-    from training import resilience
+    from fsdpkit import resilience
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
         model, optimizer, scheduler, loader = ...          # your model on job.ctx.mesh, your data
@@ -47,29 +47,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from training.resilience.config import ConfigError, ResilienceConfig, load_config
+from fsdpkit.resilience.config import ConfigError, ResilienceConfig, load_config
 
 if TYPE_CHECKING:
-    from training.resilience.batch import plan_batch
-    from training.resilience.faults import InjectedFault
-    from training.resilience.job import Job
-    from training.resilience.run import run
-    from training.resilience.session import Session
-    from training.resilience.state import TrainState
-    from training.runtime.process_exit import leave
+    from fsdpkit.resilience.batch import plan_batch
+    from fsdpkit.resilience.faults import InjectedFault
+    from fsdpkit.resilience.job import Job
+    from fsdpkit.resilience.run import run
+    from fsdpkit.resilience.session import Session
+    from fsdpkit.resilience.state import TrainState
+    from fsdpkit.runtime.process_exit import leave
 
 API_VERSION = "2.0"
 """Semantic version of this surface: a name removed, or a signature or behaviour broken, bumps the major
 number (docs/own-model.md lists what each version changed)."""
 
 _LAZY = {
-    "Job": "training.resilience.job",
-    "Session": "training.resilience.session",
-    "TrainState": "training.resilience.state",
-    "run": "training.resilience.run",
-    "leave": "training.runtime.process_exit",
-    "InjectedFault": "training.resilience.faults",
-    "plan_batch": "training.resilience.batch",
+    "Job": "fsdpkit.resilience.job",
+    "Session": "fsdpkit.resilience.session",
+    "TrainState": "fsdpkit.resilience.state",
+    "run": "fsdpkit.resilience.run",
+    "leave": "fsdpkit.runtime.process_exit",
+    "InjectedFault": "fsdpkit.resilience.faults",
+    "plan_batch": "fsdpkit.resilience.batch",
 }
 
 __all__ = [
@@ -81,7 +81,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'training.resilience' has no attribute {name!r}")
+        raise AttributeError(f"module 'fsdpkit.resilience' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from training.contracts.global_batch import default_global_batch, refusal
-from training.resilience.checkpoint.layout import checkpoints_dir
-from training.resilience.config import ConfigError, ResilienceConfig
+from fsdpkit.contracts.global_batch import default_global_batch, refusal
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir
+from fsdpkit.resilience.config import ConfigError, ResilienceConfig
 
 Config = TypeVar("Config", bound=ResilienceConfig)
 
@@ -50,7 +50,7 @@ def plan_batch(cfg: Config, *, micro_batch: int, world_size: int) -> BatchPlan[C
     checkpoint declares (a run keeps its global batch through every restart, on any world size: to change
     it, set training.global_batch); else micro_batch x training.grad_accum_steps x world_size. `cfg` is
     frozen and left as it is: the plan's `config` is a new one with the plan recorded."""
-    from training.resilience.checkpoint.resume import newest_record  # torch: only when planning
+    from fsdpkit.resilience.checkpoint.resume import newest_record  # torch: only when planning
 
     if micro_batch <= 0 or world_size <= 0:
         raise ConfigError(f"micro-batch {micro_batch} and world size {world_size} must be > 0")

@@ -2,7 +2,7 @@
 
 `run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `checkpoint`, `fault`,
 `inprocess` and `straggler`. The kit's trainer adds its own sections (model, data, optim:
-training.trainer.config) to the same loader; a user's script loads only these (`load_config`), from the Job's
+fsdpkit.trainer.config) to the same loader; a user's script loads only these (`load_config`), from the Job's
 config file (`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE`
 overrides, strongest first. Unknown sections or fields are errors that list the valid names; every bad value
 raises `ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
@@ -29,13 +29,13 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from cliargs import parse_bool, parse_float, parse_int
-from fielddocs import field_docs
-from training.contracts import env
-from training.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.faults import FaultConfig, FaultConfigError
-from training.resilience.straggler import StragglerConfig
+from fsdpkit.contracts import env
+from fsdpkit.contracts.cliargs import parse_bool, parse_float, parse_int
+from fsdpkit.contracts.fielddocs import field_docs
+from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.faults import FaultConfig, FaultConfigError
+from fsdpkit.resilience.straggler import StragglerConfig
 
 CONFIG_ENV = env.CONFIG
 

@@ -66,8 +66,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from training.runtime import pod
-from training.runtime.events import EventLog
+from fsdpkit.runtime import pod
+from fsdpkit.runtime.events import EventLog
 
 if TYPE_CHECKING:
     import torch

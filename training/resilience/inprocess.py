@@ -1,11 +1,11 @@
 """In-process restart: recover from a Python exception or a collective timeout without new processes.
 
 Kit backend (`inprocess.backend=kit`), per fault (an exception, a collective that fails, or a hang the
-launcher interrupts: training.runtime.hang_interrupt):
+launcher interrupts: fsdpkit.runtime.hang_interrupt):
   1. abort every process group of this process: its connections close, so a peer blocked in a
      collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
      for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
-     never commits, see training.resilience.checkpoint.guard) and wait for it to stop; drop the model,
+     never commits, see fsdpkit.resilience.checkpoint.guard) and wait for it to stop; drop the model,
      optimizer
      and checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
@@ -32,7 +32,7 @@ NVRx backend (`inprocess.backend=nvrx`): the same loop runs inside nvidia_resili
 `inprocess.Wrapper` (store and group created per Wrapper iteration, as its docs require).
 
 Both take the script's `build(job, *, init_weights) -> Session` and `train(job, session)`: nothing here
-knows a model or a loop (public API: training.resilience.run).
+knows a model or a loop (public API: fsdpkit.resilience.run).
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from training.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps
-from training.resilience.checkpoint.resume import one_line
-from training.resilience.checkpoint.staging import flatten_state, restore_into
-from training.runtime import hang_interrupt
-from training.runtime.distributed import abort_groups, new_group, seed_everything
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps
+from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.staging import flatten_state, restore_into
+from fsdpkit.runtime import hang_interrupt
+from fsdpkit.runtime.distributed import abort_groups, new_group, seed_everything
 
 if TYPE_CHECKING:
-    from training.resilience.config import InprocessConfig
-    from training.resilience.job import Job
-    from training.resilience.session import Session
-    from training.runtime.distributed import DistContext
+    from fsdpkit.resilience.config import InprocessConfig
+    from fsdpkit.resilience.job import Job
+    from fsdpkit.resilience.session import Session
+    from fsdpkit.runtime.distributed import DistContext
 
 
 class Build(Protocol):
@@ -423,7 +423,7 @@ def run_under_nvrx(job: Job, build: Build, train: Train, finish: Callable[[Sessi
     """
     from nvidia_resiliency_ext import inprocess
 
-    from training.runtime.distributed import init_distributed, wait_for_listener
+    from fsdpkit.runtime.distributed import init_distributed, wait_for_listener
 
     cfg = job.cfg
     port = int(os.environ.get("MASTER_PORT", "29500"))

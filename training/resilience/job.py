@@ -29,22 +29,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.contracts import env, exitcodes
-from training.contracts.metrics_settings import MetricsSettings
-from training.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
-from training.resilience.faults import FaultInjector
-from training.resilience.gc_schedule import GcSchedule
-from training.resilience.straggler import SPARES_ENV, STRAGGLER_EVENT, Straggler, StragglerDetector
-from training.runtime import pod
-from training.runtime.events import EventLog
-from training.runtime.eviction import EvictionRequest, request_eviction
-from training.runtime.heartbeat import HeartbeatClient
-from training.runtime.telemetry.trainer import TrainerMetrics
+from fsdpkit.contracts import env, exitcodes
+from fsdpkit.contracts.metrics_settings import MetricsSettings
+from fsdpkit.resilience.compute_timer import CudaEventTimer, ThreadTimer, compute_timer
+from fsdpkit.resilience.faults import FaultInjector
+from fsdpkit.resilience.gc_schedule import GcSchedule
+from fsdpkit.resilience.straggler import SPARES_ENV, STRAGGLER_EVENT, Straggler, StragglerDetector
+from fsdpkit.runtime import pod
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.eviction import EvictionRequest, request_eviction
+from fsdpkit.runtime.heartbeat import HeartbeatClient
+from fsdpkit.runtime.telemetry.trainer import TrainerMetrics
 
 if TYPE_CHECKING:
-    from training.resilience.config import ResilienceConfig
-    from training.resilience.session import Session
-    from training.runtime.distributed import DistContext
+    from fsdpkit.resilience.config import ResilienceConfig
+    from fsdpkit.resilience.session import Session
+    from fsdpkit.runtime.distributed import DistContext
 
 DRAINED_EXIT = exitcodes.DRAINED
 """A drained worker's exit code, as if SIGTERM had ended it, after its step was committed."""
@@ -169,7 +169,7 @@ class Job:
             if self.rank == 0
             else None
         )
-        """Rank 0's live metrics (training.runtime.telemetry); None on other ranks and with
+        """Rank 0's live metrics (fsdpkit.runtime.telemetry); None on other ranks and with
         KIT_METRICS=off."""
         self.heartbeat = HeartbeatClient.from_env()
         self.faults = FaultInjector(

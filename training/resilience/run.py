@@ -7,7 +7,7 @@ the fault plan in the config), then the process group (and the EFA check on p5),
   78  bad config or no verifiable checkpoint where some were committed (one line on stderr; never retried);
   143 drained (SIGTERM on some rank: the job saved and committed the agreed step first).
 Anything else is a real failure: the exception propagates, and torchelastic's `@record` writes it for the
-launcher (atomically: training.runtime.error_file), which restarts the worker group.
+launcher (atomically: fsdpkit.runtime.error_file), which restarts the worker group.
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training.contracts import exitcodes
-from training.resilience.checkpoint.layout import checkpoints_dir
-from training.resilience.checkpoint.reshard import ReshardPolicy
-from training.resilience.checkpoint.resume import CheckpointError, check_world_size
-from training.resilience.config import ConfigError
-from training.resilience.inprocess import Build, Train, run_under_nvrx, run_with_restarts
-from training.resilience.job import Job
-from training.runtime import efa
-from training.runtime import torch_internals as internals
-from training.runtime.distributed import DistContext, init_distributed, set_deterministic, shutdown
-from training.runtime.error_file import AtomicErrorHandler
+from fsdpkit.contracts import exitcodes
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.resume import CheckpointError, check_world_size
+from fsdpkit.resilience.config import ConfigError
+from fsdpkit.resilience.inprocess import Build, Train, run_under_nvrx, run_with_restarts
+from fsdpkit.resilience.job import Job
+from fsdpkit.runtime import efa
+from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.distributed import DistContext, init_distributed, set_deterministic, shutdown
+from fsdpkit.runtime.error_file import AtomicErrorHandler
 
 if TYPE_CHECKING:
-    from training.resilience.config import ResilienceConfig
-    from training.resilience.session import Session
+    from fsdpkit.resilience.config import ResilienceConfig
+    from fsdpkit.resilience.session import Session
 
 
 def run(

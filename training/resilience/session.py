@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from training.resilience.checkpoint.checkpointer import Checkpointer
-from training.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.checkpointer import Checkpointer
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
 
 if TYPE_CHECKING:
-    from training.resilience.config import ResilienceConfig
-    from training.resilience.state import TrainState
-    from training.runtime.distributed import DistContext
-    from training.runtime.events import EventLog
-    from training.runtime.heartbeat import HeartbeatClient
+    from fsdpkit.resilience.config import ResilienceConfig
+    from fsdpkit.resilience.state import TrainState
+    from fsdpkit.runtime.distributed import DistContext
+    from fsdpkit.runtime.events import EventLog
+    from fsdpkit.runtime.heartbeat import HeartbeatClient
 
 
 class JobParts(Protocol):

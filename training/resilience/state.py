@@ -29,7 +29,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from training.resilience.checkpoint.reshard import reseed
+from fsdpkit.resilience.checkpoint.reshard import reseed
 
 
 def _rng_state() -> dict[str, Any]:

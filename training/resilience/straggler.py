@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.contracts import env
+from fsdpkit.contracts import env
 
 StragglerPolicy = Literal["off", "report", "replace"]
 STRAGGLER_EVENT = "straggler"

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from training.contracts.ports import free_port_run
-from training.runtime import stacks
-from training.runtime import torch_internals as internals
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.runtime import stacks
+from fsdpkit.runtime import torch_internals as internals
 
 
 @dataclass

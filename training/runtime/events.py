@@ -1,6 +1,6 @@
 """JSON-lines events of a run (design, contract 3): one file per process under `<run_dir>/events/`.
 
-Every metric is computed after the fact from these lines (`training.analysis.metrics`), never in the loop.
+Every metric is computed after the fact from these lines (`fsdpkit.analysis.metrics`), never in the loop.
 A line is written and flushed to the OS immediately, so it survives SIGKILL of the writer.
 
 Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "launcher"), rank
@@ -25,12 +25,12 @@ Kinds and their own fields:
     drained       step (committed before leaving), duration_s, signalled (this rank got the SIGTERM)
     interval      rank 0, checkpoint.interval=auto, when the chosen interval changes: interval, previous,
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
-                  faults_seen, exposure_s, optimum_s (training.resilience.checkpoint.interval)
+                  faults_seen, exposure_s, optimum_s (fsdpkit.resilience.checkpoint.interval)
     inprocess_restart  reason, restored_step, source ("live": the failed session's own state, nothing
                   computed again; "memory": the last save's host copy or the node's tier; "peer";
                   "shared"; "none"), why (why not live;
                   null when live), duration_s, iteration (NVRx Wrapper mode only)
-    tier          the memory tiers (training.resilience.checkpoint.memory_tiers): step, phase ("write": this
+    tier          the memory tiers (fsdpkit.resilience.checkpoint.memory_tiers): step, phase ("write": this
                   rank's copy written, bytes; "peer": its copy sent to its buddy and the neighbour's
                   received, bytes both ways, held_for (that neighbour's rank); "failed": stage, error (the
                   step is left to shared storage); "fallback": rank 0, a restore that memory could not
@@ -40,10 +40,10 @@ Kinds and their own fields:
                   reached): a planned fault that never fired
     resharded     step, from_world, to_world, global_batch, duration_s: a resume onto another world size
     straggler     rank 0, once per confirmed straggler: step, target_rank, target_node, score, since_step,
-                  compute_s, peers_s, evict, threshold (training.resilience.straggler)
+                  compute_s, peers_s, evict, threshold (fsdpkit.resilience.straggler)
     straggler_node step, target_rank, pod, evict, node_name, cordoned: the slow node's own record, by its
                   local rank 0 when it is only reported (evict false), by its launcher (role "launcher")
-                  after the cordon attempt when it is evicted (training.launcher.node_actions)
+                  after the cordon attempt when it is evicted (fsdpkit.launcher.node_actions)
   launcher:
     worker_failed local_rank, global_rank, exitcode (negative = signal number), reason, first (the rank that
                   failed first, by exit time; the others died after it)
@@ -51,7 +51,7 @@ Kinds and their own fields:
                   the timeout while a rank was busy on a CPU), busy_ranks (still busy: the cap decided),
                   phase, step, ranks ({rank: "stopped" | "elsewhere" | "collective" | "unknown"}: where each
                   silent rank's main thread was), where, action ("interrupt": the rank is interrupted in
-                  place, training.runtime.hang_interrupt; "restart": the group is restarted)
+                  place, fsdpkit.runtime.hang_interrupt; "restart": the group is restarted)
     hang_interrupt_unanswered global_rank, grace_s, step: the interrupted rank did not beat again within the
                   grace (stuck outside Python): the group is restarted
     busy_extension global_rank, stale_s, timeout_s, busy_ranks, phase, step: a rank silent past its timeout
@@ -83,7 +83,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from training.contracts.run_layout import EVENTS_DIR
+from fsdpkit.contracts.run_layout import EVENTS_DIR
 
 Role = Literal["trainer", "launcher"]
 
@@ -112,7 +112,7 @@ class EventLog:
             self._file = open(folder / name, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     def observe(self, observer: Callable[[dict[str, Any]], None]) -> None:
-        """Call `observer` with every event from now on (the live metrics, training.runtime.telemetry), on the
+        """Call `observer` with every event from now on (the live metrics, fsdpkit.runtime.telemetry), on the
         emitting thread; one that raises is dropped with one line, and the event log goes on."""
         self._observers.append(observer)
 

@@ -10,7 +10,7 @@ Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker replace
   beat to beat, or beat to a "checkpoint" announcement (the save is not counted as training); a
   launcher that polls slower than the steps still learns every step;
 - `interruptible`: the training thread takes the launcher's hang interrupt now
-(training.runtime.hang_interrupt).
+(fsdpkit.runtime.hang_interrupt).
 The launcher applies the load allowance in "start", "load", "checkpoint" and before the rhythm, the
 (learned) step timeout in "train", and never treats "done" as a hang.
 
@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from training.contracts import env
+from fsdpkit.contracts import env
 
 Phase = Literal["start", "load", "train", "checkpoint", "done"]
 PHASES: tuple[str, ...] = ("start", "load", "train", "checkpoint", "done")
@@ -143,7 +143,7 @@ class HeartbeatClient:
 
     def interruptible(self, value: bool) -> None:
         """Say whether a hang of this rank may be interrupted in place
-        (training.runtime.hang_interrupt.armed)."""
+        (fsdpkit.runtime.hang_interrupt.armed)."""
         if value != self._interruptible and not self._closed:
             self._interruptible = value
             self._write()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.contracts import env
+from fsdpkit.contracts import env
 
 POD_NAME_ENV = env.POD_NAME
 POD_ROOT_ENV = env.POD_ROOT_PID

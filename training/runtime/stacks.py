@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
-from training.contracts import env
+from fsdpkit.contracts import env
 
 STACKS_DIR_ENV = env.STACKS_DIR
 STACK_SIGNAL = signal.SIGUSR2

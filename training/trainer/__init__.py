@@ -1,4 +1,4 @@
-"""The kit's own trainer, one user of the public API (`python -m training.trainer`), and its data tools.
+"""The kit's own trainer, one user of the public API (`python -m fsdpkit.trainer`), and its data tools.
 
 `train` (the loop), `config` (its typed sections beside the API's), `model` (a Llama-style decoder) and
 `hf_model` (a Hugging Face causal LM from a local folder), `data` and `shards` (the token stream and its

@@ -1,6 +1,5 @@
-"""`python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]`: the kit's trainer."""
+"""`python -m fsdpkit.trainer [--config FILE.yaml] [--section.field VALUE ...]` (or `kit-train`)."""
 
-from training import resilience
-from training.trainer.train import main
+from fsdpkit.trainer.train import entry
 
-resilience.leave(main())
+entry()

@@ -1,7 +1,7 @@
-"""`python -m training.trainer.check_config [--elsewhere] <the trainer's arguments>`: check a config, run
+"""`python -m fsdpkit.trainer.check_config [--elsewhere] <the trainer's arguments>`: check a config, run
 nothing.
 
-Runs the trainer's own loader (`training.trainer.config.load_config`) on the arguments the trainer would get,
+Runs the trainer's own loader (`fsdpkit.trainer.config.load_config`) on the arguments the trainer would get,
 so the rules and messages are the trainer's: prints the one-line error and exits 78 (as the trainer would), or
 prints nothing and exits 0. No process group, no model, no data is touched. `k8s` runs it on the rendered
 trainer config before it applies a Job, so `TRAIN.optim.bogus=1` fails at render time, not in a pod.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 
-from cliargs import parse_int
-from training.contracts import exitcodes
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.cliargs import parse_int
 
 ELSEWHERE = "--elsewhere"
 
@@ -41,7 +41,7 @@ MEMORY = "--memory"
 
 def check(argv: list[str]) -> tuple[str | None, str | None]:
     """(error, plan line): error None if the trainer would accept `argv`; plan only with --memory."""
-    from training.trainer.config import ConfigError, load_config  # after argv handling: --help stays cheap
+    from fsdpkit.trainer.config import ConfigError, load_config  # after argv handling: --help stays cheap
 
     elsewhere = ELSEWHERE in argv
     args = [a for a in argv if a != ELSEWHERE]
@@ -61,8 +61,8 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
         return " ".join(str(exc).split()), None
     if memory is None:
         return None, None
-    from training.trainer import memory_plan
-    from training.trainer.config import model_shape
+    from fsdpkit.trainer import memory_plan
+    from fsdpkit.trainer.config import model_shape
 
     shape = model_shape(cfg)
     host = host_mib << 20
@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.OK
     print(f"error: {error}", file=sys.stderr)
     return exitcodes.FATAL_CONFIG
+
+
+def entry() -> None:
+    """The `kit-check-config` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Sources, strongest first: dotted CLI overrides (`--section.field VALUE` or `--section.field=VALUE`), the
 YAML file given by `--config FILE`, the field defaults below. Unknown sections or fields are errors that
 list the valid names; every bad value raises `ConfigError` with a one-line message (rule, value, fix).
-Field docstrings are the documentation: `python -m training.trainer --help` prints them.
+Field docstrings are the documentation: `python -m fsdpkit.trainer --help` prints them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from training import resilience
-from training.contracts import defaults
-from training.resilience import ConfigError
+from fsdpkit import resilience
+from fsdpkit.contracts import defaults
+from fsdpkit.resilience import ConfigError
 
 if TYPE_CHECKING:
-    from training.contracts.shapes import ModelArgs
+    from fsdpkit.contracts.shapes import ModelArgs
 
 __all__ = [
     "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "help_text", "load_config",
@@ -58,7 +58,7 @@ class DataConfig:
     kind: Literal["synthetic", "shards"] = "synthetic"
     """Token source: a deterministic synthetic stream, or memory-mapped token shards (see make_shards)."""
     path: str = ""
-    """Folder of token shards (*.bin from `python -m training.trainer.make_shards`); only for kind=shards."""
+    """Folder of token shards (*.bin from `python -m fsdpkit.trainer.make_shards`); only for kind=shards."""
     seq_len: int = 128
     """Tokens per sample (the model sees seq_len inputs and predicts seq_len targets)."""
     batch_size: int = defaults.MICRO_BATCH
@@ -133,8 +133,8 @@ def load_config(argv: list[str], *, env: typing.Mapping[str, str] | None = None)
 def model_shape(cfg: TrainConfig) -> ModelArgs:
     """The model's shape: model.hf_path's config.json (the Llama family), else model.name's; ConfigError
     (one line) for a folder that is not a causal LM's. Standard library only."""
-    from training.contracts.hf_config import HfModelError, hf_shape, read_hf_config
-    from training.contracts.shapes import MODEL_CONFIGS
+    from fsdpkit.contracts.hf_config import HfModelError, hf_shape, read_hf_config
+    from fsdpkit.contracts.shapes import MODEL_CONFIGS
 
     if not cfg.model.hf_path:
         return MODEL_CONFIGS[cfg.model.name]
@@ -154,7 +154,7 @@ def _validate_trainer(cfg: TrainConfig) -> None:
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
-        from training.trainer.shards import (
+        from fsdpkit.trainer.shards import (
             check_shards,  # data owns its format; it imports torch: only when needed
         )
 
@@ -175,8 +175,8 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
     path = Path(cfg.model.hf_path) / "tokenizer.json"
     if not path.is_file():
         return None
-    from training.contracts.hf_config import HfModelError, check_tokenizer, read_hf_config
-    from training.trainer.shards import tokenizer_fingerprint
+    from fsdpkit.contracts.hf_config import HfModelError, check_tokenizer, read_hf_config
+    from fsdpkit.trainer.shards import tokenizer_fingerprint
 
     try:
         from tokenizers import Tokenizer
@@ -194,7 +194,7 @@ def _model_tokenizer(cfg: TrainConfig) -> int | None:
 def help_text() -> str:
     """Every option with its type, default and docstring: what `--help` prints."""
     return TrainConfig.help_text(
-        "usage: python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]"
+        "usage: python -m fsdpkit.trainer [--config FILE.yaml] [--section.field VALUE ...]"
     )
 
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from training.contracts.seeds import mix
-from training.trainer.shards import TokenShards
+from fsdpkit.contracts.seeds import mix
+from fsdpkit.trainer.shards import TokenShards
 
 if TYPE_CHECKING:
-    from training.trainer.config import DataConfig
+    from fsdpkit.trainer.config import DataConfig
 
 
 @functools.lru_cache(maxsize=8)  # one per epoch, not one per sample: every sample of an epoch shares it

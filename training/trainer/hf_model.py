@@ -5,11 +5,11 @@
   and MFU's `ModelArgs`, with the standard library only;
 - `check_weights` compares the safetensors headers with the model the config describes (built on the meta
   device), before any process group, so a wrong folder fails in one line and not on rank 37 at step 0;
-- `build_hf_model` builds the model the way `training.trainer.model.build_model` builds the kit's own Llama:
+- `build_hf_model` builds the model the way `fsdpkit.trainer.model.build_model` builds the kit's own Llama:
   activation checkpointing inside each decoder layer, `fully_shard` per decoder layer then the root, fp32
   master weights with optional FSDP2 mixed precision; then the weights are either read per shard from the
   safetensors (each rank reads only the bytes of its own shard) or initialised with HF's `_init_weights`;
-- `hf_loss` is the kit's loss (`training.trainer.model.loss_fn`) on the HF model's logits: the kit's loader
+- `hf_loss` is the kit's loss (`fsdpkit.trainer.model.loss_fn`) on the HF model's logits: the kit's loader
   gives (inputs, targets) already shifted by one token, so the model's own `labels=` loss, which shifts again,
   is not used.
 
@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.contracts.hf_config import CONFIG, HfModelError, read_hf_config
-from training.trainer.memory_plan import ActivationCheckpointing
+from fsdpkit.contracts.hf_config import CONFIG, HfModelError, read_hf_config
+from fsdpkit.trainer.memory_plan import ActivationCheckpointing
 
 if TYPE_CHECKING:
     import torch
@@ -185,7 +185,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def _checkpoint_forward(layer: nn.Module) -> None:
     """Make `layer` keep only its inputs and recompute in backward, inside its FSDP2 unit (as
-    `training.trainer.model.Block` does): FSDP2's pre-backward hook gathers the parameters before the
+    `fsdpkit.trainer.model.Block` does): FSDP2's pre-backward hook gathers the parameters before the
     recompute."""
     import torch
     from torch.utils.checkpoint import checkpoint
@@ -296,18 +296,18 @@ def build_hf_model(
 
     Values: `load_weights` (None: when the folder has safetensors) reads each rank's shards from the file,
     after checking the headers against the config; otherwise `seed` drives HF's `_init_weights`, on CPU on
-    the full model before sharding (the same weights for any world size, as `training.trainer.model` does),
+    the full model before sharding (the same weights for any world size, as `fsdpkit.trainer.model` does),
     on GPU on each rank's shards after sharding (DTensor's RNG keeps the shards consistent).
     `init_weights=False` leaves the parameters as allocated, for a caller that restores every one from a
     checkpoint. The buffers (rotary tables) are always recomputed. Parameters are fp32; `param_dtype` (e.g.
     bf16) turns on FSDP2 mixed precision with fp32 gradient reduction. `activation_checkpointing`: none,
-    every second decoder layer (selective) or all (full), as `training.trainer.model.checkpointed_blocks`
+    every second decoder layer (selective) or all (full), as `fsdpkit.trainer.model.checkpointed_blocks`
     chooses.
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from training.trainer.model import checkpointed_blocks
+    from fsdpkit.trainer.model import checkpointed_blocks
 
     read_hf_config(folder)
     if activation_checkpointing not in ("none", "selective", "full"):
@@ -362,6 +362,6 @@ def hf_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> to
     """The kit's loss on the HF model: mean cross-entropy of `model(input_ids=inputs)` against `targets`,
     both (batch, seq), targets already shifted (the kit's loader gives next tokens). Do not pass `labels=`
     to the model as well: it shifts them again."""
-    from training.trainer.model import loss_fn
+    from fsdpkit.trainer.model import loss_fn
 
     return loss_fn(model(input_ids=inputs, use_cache=False).logits, targets)

@@ -6,7 +6,7 @@ What one rank holds at its peak (the start of backward, when every saved activat
 - unsharded copies: the root module (embedding, final norm, output) stays gathered for the whole step
   (`reshard_after_forward=False`), a block is gathered while it runs (the next one too on GPU, where FSDP2
   prefetches on a side stream), and a block's gradients are fp32 until reduce-scatter;
-- saved activations, counted tensor by tensor for `training.trainer.model`'s own code (RMSNorm and rotary in
+- saved activations, counted tensor by tensor for `fsdpkit.trainer.model`'s own code (RMSNorm and rotary in
   fp32, SDPA saving q, k, v, out and the log-sum-exp, SwiGLU saving its three projections and their product);
   activation checkpointing keeps only each checkpointed block's input and recomputes one block in backward;
 - the loss: cross-entropy keeps fp32 log-probabilities (4 B per vocabulary entry and token); its backward
@@ -17,7 +17,7 @@ What one rank holds at its peak (the start of backward, when every saved activat
 The host side: the async checkpoint's staging buffers hold every tensor of the state (fp32 parameters and both
 moments, 12 B per parameter / world size) for every rank of the node, in the node's memory; the memory tiers
 (`checkpoint.tiers`) hold that share again for the kept step and for the one being written, and as much for
-the buddy node's ranks with peer copies (training.resilience.checkpoint.memory_tiers).
+the buddy node's ranks with peer copies (fsdpkit.resilience.checkpoint.memory_tiers).
 Standard library only, so the job CLI can show the plan without importing torch.
 """
 
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from training.contracts.shapes import ModelArgs
+from fsdpkit.contracts.shapes import ModelArgs
 
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Tiers = Literal["off", "local", "peer"]
@@ -260,7 +260,7 @@ def plan_line(
     host_capacity: int,
     on_gpu: bool,
 ) -> str:
-    """The plan's one line for a trainer config (`training.trainer.config.TrainConfig`), or MemoryPlanError
+    """The plan's one line for a trainer config (`fsdpkit.trainer.config.TrainConfig`), or MemoryPlanError
     with the fixes: the one place that maps the config onto the plan, for the trainer and for its config
     check."""
     job = {

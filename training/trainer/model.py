@@ -1,6 +1,6 @@
 """A Llama-style decoder (RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention).
 
-Shapes by name in `training.contracts.shapes.MODEL_CONFIGS`. Parameters are created on the meta device and
+Shapes by name in `fsdpkit.contracts.shapes.MODEL_CONFIGS`. Parameters are created on the meta device and
 materialised by `init_weights`, so the 8B model never exists unsharded in host memory: on CPU the full
 model is materialised from the seed and then sharded (bitwise the same init for any world size); on GPU
 each rank materialises its shards after `fully_shard` (DTensor's RNG keeps the shards consistent).
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from training.contracts.shapes import MODEL_CONFIGS as MODEL_CONFIGS  # re-exported for older imports
-from training.contracts.shapes import ModelArgs
+from fsdpkit.contracts.shapes import MODEL_CONFIGS as MODEL_CONFIGS  # re-exported for older imports
+from fsdpkit.contracts.shapes import ModelArgs
 
 ActivationCheckpointing = Literal["none", "selective", "full"]
 

@@ -1,7 +1,7 @@
-"""Tokenize text with a Hugging Face tokenizer into token shards: `python -m training.trainer.prepare_data`.
+"""Tokenize text with a Hugging Face tokenizer into token shards: `python -m fsdpkit.trainer.prepare_data`.
 
 Usage:
-  python -m training.trainer.prepare_data --tokenizer PATH/tokenizer.json --out DIR [--text-field text]
+  python -m fsdpkit.trainer.prepare_data --tokenizer PATH/tokenizer.json --out DIR [--text-field text]
       [--split SPLIT] [--split-lines] [--eos-token TOKEN] [--parse-special] [--shard-tokens N] INPUT...
 
 INPUT, read in the order given (the same inputs and tokenizer give the same shard bytes):
@@ -21,10 +21,10 @@ tokens written in the text are encoded as plain text, so only the appended EOS e
 EOS: --eos-token; else the `eos_token` of a tokenizer_config.json next to tokenizer.json; else the first
 of </s>, <|end_of_text|>, <|endoftext|> in the vocab. It must be in the vocab.
 
-Output in --out (new, or a folder without *.bin): shard_00000.bin, ... (format: training.trainer.data), at
+Output in --out (new, or a folder without *.bin): shard_00000.bin, ... (format: fsdpkit.trainer.data), at
 most --shard-tokens tokens each (default 1e8; a document may span two shards). The header holds the vocab size
 (`get_vocab_size(with_added_tokens=True)`, or the largest id + 1 if that is larger), uint16 tokens when it
-is <= 65536 (else uint32), and the tokenizer fingerprint (`training.trainer.data.tokenizer_fingerprint`),
+is <= 65536 (else uint32), and the tokenizer fingerprint (`fsdpkit.trainer.data.tokenizer_fingerprint`),
 which
 `check_shards(..., tokenizer_id=)` compares with the model's tokenizer. prepare.json beside the shards
 records the tokenizer, fingerprint, vocab size, EOS, counts and inputs. The shards are written in a
@@ -33,7 +33,7 @@ temporary folder next to --out and moved in at the end: a bad input leaves nothi
 Bad input (a tokenizer path that is missing, a folder or not a tokenizer.json; a missing input or an
 unknown extension; a JSON line that is not JSON or lacks the field; a missing column or split; an --eos-token
 not in the vocab; an empty corpus; an --out that is a file or holds shards) is one `error:` line on stderr
-and exit 78 (training.contracts.exitcodes.FATAL_CONFIG); a bad command line (--shard-tokens 0) exits 2, as
+and exit 78 (fsdpkit.contracts.exitcodes.FATAL_CONFIG); a bad command line (--shard-tokens 0) exits 2, as
 argparse.
 """
 
@@ -54,9 +54,9 @@ import numpy as np
 import tokenizers
 from tokenizers import Tokenizer
 
-from cliargs import OneLineParser, int_arg
-from training.contracts import exitcodes
-from training.trainer.shards import fingerprint_json, shard_files, write_shard
+from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts.cliargs import OneLineParser, int_arg, program
+from fsdpkit.trainer.shards import fingerprint_json, shard_files, write_shard
 
 EOS_CANDIDATES = ("</s>", "<|end_of_text|>", "<|endoftext|>")
 TEXT_SUFFIXES = (".txt",)
@@ -501,7 +501,7 @@ def _summary(
     enc: Encoder, writer: _ShardWriter, stats: list[InputStats], settings: dict[str, Any]
 ) -> dict[str, Any]:
     return {
-        "tool": "python -m training.trainer.prepare_data",
+        "tool": "python -m fsdpkit.trainer.prepare_data",
         "tokenizer": str(enc.path.absolute()),
         "fingerprint": f"{enc.fingerprint:016x}",
         "tokenizers_version": tokenizers.__version__,
@@ -530,7 +530,7 @@ def _move_in(staging: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
-        prog="python -m training.trainer.prepare_data", description=__doc__.splitlines()[0]
+        prog=program("python -m fsdpkit.trainer.prepare_data"), description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "inputs", nargs="+", type=Path, metavar="INPUT",
@@ -591,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['eos_id']}, tokenizer fingerprint {summary['fingerprint']})"
     )
     return exitcodes.OK
+
+
+def entry() -> None:
+    """The `kit-prepare-data` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

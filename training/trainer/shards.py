@@ -110,7 +110,7 @@ def check_shards(
     files = shard_files(folder)
     if not files:
         raise ValueError(
-            f"data.path={str(folder)!r} holds no *.bin shards: run python -m training.trainer.make_shards"
+            f"data.path={str(folder)!r} holds no *.bin shards: run python -m fsdpkit.trainer.make_shards"
         )
     headers = [read_header(f) for f in files]
     ids: dict[int, Path] = {}  # fingerprint -> its first shard, in name order

@@ -1,13 +1,13 @@
-"""The trainer: `python -m training.trainer [--config FILE.yaml] [--section.field VALUE ...]`.
+"""The trainer: `python -m fsdpkit.trainer [--config FILE.yaml] [--section.field VALUE ...]`.
 
 A Llama-style decoder trained with FSDP2 (`fully_shard` per block, then the root), AdamW, linear warmup
 then cosine decay, gradient clipping, bf16 mixed precision on GPU. Runs under any launcher that sets the
-torch.distributed environment (torchrun, `python -m training.launcher`, NVRx's ft_launcher), or alone.
+torch.distributed environment (torchrun, `python -m fsdpkit.launcher`, NVRx's ft_launcher), or alone.
 
 Exit codes: 0 done; 78 bad config (one line on stderr, no traceback); 143 drained (SIGTERM: the job
-saved and committed the agreed step: training.resilience); anything else is a real failure, recorded by
+saved and committed the agreed step: fsdpkit.resilience); anything else is a real failure, recorded by
 torch.distributed.elastic's `@record` for the launcher (its file written atomically:
-training.runtime.error_file).
+fsdpkit.runtime.error_file).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from training import resilience
-from training.contracts import exitcodes, throughput
-from training.trainer import memory_plan
-from training.trainer.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config, model_shape
-from training.trainer.data import TokenLoader
-from training.trainer.hf_model import HfModelError, build_hf_model, check_weights, has_weights, hf_loss
-from training.trainer.model import build_model, loss_fn
+from fsdpkit import resilience
+from fsdpkit.contracts import exitcodes, throughput
+from fsdpkit.trainer import memory_plan
+from fsdpkit.trainer.config import ConfigError, OptimConfig, TrainConfig, help_text, load_config, model_shape
+from fsdpkit.trainer.data import TokenLoader
+from fsdpkit.trainer.hf_model import HfModelError, build_hf_model, check_weights, has_weights, hf_loss
+from fsdpkit.trainer.model import build_model, loss_fn
 
 
 def lr_schedule(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -44,7 +44,7 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
 
 
 class KitTrainer:
-    """The kit's own model, data and loop: one user of the public resilience API (training.resilience),
+    """The kit's own model, data and loop: one user of the public resilience API (fsdpkit.resilience),
     exactly as a user's script is (examples/hf_llama/train.py)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -235,5 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `kit-train` console script: exits without the interpreter's teardown (resilience.leave)."""
     resilience.leave(main())
+
+
+if __name__ == "__main__":
+    entry()

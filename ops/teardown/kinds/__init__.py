@@ -1,4 +1,5 @@
-"""One module per resource kind, each exporting `KIND` (ops.teardown.model.Kind); order: ../registry.py."""
+"""One module per resource kind, each exporting `KIND` (fsdpkit.ops.teardown.model.Kind); order:
+../registry.py."""
 
 from collections.abc import Mapping
 

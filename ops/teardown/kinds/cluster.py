@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.teardown.adopt import adopt
-from ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.teardown.adopt import adopt
+from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
 
 
 def list_clusters(aws: Aws, scope: Scope) -> list[Resource]:

@@ -5,11 +5,11 @@ Listed after the node groups are gone, so they are detached; `VolumeInUse` is re
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope, State
 
 PVC_TAG = "kubernetes.io/created-for/pvc/name"
 

@@ -4,9 +4,9 @@ non-empty repository, and a retained one keeps billing storage. Images are rebui
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.model import Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope
 
 
 def list_repositories(aws: Aws, scope: Scope) -> list[Resource]:

@@ -9,10 +9,10 @@ every kit-tagged resource is in the plan.
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope
 
 
 def list_enis(aws: Aws, scope: Scope) -> list[Resource]:

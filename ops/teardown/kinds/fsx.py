@@ -8,10 +8,10 @@ Its ENIs block the subnets.
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG, STACK_TAG, tag_dict
-from ops.teardown.filters import ownership
-from ops.teardown.model import Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG, STACK_TAG, tag_dict
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope, State
 
 
 def list_file_systems(aws: Aws, scope: Scope) -> list[Resource]:

@@ -10,11 +10,11 @@ protection is respected, never switched off.
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope, State
 
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 NODEGROUP_TAG = "eks:nodegroup-name"

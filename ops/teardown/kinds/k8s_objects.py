@@ -13,8 +13,8 @@ import json
 import shutil
 import subprocess
 
-from ops.aws import Aws
-from ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State, Unavailable
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State, Unavailable
 
 KUBECTL_TIMEOUT_S = 30
 OBJECT_KINDS = "jobs.batch,services,ingresses.networking.k8s.io,persistentvolumeclaims"

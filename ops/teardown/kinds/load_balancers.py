@@ -6,11 +6,11 @@ groups, so they block the network stack (pitfall 1). Deletion protection is resp
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import tag_dict
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import tag_dict
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope, State
 
 TAG_BATCH = 20
 """describe_tags takes at most 20 ARNs per call."""

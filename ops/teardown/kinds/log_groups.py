@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ops.aws import Aws
-from ops.teardown.kinds.tagging import tagged
-from ops.teardown.model import Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.teardown.kinds.tagging import tagged
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope
 
 CLUSTER_LOG_PREFIXES = ("/aws/eks/{c}/", "/aws/containerinsights/{c}/")
 

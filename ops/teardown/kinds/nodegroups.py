@@ -7,9 +7,9 @@ node groups, so the other clusters' groups are described for their tags.
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG
-from ops.teardown.model import Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope, State
 
 
 def list_nodegroups(aws: Aws, scope: Scope) -> list[Resource]:

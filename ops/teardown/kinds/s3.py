@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import botocore.exceptions
 
-from ops.aws import Aws, error_code
-from ops.teardown.kinds.tagging import tagged
-from ops.teardown.model import DeleteFailed, Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws, error_code
+from fsdpkit.ops.teardown.kinds.tagging import tagged
+from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope
 
 MAX_DELETE_BATCH = 1000
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import botocore.exceptions
 
-from ops.aws import Aws, describe_error
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.model import Kind, Prepared, Resource, Scope
+from fsdpkit.ops.aws import Aws, describe_error
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.model import Kind, Prepared, Resource, Scope
 
 
 def _groups(aws: Aws, scope: Scope) -> list[dict]:

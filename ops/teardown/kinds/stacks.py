@@ -14,9 +14,9 @@ from typing import Any
 
 import botocore.exceptions
 
-from ops.aws import Aws, error_message
-from ops.tags import PROJECT_TAG, tag_dict
-from ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
+from fsdpkit.ops.aws import Aws, error_message
+from fsdpkit.ops.tags import PROJECT_TAG, tag_dict
+from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State
 
 GONE_STATUSES = ("DELETE_COMPLETE",)
 

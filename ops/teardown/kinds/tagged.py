@@ -8,11 +8,11 @@ silently ignored. Kinds with their own step are not repeated here.
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.tags import STACK_TAG
-from ops.teardown.kinds import CFN_STACK_TAG
-from ops.teardown.kinds.tagging import tagged
-from ops.teardown.model import DeleteFailed, Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import STACK_TAG
+from fsdpkit.ops.teardown.kinds import CFN_STACK_TAG
+from fsdpkit.ops.teardown.kinds.tagging import tagged
+from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope
 
 HANDLED_TYPES = frozenset(
     {

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ops.aws import Aws
-from ops.tags import PROJECT_TAG
-from ops.teardown.model import Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.tags import PROJECT_TAG
+from fsdpkit.ops.teardown.model import Scope
 
 NAME_ONLY_TYPES = {"sns": "topic", "sqs": "queue"}
 """Services whose ARNs end in the bare name, without a resource type."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ops.aws import Aws
-from ops.teardown.filters import ownership
-from ops.teardown.kinds import managed_by_stack
-from ops.teardown.kinds.load_balancers import elb_tags
-from ops.teardown.model import Kind, Resource, Scope
+from fsdpkit.ops.aws import Aws
+from fsdpkit.ops.teardown.filters import ownership
+from fsdpkit.ops.teardown.kinds import managed_by_stack
+from fsdpkit.ops.teardown.kinds.load_balancers import elb_tags
+from fsdpkit.ops.teardown.model import Kind, Resource, Scope
 
 
 def list_target_groups(aws: Aws, scope: Scope) -> list[Resource]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
 
 REPO = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).resolve().parent / "ckpt_worker.py"

@@ -26,11 +26,11 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from training.resilience.checkpoint.checkpointer import Checkpointer
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.resume import CheckpointError
-from training.runtime.events import EventLog
-from training.runtime.process_exit import leave
+from fsdpkit.resilience.checkpoint.checkpointer import Checkpointer
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.resume import CheckpointError
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.process_exit import leave
 
 WIDTH = 64
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
-from training.resilience.checkpoint.commit import file_checksum
-from training.resilience.checkpoint.staging import restore_into
-from training.resilience.checkpoint.tier import NodeTier, new_record
-from training.resilience.checkpoint.transfer import buddy_of, plan_sources
+from fsdpkit.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
+from fsdpkit.resilience.checkpoint.commit import file_checksum
+from fsdpkit.resilience.checkpoint.staging import restore_into
+from fsdpkit.resilience.checkpoint.tier import NodeTier, new_record
+from fsdpkit.resilience.checkpoint.transfer import buddy_of, plan_sources
 
 
 def _tree() -> dict:

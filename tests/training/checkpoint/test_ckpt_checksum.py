@@ -21,11 +21,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from test_ckpt_local import _flip_byte, _resume, _train
 
-from training.resilience.checkpoint import writer as writer_module
-from training.resilience.checkpoint.commit import FileEntry, read_commit, verify_file
-from training.resilience.checkpoint.layout import step_dir
-from training.resilience.checkpoint.staging import HostStager, take
-from training.resilience.checkpoint.writer import ALIGN, ChecksumFile, KitStorageWriter
+from fsdpkit.resilience.checkpoint import writer as writer_module
+from fsdpkit.resilience.checkpoint.commit import FileEntry, read_commit, verify_file
+from fsdpkit.resilience.checkpoint.layout import step_dir
+from fsdpkit.resilience.checkpoint.staging import HostStager, take
+from fsdpkit.resilience.checkpoint.writer import ALIGN, ChecksumFile, KitStorageWriter
 
 
 def _folder(tmp_path: Path, step: int) -> Path:
@@ -55,7 +55,7 @@ def test_a_record_written_with_zlib_crc32_still_verifies_and_resumes(tmp_path: P
     assert (entry.algo, entry.crc32c) == ("crc32", None)
     assert verify_file(_folder(tmp_path, 3), "__0_0.distcp", entry, checksum=True) is None
     _flip_byte(_folder(tmp_path, 3) / "__0_0.distcp", entry.size // 3)  # same size, other bytes
-    with caplog.at_level(logging.WARNING, logger="training.resilience.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="fsdpkit.resilience.checkpoint"):
         step, app = _resume(tmp_path)
     assert (step, app.step) == (2, 2), "the old step 2 verifies and loads; the flipped step 3 does not"
     assert "step_00000003 skipped: damaged (__0_0.distcp: crc32 " in caplog.text

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from training.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 
 
 @pytest.mark.parametrize(

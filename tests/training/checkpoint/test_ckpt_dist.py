@@ -23,7 +23,7 @@ import torch
 from ckpt_helpers import finish, run, start
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 STEPS = 6

@@ -15,8 +15,8 @@ import pytest
 import torch
 from ckpt_worker import App, local_tensors
 
-from training.resilience.checkpoint.checkpointer import UNDECLARED, Checkpointer
-from training.resilience.checkpoint.commit import (
+from fsdpkit.resilience.checkpoint.checkpointer import UNDECLARED, Checkpointer
+from fsdpkit.resilience.checkpoint.commit import (
     CommitRecord,
     CommitRefused,
     FileEntry,
@@ -25,13 +25,13 @@ from training.resilience.checkpoint.commit import (
     read_commit,
     verify_file,
 )
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.layout import list_steps, step_dir
-from training.resilience.checkpoint.planner import cached_plan_keys
-from training.resilience.checkpoint.reshard import ReshardPolicy
-from training.resilience.checkpoint.resume import CheckpointError, check_world_size
-from training.resilience.checkpoint.retention import plan_deletions
-from training.runtime.events import EventLog, read_events
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.layout import list_steps, step_dir
+from fsdpkit.resilience.checkpoint.planner import cached_plan_keys
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.resume import CheckpointError, check_world_size
+from fsdpkit.resilience.checkpoint.retention import plan_deletions
+from fsdpkit.runtime.events import EventLog, read_events
 
 
 def _train(tmp_path: Path, *, steps: int, mode: str = "sync", keep: int = 10, interval: int = 1) -> App:
@@ -113,7 +113,7 @@ def test_resume_restores_every_tensor_of_the_newest_step(tmp_path: Path) -> None
 def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog) -> None:
     _train(tmp_path, steps=3)
     _flip_byte(_shard(tmp_path, 3), 100)
-    with caplog.at_level(logging.WARNING, logger="training.resilience.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="fsdpkit.resilience.checkpoint"):
         step, app = _resume(tmp_path)
     assert (step, app.step) == (2, 2)
     assert "step_00000003 skipped: damaged (__0_0.distcp: crc32c" in caplog.text
@@ -124,7 +124,7 @@ def test_damaged_newest_falls_back_with_warning_and_event(tmp_path: Path, caplog
 def test_uncommitted_newest_is_ignored_and_named_once(tmp_path: Path, caplog) -> None:
     _train(tmp_path, steps=3)
     (step_dir(tmp_path / "checkpoints", 3) / "commit.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="training.resilience.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="fsdpkit.resilience.checkpoint"):
         step, _ = _resume(tmp_path)
     assert step == 2
     resumes = [e for e in read_events(tmp_path) if e["kind"] == "resume"]
@@ -235,7 +235,7 @@ def test_a_record_that_does_not_describe_the_whole_checkpoint_is_refused(
         _rewrite_record(tmp_path, 3, step=2)
     else:
         _shard(tmp_path, 3).unlink()
-    with caplog.at_level(logging.WARNING, logger="training.resilience.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="fsdpkit.resilience.checkpoint"):
         step, _ = _resume(tmp_path)
     assert step == 2
     (line,) = [r.getMessage() for r in caplog.records if "step_00000003 skipped" in r.getMessage()]

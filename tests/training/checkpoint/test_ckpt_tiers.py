@@ -19,7 +19,7 @@ import pytest
 import torch
 from ckpt_helpers import run
 
-from training.runtime.events import read_events
+from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 TIERS = ("--tiers", "peer")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ckpt_helpers import REPO
 
-from training.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import free_port_run
 
 pytestmark = pytest.mark.slow
 WORKER = Path(__file__).resolve().parent / "transfer_worker.py"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from training.resilience.checkpoint.worker import BackgroundWorker
+from fsdpkit.resilience.checkpoint.worker import BackgroundWorker
 
 linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.interval import (
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.interval import (
     AutoInterval,
     RunHistory,
     blended_mtbf_s,
@@ -19,8 +19,8 @@ from training.resilience.checkpoint.interval import (
     interval_steps,
     young_s,
 )
-from training.runtime.events import EventLog, read_events
-from training.trainer.config import ConfigError, load_config
+from fsdpkit.runtime.events import EventLog, read_events
+from fsdpkit.trainer.config import ConfigError, load_config
 
 
 def test_young_is_sqrt_2_cost_mtbf_and_daly_refines_it() -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.resilience.checkpoint.blob import write_blob
-from training.resilience.checkpoint.comm import CheckpointComm
-from training.resilience.checkpoint.tier import NodeTier, new_record
-from training.resilience.checkpoint.transfer import replicate
+from fsdpkit.resilience.checkpoint.blob import write_blob
+from fsdpkit.resilience.checkpoint.comm import CheckpointComm
+from fsdpkit.resilience.checkpoint.tier import NodeTier, new_record
+from fsdpkit.resilience.checkpoint.transfer import replicate
 
 
 def main() -> None:

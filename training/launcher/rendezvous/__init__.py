@@ -27,11 +27,11 @@ The map, bottom up:
   call.
 """
 
-from training.launcher.rendezvous.backends import create_handler, register_backends
-from training.launcher.rendezvous.kit import BACKEND, Joined, KitRendezvous, create_kit_handler, kit_handler
-from training.launcher.rendezvous.ranks import is_spare, stable_ranks
-from training.launcher.rendezvous.settings import Settings
-from training.launcher.rendezvous.store_link import StoreLink
+from fsdpkit.launcher.rendezvous.backends import create_handler, register_backends
+from fsdpkit.launcher.rendezvous.kit import BACKEND, Joined, KitRendezvous, create_kit_handler, kit_handler
+from fsdpkit.launcher.rendezvous.ranks import is_spare, stable_ranks
+from fsdpkit.launcher.rendezvous.settings import Settings
+from fsdpkit.launcher.rendezvous.store_link import StoreLink
 
 __all__ = [
     "BACKEND",

@@ -9,8 +9,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from training.launcher.rendezvous.c10d import create_c10d_handler
-from training.launcher.rendezvous.kit import BACKEND, create_kit_handler
+from fsdpkit.launcher.rendezvous.c10d import create_c10d_handler
+from fsdpkit.launcher.rendezvous.kit import BACKEND, create_kit_handler
 
 C10D = "c10d"
 

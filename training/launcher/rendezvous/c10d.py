@@ -42,7 +42,7 @@ with gaps up to 14 s under load. The kit looks the frame up instead (`_method_na
 
 Rank 0 of a round picks the workers' MASTER_PORT (the kit runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 through torch's `get_free_port`, which checks only that port; the kit checks the two after it too
-(`training.contracts.ports`: the NVRx backend's stores live there).
+(`fsdpkit.contracts.ports`: the NVRx backend's stores live there).
 
 Ranks are kept across rounds by `ranks.stable_ranks`, the rule the kit's own backend uses too.
 
@@ -66,9 +66,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from typing_extensions import override
 
-from training.contracts.ports import free_port_run
-from training.launcher.rendezvous.ranks import stable_ranks
-from training.runtime import torch_internals as internals
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.rendezvous.ranks import stable_ranks
+from fsdpkit.runtime import torch_internals as internals
 
 POLL_S = 0.2
 RDZV_POLL_S = 0.2

@@ -28,12 +28,12 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from training.launcher.rendezvous.liveness import RING_NEIGHBOURS, Beats, FailureDetector
-from training.launcher.rendezvous.ranks import ring_after
-from training.launcher.rendezvous.rounds import WAITING_CACHE_S, Joiner, Membership
-from training.launcher.rendezvous.settings import Settings
-from training.launcher.rendezvous.spare_pool import SparePool
-from training.launcher.rendezvous.store_link import Keys, StoreLink, StoreReset, names_this_machine
+from fsdpkit.launcher.rendezvous.liveness import RING_NEIGHBOURS, Beats, FailureDetector
+from fsdpkit.launcher.rendezvous.ranks import ring_after
+from fsdpkit.launcher.rendezvous.rounds import WAITING_CACHE_S, Joiner, Membership
+from fsdpkit.launcher.rendezvous.settings import Settings
+from fsdpkit.launcher.rendezvous.spare_pool import SparePool
+from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink, StoreReset, names_this_machine
 
 log = logging.getLogger("kit.launch")
 

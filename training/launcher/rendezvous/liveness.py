@@ -27,8 +27,8 @@ import time
 
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
-from training.launcher.rendezvous.settings import VERDICT_STALLS, Settings
-from training.launcher.rendezvous.store_link import Keys, StoreLink
+from fsdpkit.launcher.rendezvous.settings import VERDICT_STALLS, Settings
+from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink
 
 log = logging.getLogger("kit.launch")
 

@@ -13,7 +13,7 @@ def stable_ranks(previous: dict[Node, int], nodes: list[Node]) -> dict[Node, int
     its rank when it is still free and in range; the others take the free ranks in order.
 
     Why: a rank's memory-tier copy of its checkpoint shard, and its buddy's, are kept by rank
-    (training.resilience.checkpoint.tier). torch numbers the nodes of every round by their sorted addresses,
+    (fsdpkit.resilience.checkpoint.tier). torch numbers the nodes of every round by their sorted addresses,
     so a spare that sorts between two survivors would shift one survivor to another rank, whose shard is
     then on another node. Kept ranks mean a survivor restores from its own memory and only the newcomer
     fetches the lost node's shards (from the lost node's buddy)."""

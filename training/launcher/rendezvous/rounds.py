@@ -23,11 +23,11 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
-from training.contracts.ports import free_port_run
-from training.launcher.rendezvous.liveness import FailureDetector
-from training.launcher.rendezvous.ranks import stable_ranks
-from training.launcher.rendezvous.settings import Settings
-from training.launcher.rendezvous.store_link import Keys, StoreLink, StoreReset
+from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.rendezvous.liveness import FailureDetector
+from fsdpkit.launcher.rendezvous.ranks import stable_ranks
+from fsdpkit.launcher.rendezvous.settings import Settings
+from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink, StoreReset
 
 log = logging.getLogger("kit.launch")
 

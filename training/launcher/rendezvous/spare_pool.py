@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from training.launcher.rendezvous.rounds import Membership
-from training.launcher.rendezvous.settings import Settings
-from training.launcher.rendezvous.store_link import Keys, StoreLink
+from fsdpkit.launcher.rendezvous.rounds import Membership
+from fsdpkit.launcher.rendezvous.settings import Settings
+from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink
 
 SPARE_POLL_S = 0.1
 """Seconds between a waiting spare's checks of its invite key: in steady training, S spares cost the store

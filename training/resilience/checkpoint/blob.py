@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from training.resilience.checkpoint.commit import FileEntry
-from training.resilience.checkpoint.guard import SaveGuard
-from training.resilience.checkpoint.writer import ChecksumFile
+from fsdpkit.resilience.checkpoint.commit import FileEntry
+from fsdpkit.resilience.checkpoint.guard import SaveGuard
+from fsdpkit.resilience.checkpoint.writer import ChecksumFile
 
 FORMAT = "kit-tier-blob/1"
 MAGIC = b"KITBLOB1"

@@ -17,7 +17,7 @@ events, a warning that names the fix: a longer interval or faster storage). Skip
 collective to agree, since ranks may disagree on whether their own write finished (reference:
 torch-on-cpu.md §2.5).
 
-Events (`ckpt`, see training.runtime.events): stall (loop blocked: in maybe_save, and in the optimizer
+Events (`ckpt`, see fsdpkit.runtime.events): stall (loop blocked: in maybe_save, and in the optimizer
 pre-hook if the copy was not done), write (this rank's shard durable; duration from the save request), commit
 (rank 0, record durable; duration from the request), failed (error; rank 0 for the step, plus each rank
 whose own write failed: count distinct steps), drain (`wait()`), skipped (a second save of one step).
@@ -28,7 +28,7 @@ previous save, a test hold, the drain) runs inside `on_wait()` (the trainer pass
 "checkpoint" phase), so a slow save never looks like a hang.
 
 In-process restart: `abandon()` (once the process groups are aborted) stops the in-flight save at its
-next phase boundary (training.resilience.checkpoint.guard): it never writes or commits without its group,
+next phase boundary (fsdpkit.resilience.checkpoint.guard): it never writes or commits without its group,
 and it is reported as failed ("abandoned"). Its DCP plans are cached under this checkpointer only
 (ScopedSavePlanner) and dropped at `close()`, so nothing planned for one group is reused by the next.
 """
@@ -43,24 +43,24 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from training.resilience.checkpoint.comm import CheckpointComm
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.finish import SaveFinisher
-from training.resilience.checkpoint.guard import SaveGuard, SaveHolds
-from training.resilience.checkpoint.inflight import InflightSave, SaveSlot
-from training.resilience.checkpoint.layout import checkpoints_dir
-from training.resilience.checkpoint.planner import ScopedSavePlanner
-from training.resilience.checkpoint.reshard import ReshardPolicy
-from training.resilience.checkpoint.restore import Restorer
-from training.resilience.checkpoint.resume import CheckpointError
-from training.resilience.checkpoint.savers import SaveParts, save_path
-from training.resilience.checkpoint.schedule import SaveSchedule
-from training.resilience.checkpoint.shards import ShardWriter
-from training.resilience.checkpoint.shared_reads import SHARED_READS
-from training.resilience.checkpoint.staging import HostStager
-from training.resilience.checkpoint.staging_gate import StagingGate
-from training.resilience.checkpoint.tier_hook import TierHook
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.comm import CheckpointComm
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.finish import SaveFinisher
+from fsdpkit.resilience.checkpoint.guard import SaveGuard, SaveHolds
+from fsdpkit.resilience.checkpoint.inflight import InflightSave, SaveSlot
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir
+from fsdpkit.resilience.checkpoint.planner import ScopedSavePlanner
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.restore import Restorer
+from fsdpkit.resilience.checkpoint.resume import CheckpointError
+from fsdpkit.resilience.checkpoint.savers import SaveParts, save_path
+from fsdpkit.resilience.checkpoint.schedule import SaveSchedule
+from fsdpkit.resilience.checkpoint.shards import ShardWriter
+from fsdpkit.resilience.checkpoint.shared_reads import SHARED_READS
+from fsdpkit.resilience.checkpoint.staging import HostStager
+from fsdpkit.resilience.checkpoint.staging_gate import StagingGate
+from fsdpkit.resilience.checkpoint.tier_hook import TierHook
+from fsdpkit.runtime.events import EventLog
 
 __all__ = ["CheckpointError", "Checkpointer"]
 
@@ -153,7 +153,7 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         """Whether `maybe_save(step, ...)` will save, so callers can announce it: every `interval` steps
         (step % interval == 0), or with `auto` once the agreed interval has passed since the last save or
-        restore (the same on every rank: see training.resilience.checkpoint.interval)."""
+        restore (the same on every rank: see fsdpkit.resilience.checkpoint.interval)."""
         return self._schedule.due(step)
 
     def interval_proposal(self) -> float | None:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from training.resilience.checkpoint.guard import SaveAbandoned
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
 
 SAVE_ERRORS = (Exception, CheckpointException)
 """What a failed save or load can raise: DCP's CheckpointException derives from BaseException, not

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import crc32c
 
-from training.resilience.checkpoint.layout import COMMIT_FILE, fsync_dir
-from training.resilience.checkpoint.shared_reads import SharedReads
+from fsdpkit.resilience.checkpoint.layout import COMMIT_FILE, fsync_dir
+from fsdpkit.resilience.checkpoint.shared_reads import SharedReads
 
 FORMAT = "kit-dcp-commit/1"
 METADATA_FILE = ".metadata"

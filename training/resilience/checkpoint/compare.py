@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from training.resilience.checkpoint.commit import read_commit, verify_file
-from training.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps, step_dir
-from training.resilience.checkpoint.resume import CheckpointError, one_line, record_problem
+from fsdpkit.resilience.checkpoint.commit import read_commit, verify_file
+from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps, step_dir
+from fsdpkit.resilience.checkpoint.resume import CheckpointError, one_line, record_problem
 
 
 def final_checkpoint(run_dir: str | Path) -> Path:

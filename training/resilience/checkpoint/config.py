@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from training.contracts import defaults
+from fsdpkit.contracts import defaults
 
 Mode = Literal["off", "sync", "async"]
 Backend = Literal["kit", "dcp", "nvrx"]
@@ -19,7 +19,7 @@ _TIERS = ("auto", "peer", "local", "off")
 TIER_KEEP_MAX = 8
 """Most memory-tier steps kept per node: each one is the node's whole share of the state, twice with peers."""
 _WEEK_S = 7 * 24 * 3600.0
-"""Ceiling of every duration (`*_s`), as training.trainer.config.MAX_SECONDS (which imports this module)."""
+"""Ceiling of every duration (`*_s`), as fsdpkit.trainer.config.MAX_SECONDS (which imports this module)."""
 INTERVAL_CAP = 2**24
 """Largest interval_max: the chosen interval travels in a float32 all-reduce, exact up to 2**24."""
 
@@ -164,7 +164,7 @@ class CheckpointConfig:
 
     @property
     def auto(self) -> bool:
-        """The interval is chosen by the run (training.resilience.checkpoint.interval)."""
+        """The interval is chosen by the run (fsdpkit.resilience.checkpoint.interval)."""
         return self.interval == "auto"
 
     def _check_auto(self) -> None:

@@ -12,25 +12,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.commit import (
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.commit import (
     CommitRecord,
     CommitRefused,
     FileEntry,
     merge_rank_files,
     write_commit,
 )
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.guard import SaveAbandoned
-from training.resilience.checkpoint.inflight import InflightSave
-from training.resilience.checkpoint.layout import fsync_dir, step_dir
-from training.resilience.checkpoint.reshard import ReshardPolicy
-from training.resilience.checkpoint.resume import one_line
-from training.resilience.checkpoint.retention import prune
-from training.resilience.checkpoint.tier_hook import TierHook
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
+from fsdpkit.resilience.checkpoint.inflight import InflightSave
+from fsdpkit.resilience.checkpoint.layout import fsync_dir, step_dir
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.retention import prune
+from fsdpkit.resilience.checkpoint.tier_hook import TierHook
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 
 class SaveFinisher:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 Phase = Literal["staging", "writing", "committing"]
 PHASES: tuple[str, ...] = ("staging", "writing", "committing")

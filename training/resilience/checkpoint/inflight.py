@@ -13,10 +13,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from training.resilience.checkpoint.guard import SaveGuard
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.guard import SaveGuard
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 OnWait = Callable[[], AbstractContextManager[object]]
 

@@ -44,10 +44,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.runtime.events import EventLog, events_dir
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.runtime.events import EventLog, events_dir
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 INTERVAL_EVENT = "interval"
 """Event kind rank 0 emits when the chosen interval changes (fields: `Choice`, plus reason, previous)."""

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from training.contracts.run_layout import CHECKPOINTS_DIR, COMMIT_FILE, STEP_DIR, step_dir_name
+from fsdpkit.contracts.run_layout import CHECKPOINTS_DIR, COMMIT_FILE, STEP_DIR, step_dir_name
 
 
 def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:

@@ -2,9 +2,9 @@
 restore that reads it back instead of shared storage.
 
 Saving, on the writer thread (off the training loop): after the host copy, each rank writes its state as
-a blob into its node's tier (training.resilience.checkpoint.tier); once rank 0 has committed the step on
+a blob into its node's tier (fsdpkit.resilience.checkpoint.tier); once rank 0 has committed the step on
 shared storage and every rank's blob is written, each rank commits its copy's record, sends the copy to
-its buddy on the next node and receives its other neighbour's (training.resilience.checkpoint.transfer),
+its buddy on the next node and receives its other neighbour's (fsdpkit.resilience.checkpoint.transfer),
 then keeps only the newest `tier_keep` steps. A rank that could not write its copy costs the tier that
 step, never the save: the shared tier is unchanged and stays what a new job, another world size or a
 second failure reads.
@@ -26,16 +26,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from training.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard
-from training.resilience.checkpoint.staging import flatten_state, restore_into
-from training.resilience.checkpoint.tier import TIER_DIR_ENV, NodeTier, TierRecord, new_record
-from training.resilience.checkpoint.transfer import TransferError, fetch, has_buddy, plan_sources, replicate
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned, SaveGuard
+from fsdpkit.resilience.checkpoint.staging import flatten_state, restore_into
+from fsdpkit.resilience.checkpoint.tier import TIER_DIR_ENV, NodeTier, TierRecord, new_record
+from fsdpkit.resilience.checkpoint.transfer import TransferError, fetch, has_buddy, plan_sources, replicate
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 Source = Literal["memory", "peer"]
 

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlanner
 
-from training.runtime import torch_internals as internals
+from fsdpkit.runtime import torch_internals as internals
 
 _CACHES = (
     "_cached_save_plan",

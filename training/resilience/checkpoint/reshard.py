@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.contracts.seeds import mix
-from training.resilience.checkpoint.commit import CommitRecord
+from fsdpkit.contracts.seeds import mix
+from fsdpkit.resilience.checkpoint.commit import CommitRecord
 
 
 @dataclass(frozen=True)

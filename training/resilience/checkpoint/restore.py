@@ -10,19 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.resilience.checkpoint.comm import CheckpointComm
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.inflight import SaveSlot
-from training.resilience.checkpoint.layout import is_committed, list_steps
-from training.resilience.checkpoint.memory_tiers import TierRestore
-from training.resilience.checkpoint.reshard import ReshardPolicy
-from training.resilience.checkpoint.resume import resume
-from training.resilience.checkpoint.shared_reads import SHARED_READS
-from training.resilience.checkpoint.staging import HostStager, restore_into
-from training.resilience.checkpoint.tier_hook import TierHook
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.comm import CheckpointComm
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.inflight import SaveSlot
+from fsdpkit.resilience.checkpoint.layout import is_committed, list_steps
+from fsdpkit.resilience.checkpoint.memory_tiers import TierRestore
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
+from fsdpkit.resilience.checkpoint.resume import resume
+from fsdpkit.resilience.checkpoint.shared_reads import SHARED_READS
+from fsdpkit.resilience.checkpoint.staging import HostStager, restore_into
+from fsdpkit.resilience.checkpoint.tier_hook import TierHook
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 
 class Restorer:

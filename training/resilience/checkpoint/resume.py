@@ -31,8 +31,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.commit import (
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.commit import (
     METADATA_FILE,
     CommitRecord,
     file_set_problem,
@@ -40,12 +40,12 @@ from training.resilience.checkpoint.commit import (
     shard_name,
     verify_file,
 )
-from training.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
-from training.resilience.checkpoint.reshard import ReshardPolicy, refusal
-from training.resilience.checkpoint.shared_reads import SHARED_READS, MeteredRaw
-from training.resilience.state import TrainState
+from fsdpkit.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
+from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy, refusal
+from fsdpkit.resilience.checkpoint.shared_reads import SHARED_READS, MeteredRaw
+from fsdpkit.resilience.state import TrainState
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 
 class CheckpointError(RuntimeError):
@@ -73,7 +73,7 @@ def check_world_size(root: Path, world_size: int, policy: ReshardPolicy) -> None
 
 def newest_record(root: Path) -> CommitRecord | None:
     """The newest readable commit record under `root` (None if none): what a script plans its batch from
-    before any process group (`training.resilience.batch`). A folder without a record (its save never
+    before any process group (`fsdpkit.resilience.batch`). A folder without a record (its save never
     finished) or with an unreadable one is passed over."""
     for step in reversed(list_steps(root)):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -141,7 +141,7 @@ class _MeteredFileSystem(FileSystem):
 
 class SharedReader(FileSystemReader):
     """DCP's file system reader, with every byte it reads counted (and, for benchmarks, paced) by
-    SHARED_READS (training.resilience.checkpoint.shared_reads)."""
+    SHARED_READS (fsdpkit.resilience.checkpoint.shared_reads)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)

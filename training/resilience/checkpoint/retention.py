@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.resilience.checkpoint.layout import is_committed, list_steps, remove_step
+from fsdpkit.resilience.checkpoint.layout import is_committed, list_steps, remove_step
 
 
 def plan_deletions(root: Path, *, keep: int, in_flight: int | None) -> list[int]:

@@ -18,20 +18,20 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.finish import SaveFinisher
-from training.resilience.checkpoint.guard import SaveAbandoned
-from training.resilience.checkpoint.inflight import InflightSave, OnWait
-from training.resilience.checkpoint.resume import one_line
-from training.resilience.checkpoint.shards import ShardWriter
-from training.resilience.checkpoint.staging import HostStager, flatten_state, take
-from training.resilience.checkpoint.tier_hook import TierHook
-from training.resilience.checkpoint.worker import BackgroundWorker
-from training.resilience.checkpoint.writer import KitStorageWriter
-from training.runtime import torch_internals as internals
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.finish import SaveFinisher
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
+from fsdpkit.resilience.checkpoint.inflight import InflightSave, OnWait
+from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.shards import ShardWriter
+from fsdpkit.resilience.checkpoint.staging import HostStager, flatten_state, take
+from fsdpkit.resilience.checkpoint.tier_hook import TierHook
+from fsdpkit.resilience.checkpoint.worker import BackgroundWorker
+from fsdpkit.resilience.checkpoint.writer import KitStorageWriter
+from fsdpkit.runtime import torch_internals as internals
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 FOLDER_REFUSED = "rank 0 could not create or clear the step folder (see its log)"
 

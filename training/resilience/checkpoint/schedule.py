@@ -1,5 +1,5 @@
 """When to save: every `interval` steps, or with `interval: auto` the interval rank 0 chooses from its
-measurements (training.resilience.checkpoint.interval: Young/Daly).
+measurements (fsdpkit.resilience.checkpoint.interval: Young/Daly).
 
 Rank 0's choice rides on train_step's loss all-reduce (`proposal` / `agree`), so every rank saves at the
 same steps without a collective of its own.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.interval import AutoInterval
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.interval import AutoInterval
+from fsdpkit.runtime.events import EventLog
 
 
 class SaveSchedule:

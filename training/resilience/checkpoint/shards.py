@@ -13,17 +13,17 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.commit import FileEntry
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.inflight import InflightSave
-from training.resilience.checkpoint.layout import remove_step, step_dir
-from training.resilience.checkpoint.planner import ScopedSavePlanner
-from training.resilience.checkpoint.resume import one_line
-from training.resilience.checkpoint.writer import KitStorageWriter
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.commit import FileEntry
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.inflight import InflightSave
+from fsdpkit.resilience.checkpoint.layout import remove_step, step_dir
+from fsdpkit.resilience.checkpoint.planner import ScopedSavePlanner
+from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.writer import KitStorageWriter
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 Written = tuple[bool, str | None, dict[str, FileEntry]]
 """(ok, error, files written) of one rank's shard."""

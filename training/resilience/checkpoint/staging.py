@@ -21,7 +21,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
-from training.resilience.checkpoint.guard import SaveGuard, test_delay_s
+from fsdpkit.resilience.checkpoint.guard import SaveGuard, test_delay_s
 
 _PAGE_ALIGNED_FROM = 64 << 10
 """CPU staging buffers of at least this many bytes start on a page (`_PageArena`); smaller tensors go

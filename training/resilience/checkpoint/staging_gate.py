@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from training.resilience.checkpoint.inflight import SaveSlot
+from fsdpkit.resilience.checkpoint.inflight import SaveSlot
 
 
 class StagingGate:

@@ -4,7 +4,7 @@ Where: the folder the kit launcher makes for its node in memory (`$KIT_TIER_DIR`
 the kit's pods mount memory-backed), owned by the launcher and removed when it exits; a worker that dies
 (SIGKILL, OOM, a failed in-process restart, a hang restart) leaves it intact, so the next worker on the
 same node restores from it without reading shared storage. A lost node takes its folder with it: its
-buddy's copy (training.resilience.checkpoint.transfer) serves instead.
+buddy's copy (fsdpkit.resilience.checkpoint.transfer) serves instead.
 
 Layout, as the shared tier's: `step_<N:08d>/rank_<R>.blob` and `rank_<R>.json`, the record: step, rank,
 world size, size and CRC-32C of the blob, and where the copy came from (`own`, or `peer` when the rank's
@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from training.contracts import env
-from training.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, verify_file
-from training.resilience.checkpoint.layout import list_steps, step_dir
+from fsdpkit.contracts import env
+from fsdpkit.resilience.checkpoint.commit import WRITTEN_CHECKSUM, FileEntry, verify_file
+from fsdpkit.resilience.checkpoint.layout import list_steps, step_dir
 
 TIER_DIR_ENV = env.TIER_DIR
 FORMAT = "kit-tier-record/1"

@@ -1,4 +1,4 @@
-"""Where a save and a restore meet the memory tiers (training.resilience.checkpoint.memory_tiers).
+"""Where a save and a restore meet the memory tiers (fsdpkit.resilience.checkpoint.memory_tiers).
 
 Every call is a no-op without tiers. The tiers are on for every rank or for none: their collectives need
 every rank, so one node without a tier turns them off everywhere.
@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
-from training.resilience.checkpoint.config import CheckpointConfig
-from training.resilience.checkpoint.guard import SaveAbandoned
-from training.resilience.checkpoint.inflight import InflightSave
-from training.resilience.checkpoint.memory_tiers import MemoryTiers, TierRestore
-from training.resilience.checkpoint.resume import one_line
-from training.runtime.events import EventLog
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
+from fsdpkit.resilience.checkpoint.config import CheckpointConfig
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
+from fsdpkit.resilience.checkpoint.inflight import InflightSave
+from fsdpkit.resilience.checkpoint.memory_tiers import MemoryTiers, TierRestore
+from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.runtime.events import EventLog
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 
 class TierHook:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from training.resilience.checkpoint.comm import CheckpointComm
-from training.resilience.checkpoint.commit import CHECKSUMS, WRITTEN_CHECKSUM
-from training.resilience.checkpoint.guard import SaveGuard
-from training.resilience.checkpoint.tier import NodeTier, TierRecord, incoming, new_record, outgoing
+from fsdpkit.resilience.checkpoint.comm import CheckpointComm
+from fsdpkit.resilience.checkpoint.commit import CHECKSUMS, WRITTEN_CHECKSUM
+from fsdpkit.resilience.checkpoint.guard import SaveGuard
+from fsdpkit.resilience.checkpoint.tier import NodeTier, TierRecord, incoming, new_record, outgoing
 
 CHUNK_BYTES = 256 << 20
 """Bytes per message: gloo sends each as one buffer; a few hundred MB keeps every message far from any

@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from training.resilience.checkpoint.comm import SAVE_ERRORS
+from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS
 
-log = logging.getLogger("training.resilience.checkpoint")
+log = logging.getLogger("fsdpkit.resilience.checkpoint")
 _STOP = object()
 
 

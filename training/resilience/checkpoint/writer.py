@@ -54,15 +54,15 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from training.resilience.checkpoint.commit import (
+from fsdpkit.resilience.checkpoint.commit import (
     CHECKSUMS,
     METADATA_FILE,
     WRITTEN_CHECKSUM,
     FileEntry,
     shard_name,
 )
-from training.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
-from training.runtime import torch_internals as internals
+from fsdpkit.resilience.checkpoint.guard import SaveAbandoned, SaveGuard, test_delay_s
+from fsdpkit.runtime import torch_internals as internals
 
 _MAX_WRITE = 1 << 30
 _SMALL = 64 << 10

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_settings import MetricsSettings
-from training.contracts.run_layout import METRICS_DIR
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_settings import MetricsSettings
+from fsdpkit.contracts.run_layout import METRICS_DIR
 
 """Run-folder subfolder of the `file` sink's records: one `<who>-<host>-<pid>.emf.jsonl` per process."""
 QUEUE_RECORDS = 10_000

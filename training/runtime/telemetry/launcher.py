@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_settings import MetricsSettings
-from training.runtime.events import EventLog
-from training.runtime.telemetry.source import MetricSource
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_settings import MetricsSettings
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.telemetry.source import MetricSource
 
 FAULT_CLASS_OF = {"hang_detected": "silent", "node_given_up": "bad_node"}
 """Launcher events -> failure class; `worker_failed` is "hard" for the rank that failed first only."""

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from training.contracts.metrics_settings import MetricsSettings
-from training.runtime.events import EventLog
-from training.runtime.telemetry.emf import EmfPublisher
+from fsdpkit.contracts.metrics_settings import MetricsSettings
+from fsdpkit.runtime.events import EventLog
+from fsdpkit.runtime.telemetry.emf import EmfPublisher
 
 
 class MetricSource:

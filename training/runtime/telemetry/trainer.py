@@ -15,10 +15,10 @@ from typing import Any
 
 import psutil
 
-from training.contracts import metrics_catalog as catalog
-from training.contracts.metrics_settings import MetricsSettings
-from training.runtime.events import EventLog, events_dir
-from training.runtime.telemetry.source import MetricSource
+from fsdpkit.contracts import metrics_catalog as catalog
+from fsdpkit.contracts.metrics_settings import MetricsSettings
+from fsdpkit.runtime.events import EventLog, events_dir
+from fsdpkit.runtime.telemetry.source import MetricSource
 
 RECENT_STEPS = 200
 """Step durations the median (goodput, checkpoint interval in seconds) is taken over."""

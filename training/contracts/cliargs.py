@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,6 +108,13 @@ def int_arg(*, lo: int | None = None, hi: int | None = None) -> Callable[[str], 
 
     convert.__name__ = "whole number"
     return convert
+
+
+def program(default: str) -> str:
+    """The name a person typed: the console script (`kit-report`) when one started this process, else
+    `default` (`python -m fsdpkit.analysis.report`), so usage and error lines show what to type again."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("kit-") else default
 
 
 class OneLineParser(argparse.ArgumentParser):
