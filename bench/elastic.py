@@ -2,8 +2,7 @@
 as it was (wait for the replacement), side by side in one run, on 4 local pods (k8s/local.py).
 
 Cases, each a real `python -m fsdpkit.k8s local` Job (4 pods x 1 rank, gloo, the tiny Llama, 12 samples per
-optimizer
-step, async checkpoints every CKPT_INTERVAL steps):
+optimizer step, async checkpoints every CKPT_INTERVAL steps):
   kill     one rank killed (SIGKILL) at step FAULT_STEP: the kit's single-rank recovery, the yardstick of
            shrink_s;
   elastic  pod 2's node lost (every process SIGKILLed) at step FAULT_STEP, MIN_NODES=3: the other three go

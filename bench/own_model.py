@@ -2,8 +2,7 @@
 
 `python -m bench.own_model [--quick]` builds everything offline (a byte-level BPE trained on the repo's
 corpus, `python -m fsdpkit.trainer.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
-then runs
-`examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
+then runs `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
 - plain: `--plain` under torchrun: the same model, data, AdamW and schedule, no kit call, no checkpoint;
 - kit: the API (async checkpoints, in-process restart on), fault-free, saving only its final step, under
   torchrun as the plain run (the reference, and the step times with the API);

@@ -1,8 +1,7 @@
 """Stragglers: how fast a slow rank is found, that noise never is, and what replacing it gives back.
 
 `python -m bench.stragglers [--quick]` runs the rendered local Job (`python -m fsdpkit.k8s local`, the tiny
-model, 2
-pods x 1 rank, gloo), side by side in one run:
+model, 2 pods x 1 rank, gloo), side by side in one run:
   2x report        rank 1 computes 2x slower from step ONSET (`slow:step=ONSET:rank=1:factor=2`), policy
                    report
   1.5x report      the same at factor 1.5

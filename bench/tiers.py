@@ -19,8 +19,7 @@ A rank's own shard, verified before it is loaded, is then read from the page cac
 
 Figures, from each run's events (fsdpkit.analysis.metrics): a fault's restore time (the slowest rank's
 `resume`), the bytes read from the shared checkpoint folder during restores, the loop's checkpoint stall (the
-kit's
-`stall_s`: seconds the loop was blocked by saves) and its period (seconds per step over whole save
+kit's `stall_s`: seconds the loop was blocked by saves) and its period (seconds per step over whole save
 intervals, stalls and contention included), and the tiers' own work per save (`tier` events).
 RESULT restore_ratio=<tier restore s / shared restore s, summed over the kill and node cases>
 shared_reads_on_restore=<bytes the tiered restores read from shared storage> tier_stall_ratio=<steady

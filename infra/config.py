@@ -7,8 +7,7 @@ as strings and are parsed by the field's type: integers, `true`/`false`, comma-s
 
 The sections and their within-section rules (`__post_init__`) live in `fsdpkit.infra.sections`, re-exported
 here; rules across sections live in `fsdpkit.infra.validation`, which `KitConfig.__post_init__` runs. A
-`KitConfig`
-that exists is valid.
+`KitConfig` that exists is valid.
 """
 
 from __future__ import annotations

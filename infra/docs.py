@@ -2,8 +2,7 @@
 `fsdpkit.infra.config.KitConfig`.
 
 `python -m fsdpkit.infra.docs` prints the markdown table; `python -m fsdpkit.infra.docs --write` replaces the
-block between
-the markers below in docs/infra.md. A test checks the committed copy is current.
+block between the markers below in docs/infra.md. A test checks the committed copy is current.
 """
 
 from __future__ import annotations

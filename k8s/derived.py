@@ -1,8 +1,7 @@
 """Numbers derived from trusted JobValues (world size, restarts, /dev/shm size): pure functions, one place.
 
 The rules (`fsdpkit.k8s.rules`) and the template context (`fsdpkit.k8s.spec`) both use them, so a number is
-computed the
-same way where it is checked and where it is rendered.
+computed the same way where it is checked and where it is rendered.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Values reference in Markdown, generated from JobValues' field docstrings (docs/k8s.md, `--help`).
 
 `values_markdown()` is the one source for the table; `python -m fsdpkit.k8s docs` rewrites the block between
-the
-markers in docs/k8s.md and `python -m fsdpkit.k8s docs --check` fails when it is stale (a test runs the
+the markers in docs/k8s.md and `python -m fsdpkit.k8s docs --check` fails when it is stale (a test runs the
 check).
 """
 

@@ -4,8 +4,7 @@
 then
 `fsdpkit.k8s.overrides.apply_overrides`, which parses each override by its field type), and checks every rule
 (`fsdpkit.k8s.rules`), raising `ValuesError` with one line that names the key, the value and the fix. After
-that
-the values are trusted; `fsdpkit.k8s.spec` derives everything else (world size, env, command line).
+that the values are trusted; `fsdpkit.k8s.spec` derives everything else (world size, env, command line).
 
 The model, parsing, rules and derived numbers live in their own modules; the names other code uses are
 importable from here too.

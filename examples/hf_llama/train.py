@@ -6,8 +6,7 @@ MODEL is a local folder with a `config.json` (e.g. a Llama config; with `model.s
 loaded, else initialised from the seed); SHARDS is the folder `python -m fsdpkit.trainer.prepare_data` wrote
 from your text with your `tokenizer.json`. Options after the script's own (`--section.field VALUE`) and the
 Job's config file (`$KIT_CONFIG`) set the kit's sections: run, training, checkpoint, fault, inprocess,
-straggler.
-`--plain` runs the same model, data and optimizer in a plain loop with no kit call (the benchmark's
+straggler. `--plain` runs the same model, data and optimizer in a plain loop with no kit call (the benchmark's
 baseline: no checkpoints, no faults, no restarts).
 
 Everything this script needs from the kit is `from training import resilience`; the rest is PyTorch and

@@ -31,8 +31,7 @@ def allow_lustre_callbacks(
     stack: `add_ingress_rule` on another stack's group would place them in that stack and make a cycle).
 
     From another stack, pass `references_digest` (of the FSx group, `fsdpkit.infra.references`): it goes into
-    the
-    rules' description, so a replaced FSx group changes them and the deploy points them at the new group.
+    the rules' description, so a replaced FSx group changes them and the deploy points them at the new group.
     """
     description = "Lustre server callbacks to clients"
     if references_digest is not None:

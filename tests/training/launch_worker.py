@@ -3,8 +3,7 @@
 Each step all-reduces a tensor, sleeps STEP_S, then beats; state (step, value) is saved by rank 0 after
 every CKPT_EVERY steps and loaded on start, so a restarted group resumes. Faults come from
 fsdpkit.resilience.faults with the spec in KIT_TEST_FAULTS; KIT_TEST_SPIN="STEP:SECONDS:RANK" makes that
-rank compute
-(spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
+rank compute (spin on the CPU) for SECONDS in STEP without beating, a slow step that is not a hang;
 KIT_TEST_TORN_ERROR_FILE=1 leaves a torn torchelastic error file before EXIT_CODE_AT_START;
 KIT_TEST_LINGER_S=SECONDS: a rank whose collective broke (a peer died) leaves a process that beats on for
 that long, out of reach of the group's kill (a worker of the failed attempt that dies late);

@@ -133,8 +133,7 @@ Comparison = Literal["GreaterThanThreshold", "LessThanThreshold", "LessThanOrEqu
 @dataclass(frozen=True, kw_only=True)
 class AlarmThresholds:
     """What the alarms fire at; the stacks read them from `monitoring.*` in cdk.json (fsdpkit.infra.config),
-    where
-    they are checked, with these defaults."""
+    where they are checked, with these defaults."""
 
     no_progress_minutes: int = 10
     stale_checkpoint_intervals: int = 3

@@ -54,8 +54,7 @@ class HeartbeatSettings:
     """Floor of the learned timeout, seconds."""
     interrupt_grace_s: float = 0.0
     """A hung rank that says it is interruptible (fsdpkit.runtime.hang_interrupt) is interrupted first,
-    and the
-    group restarted only if it has not beaten again this many seconds later; 0 restarts at once."""
+    and the group restarted only if it has not beaten again this many seconds later; 0 restarts at once."""
     busy_cap_factor: float = 3.0
     """A rank past its timeout while a training thread of this node is busy on a CPU gets up to this x its
     timeout (never above `load_timeout_s`) before it is declared hung; 1 turns the busy check off."""

@@ -6,8 +6,7 @@ launcher interrupts: fsdpkit.runtime.hang_interrupt):
      collective with this rank fails at once (gloo has no remote abort; without this the peer would wait
      for the collective timeout); abandon the in-flight checkpoint save (it stops at its next phase and
      never commits, see fsdpkit.resilience.checkpoint.guard) and wait for it to stop; drop the model,
-     optimizer
-     and checkpointer groups;
+     optimizer and checkpointer groups;
   2. meet every rank at a barrier on a separate TCPStore (hosted by rank 0 on its own port, a fresh key
      prefix per restart generation), at most `barrier_timeout_s`;
   3. create a new default process group on a fresh key prefix, rebuild model, optimizer and checkpointer;

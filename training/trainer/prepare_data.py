@@ -25,8 +25,7 @@ Output in --out (new, or a folder without *.bin): shard_00000.bin, ... (format: 
 most --shard-tokens tokens each (default 1e8; a document may span two shards). The header holds the vocab size
 (`get_vocab_size(with_added_tokens=True)`, or the largest id + 1 if that is larger), uint16 tokens when it
 is <= 65536 (else uint32), and the tokenizer fingerprint (`fsdpkit.trainer.data.tokenizer_fingerprint`),
-which
-`check_shards(..., tokenizer_id=)` compares with the model's tokenizer. prepare.json beside the shards
+which `check_shards(..., tokenizer_id=)` compares with the model's tokenizer. prepare.json beside the shards
 records the tokenizer, fingerprint, vocab size, EOS, counts and inputs. The shards are written in a
 temporary folder next to --out and moved in at the end: a bad input leaves nothing behind.
 
