@@ -144,7 +144,7 @@ def test_bad_flags_are_one_line_before_any_aws_call(
     assert exc.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"python -m ops.{module}: error: ") and message in lines[0], lines[0]
+    assert lines[0].startswith(f"python -m fsdpkit.ops.{module}: error: ") and message in lines[0], lines[0]
     assert fake_aws.proxy.log == []  # nothing was asked of AWS, let alone deleted
 
 
