@@ -10,12 +10,21 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, record
 
+from fsdpkit.runtime import torch_internals as internals
 from fsdpkit.runtime.error_file import (
     TORCH_ERRORS_LOGGER,
     AtomicErrorHandler,
     held_parse_failures,
     set_aside_if_torn,
 )
+
+
+def test_the_handler_marks_its_override_of_torchs_private_method_and_start_up_checks_it() -> None:
+    """Renamed by torch, the override would never be called and the file written in place again: the
+    start-up check (tests/training/test_torch_internals.py breaks it) covers this class on every process."""
+    assert getattr(AtomicErrorHandler._get_error_file_path, "__override__", False)
+    assert AtomicErrorHandler in internals.OWN_OVERRIDES
+    assert internals.override_problems(AtomicErrorHandler) == []
 
 
 def test_a_recorded_exception_lands_whole_under_the_launchers_name(monkeypatch, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The one module that touches torch's private names (training/runtime/torch_internals.py): every name it
-lists exists on this torch, and a torch without one of them, or of a release outside the supported range, is
-refused at start-up with one line (exit 78) by the launcher and by a worker, before anything starts."""
+lists exists on this torch, and a torch without one of them, or older than the tested range, is refused at
+start-up with one line (exit 78) by the launcher and by a worker, before anything starts; a torch newer than
+the tested range whose every name checks out runs, with one warning line."""
 
 from __future__ import annotations
 
@@ -13,15 +14,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+from trainer_helpers import TINY
 from typing_extensions import override
 
 from fsdpkit.contracts import exitcodes
 from fsdpkit.launcher.agent import KitElasticAgent
 from fsdpkit.launcher.rendezvous.c10d import KitOpExecutor
 from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.error_file import AtomicErrorHandler
+from fsdpkit.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 KIT_CLASSES = (KitElasticAgent, KitOpExecutor)
+NEWER = "2.16.0"
+"""A release above the tested range (2.11 to 2.15)."""
+GET_ERROR_FILE = f"{ErrorHandler.__module__}.ErrorHandler._get_error_file_path"
+"""torch's private method the kit's AtomicErrorHandler overrides."""
 
 
 def test_every_private_name_the_kit_uses_is_there_on_this_torch() -> None:
@@ -30,15 +39,21 @@ def test_every_private_name_the_kit_uses_is_there_on_this_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "supported"),
-    [("2.11.0+cu130", True), ("2.13.0+cpu", True), ("2.12.1", True), ("2.10.2", False), ("2.14.0", False),
-     ("3.0.0", False), ("nightly", False)],
+    ("version", "verdict"),
+    [("2.11.0+cu130", "tested"), ("2.13.0+cpu", "tested"), ("2.12.1", "tested"), ("2.15.0", "tested"),
+     ("2.14.1+cu128", "tested"), ("2.16.0", "newer"), ("3.0.0", "newer"), ("2.10.2", "refused"),
+     ("1.13.1", "refused"), ("nightly", "refused")],
 )  # fmt: skip
-def test_the_supported_range_is_2_11_to_2_13(version: str, supported: bool) -> None:
-    problem = internals.version_problem(version)
-    assert (problem is None) is supported
-    if problem is not None:
-        assert version in problem and "2.11 to 2.13" in problem
+def test_the_tested_range_is_2_11_to_2_15_and_only_an_older_torch_is_refused(
+    version: str, verdict: str
+) -> None:
+    problem, warning = internals.version_problem(version), internals.untested_warning(version)
+    assert (problem is not None, warning is not None) == (verdict == "refused", verdict == "newer")
+    for line in (problem, warning):
+        assert line is None or (version in line and "2.11 to 2.15" in line)
+    if verdict == "refused" and version != "nightly":
+        assert "it is older than the kit's tested range (2.11 to 2.15)" in problem
+        assert "the kit handles release differences only from 2.11 on" in problem
 
 
 def test_a_name_that_is_gone_or_takes_other_parameters_is_named() -> None:
@@ -74,6 +89,27 @@ def test_an_override_of_a_hook_torch_no_longer_has_is_found() -> None:
     )
 
 
+def test_the_error_files_override_is_declared_and_a_rename_of_torchs_method_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AtomicErrorHandler overrides torch's private `ErrorHandler._get_error_file_path`: the registry lists
+    it and every start-up checks the override, on the launcher's side and the worker's (no `overrides`)."""
+    assert GET_ERROR_FILE == (
+        "torch.distributed.elastic.multiprocessing.errors.error_handler.ErrorHandler._get_error_file_path"
+    )
+    assert any(f"{i.module}.{i.name}" == GET_ERROR_FILE for i in internals.INTERNALS)
+    assert AtomicErrorHandler in internals.OWN_OVERRIDES
+    monkeypatch.setattr(ErrorHandler, "_get_error_file_path", lambda self, rank: None)
+    (drifted,) = internals.problems()
+    assert drifted.endswith("<lambda> takes (self, rank), the kit's override (self)")
+    monkeypatch.delattr(ErrorHandler, "_get_error_file_path")
+    assert internals.problems() == [
+        f"torch {torch.__version__}: {GET_ERROR_FILE} is gone",
+        f"torch {torch.__version__}: AtomicErrorHandler._get_error_file_path overrides nothing in "
+        f"{ErrorHandler.__module__}",
+    ]
+
+
 def test_replace_and_require_refuse_a_name_that_is_gone() -> None:
     module = types.ModuleType("torch.fake")
     module.kept = 1
@@ -99,8 +135,9 @@ def _with_changed_torch(
     """Run `python -m MODULE ARGV` in a process whose torch was changed first by `change` (Python code)."""
     run = f"runpy.run_module({module!r}, run_name='__main__')"
     code = "\n".join(["import runpy, sys, torch", change, f"sys.argv = [{module!r}, *{argv!r}]", run])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
-    env.pop("KIT_HEARTBEAT_DIR", None)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    for name in ("KIT_HEARTBEAT_DIR", internals.UNTESTED_WARNED_ENV, "LOCAL_RANK"):
+        env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
@@ -149,23 +186,71 @@ def test_the_launcher_on_c10d_refuses_a_torch_whose_rendezvous_internals_changed
         f"torch {torch.__version__}: torch.distributed.elastic.rendezvous.dynamic_rendezvous._delay is gone"
         in line
     )
-    assert "use a supported torch (2.11 to 2.13)" in line
+    assert "use a supported torch (2.11 to 2.15)" in line
     assert not (tmp_path / "run" / "events").exists() or not any((tmp_path / "run" / "events").iterdir())
 
 
-def test_a_worker_refuses_an_unsupported_torch_before_any_process_group(tmp_path: Path) -> None:
-    argv = [
-        "--run.id",
-        "t",
-        "--run.root",
-        str(tmp_path / "runs"),
-        "--model.name",
-        "tiny",
-        "--training.steps",
-        "2",
-    ]
-    proc = _with_changed_torch("torch.__version__ = '2.15.0'", "fsdpkit.trainer", argv, tmp_path)
+def _trainer_argv(tmp: Path) -> list[str]:
+    return ["--run.id", "t", "--run.root", str(tmp / "runs"), *TINY, "--training.steps", "2"]
+
+
+def _nothing_written(tmp: Path) -> bool:
+    return not (tmp / "runs").exists() or not any((tmp / "runs").rglob("*.json*"))
+
+
+def test_a_worker_refuses_a_torch_older_than_the_tested_range_before_any_process_group(
+    tmp_path: Path,
+) -> None:
+    proc = _with_changed_torch(
+        "torch.__version__ = '2.10.2'", "fsdpkit.trainer", _trainer_argv(tmp_path), tmp_path
+    )
     assert proc.returncode == exitcodes.FATAL_CONFIG
     line = _one_line(proc.stderr)
-    assert "torch 2.15.0 is not supported (the kit supports 2.11 to 2.13)" in line
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json*"))
+    assert line.startswith(
+        "error: torch 2.10.2 is not supported: it is older than the kit's tested range (2.11 to 2.15), "
+        "and the kit handles release differences only from 2.11 on; install torch==2.13.0"
+    )
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("change", "gone"),
+    [
+        ("import torch.distributed.distributed_c10d as c\ndel c._abort_process_group",
+         "torch.distributed.distributed_c10d._abort_process_group is gone"),
+        ("from torch.distributed.elastic.multiprocessing.errors import ErrorHandler as E\n"
+         "del E._get_error_file_path",
+         f"{GET_ERROR_FILE} is gone"),
+    ],
+    ids=["abort-group", "error-file-override"],
+)  # fmt: skip
+def test_a_worker_refuses_a_newer_torch_without_a_name_the_kit_needs(
+    tmp_path: Path, change: str, gone: str
+) -> None:
+    change = f"torch.__version__ = {NEWER!r}\n{change}"
+    proc = _with_changed_torch(change, "fsdpkit.trainer", _trainer_argv(tmp_path), tmp_path)
+    assert proc.returncode == exitcodes.FATAL_CONFIG
+    line = _one_line(proc.stderr)  # the refusal alone: no warning before it
+    assert line.startswith(f"error: torch {NEWER}: {gone}")
+    assert line.endswith("use a supported torch (2.11 to 2.15)")
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_newer_torch_whose_names_all_check_out_trains_with_one_warning_line(tmp_path: Path) -> None:
+    """Under the kit's launcher (2 ranks, forked from its zygote with the same torch): the launcher warns,
+    its workers stay quiet, and the job trains to the end."""
+    run_dir = tmp_path / "runs" / "t"
+    launcher = ["--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs")]
+    argv = [*launcher, "--run-dir", str(run_dir), "-m", "fsdpkit.trainer", *_trainer_argv(tmp_path)]
+    proc = _with_changed_torch(f"torch.__version__ = {NEWER!r}", "fsdpkit.launcher", argv, tmp_path)
+    assert proc.returncode == exitcodes.OK, proc.stderr[-4000:]
+    warned = [line for line in proc.stderr.splitlines() if "newer than the kit's tested range" in line]
+    assert warned == [
+        f"warning: torch {NEWER} is newer than the kit's tested range (2.11 to 2.15); every private torch "
+        "name the kit relies on checked out, so it runs (training/runtime/torch_internals.py)"
+    ], proc.stderr[-4000:]
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+    assert not any("newer than the kit's tested range" in text for text in logs)
+    ends = [(e["rank"], e["step"]) for e in read_events(run_dir) if e["kind"] == "end"]
+    assert sorted(ends) == [(0, 2), (1, 2)]

@@ -39,3 +39,6 @@ STACKS_DIR = "KIT_STACKS_DIR"
 """Where a rank writes its Python stacks when the launcher asks (training/runtime/stacks.py)."""
 POD_ROOT_PID = "KIT_POD_ROOT_PID"
 """The pod's main process when no POD_NAME is set (a launcher started by hand)."""
+TORCH_UNTESTED_WARNED = "KIT_TORCH_UNTESTED_WARNED"
+"""Set to the torch version once a process warned that it is newer than the tested range: the launcher's
+workers inherit it and stay quiet (one line per node, not one per rank)."""

@@ -20,13 +20,17 @@ import os
 from collections.abc import Iterator
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+from typing_extensions import override
 
 _PARTIAL = ".partial"
 
 
 class AtomicErrorHandler(ErrorHandler):
-    """torch's ErrorHandler, whose `record_exception` writes next to the file and then renames it in place."""
+    """torch's ErrorHandler, whose `record_exception` writes next to the file and then renames it in place.
+    `_get_error_file_path` is private to torch, so it is declared and checked at start-up in
+    training/runtime/torch_internals.py: after a rename torch writes in place, and `super()` here fails."""
 
+    @override
     def _get_error_file_path(self) -> str | None:
         path = super()._get_error_file_path()
         return None if path is None else path + _PARTIAL

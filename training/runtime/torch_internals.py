@@ -10,10 +10,13 @@ slower or wrong and nothing says so. Here:
 - every private name the kit reads, replaces or overrides is an `Internal` in `INTERNALS`, with why;
 - the rest of the kit reaches them only through this module (the aliases and functions below), and
   replaces a torch function only with `replace`, which refuses a name that is gone;
+- each override of a torch hook is marked `@override`, and its class is checked with `override_problems`
+  (the runtime's own, `OWN_OVERRIDES`, always; the launcher passes its agent and executor as `overrides`);
 - `check()` runs at start-up (the launcher, and every worker before its process group): the torch version
-  is in the supported range, every name exists with the parameters the kit calls it with, the kit's
-  overrides of torch's hooks still override something, and the zip shortcut round-trips a tensor. A
-  problem is one line naming the torch version and the name; the caller exits FATAL_CONFIG (78).
+  is not older than the tested range, every name exists with the parameters the kit calls it with, the
+  kit's overrides of torch's hooks still override something, and the zip shortcut round-trips a tensor. A
+  problem is one line naming the torch version and the name; the caller exits FATAL_CONFIG (78). A torch
+  newer than the tested range whose every check passes runs, with one warning line per node.
 
 Instance attributes that exist only once torch built the object (a handler's state holder) are checked
 where the kit makes the object (`require`), still before anything trains.
@@ -26,17 +29,29 @@ import functools
 import importlib
 import inspect
 import io
+import os
 import pickle
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-SUPPORTED = ((2, 11), (2, 13))
-"""Oldest and newest torch minor releases the kit is tested on (the GPU image's 2.11, the CPU pin 2.13)."""
-SUPPORTED_TEXT = "2.11 to 2.13"
+from fsdpkit.contracts import env
+from fsdpkit.runtime.error_file import AtomicErrorHandler
+
+SUPPORTED = ((2, 11), (2, 15))
+"""Oldest and newest torch minor releases the kit is tested on (the accelerator machines' 2.11, the CPU pin
+and the image's 2.13, `make test-torch` up to 2.15). An older one is refused: the kit handles release
+differences only from 2.11 on. A newer one runs, with a warning, when every private name checks out (a rename
+is what breaks the kit)."""
+SUPPORTED_TEXT = "2.11 to 2.15"
+UNTESTED_WARNED_ENV = env.TORCH_UNTESTED_WARNED
+OWN_OVERRIDES: tuple[type, ...] = (AtomicErrorHandler,)
+"""The runtime's overrides of torch's hooks, checked with every caller's `overrides` (the trainer's error
+file: `ErrorHandler._get_error_file_path` below)."""
 
 
 class TorchInternalsChanged(RuntimeError):
@@ -124,6 +139,13 @@ INTERNALS: tuple[Internal, ...] = (
         why="MASTER_PORT with the NVRx store ports free",
     ),
     Internal(module="torch.distributed.launcher.api", name="_get_addr_and_port", params=("rdzv_parameters",)),
+    # --- the error file (training/runtime/error_file.py) ----------------------------------------------------
+    Internal(
+        module="torch.distributed.elastic.multiprocessing.errors.error_handler",
+        name="ErrorHandler._get_error_file_path",
+        params=("self",),
+        why="AtomicErrorHandler overrides it: a rank's error file is written beside, then renamed",
+    ),
     # --- the agent (training/launcher/agent.py) -------------------------------------------------------------
     Internal(
         module="torch.distributed.elastic.agent.server.local_elastic_agent",
@@ -174,18 +196,34 @@ INTERNALS: tuple[Internal, ...] = (
 # --- the checks ---------------------------------------------------------------------------------------------
 
 
-def version_problem(version: str) -> str | None:
-    """Why this torch version is not supported, or None."""
+def _minor(version: str) -> tuple[int, int] | None:
     found = re.match(r"(\d+)\.(\d+)", version)
-    if found is None:
+    return None if found is None else (int(found[1]), int(found[2]))
+
+
+def version_problem(version: str) -> str | None:
+    """Why this torch version is refused (unreadable, or older than the tested range), or None."""
+    minor = _minor(version)
+    if minor is None:
         return f"torch {version}: cannot read its version; the kit supports torch {SUPPORTED_TEXT}"
-    minor = (int(found[1]), int(found[2]))
-    if not SUPPORTED[0] <= minor <= SUPPORTED[1]:
+    if minor < SUPPORTED[0]:
         return (
-            f"torch {version} is not supported (the kit supports {SUPPORTED_TEXT}); "
-            "install torch==2.13.0 (requirements.txt) or the GPU image's 2.11"
+            f"torch {version} is not supported: it is older than the kit's tested range ({SUPPORTED_TEXT}), "
+            f"and the kit handles release differences only from {SUPPORTED[0][0]}.{SUPPORTED[0][1]} on; "
+            "install torch==2.13.0 (requirements/dev.txt, the kit's image) or 2.11 to 2.15"
         )
     return None
+
+
+def untested_warning(version: str) -> str | None:
+    """The warning for a torch newer than the tested range (its private names checked out), or None."""
+    minor = _minor(version)
+    if minor is None or minor <= SUPPORTED[1]:
+        return None
+    return (
+        f"warning: torch {version} is newer than the kit's tested range ({SUPPORTED_TEXT}); every private "
+        "torch name the kit relies on checked out, so it runs (training/runtime/torch_internals.py)"
+    )
 
 
 def _resolve(module: str, name: str) -> Any:
@@ -287,7 +325,7 @@ def problems(overrides: tuple[type, ...] = (), *, c10d_rendezvous: bool = True) 
     rendezvous' names only with `c10d_rendezvous`)."""
     wanted = [item for item in INTERNALS if c10d_rendezvous or not item.c10d_rendezvous]
     found = [p for item in wanted if (p := internal_problem(item)) is not None]
-    for klass in overrides:
+    for klass in (*OWN_OVERRIDES, *overrides):
         found += override_problems(klass)
     if not found and (problem := _zip_round_trip_problem()) is not None:
         found.append(problem)
@@ -305,11 +343,25 @@ def describe(found: list[str]) -> str:
 
 @functools.cache
 def check(overrides: tuple[type, ...] = (), *, c10d_rendezvous: bool = False) -> str | None:
-    """One line if this torch cannot run the kit, else None (checked once per process and set of classes)."""
+    """One line if this torch cannot run the kit, else None (checked once per process and set of classes).
+    A torch newer than the tested range that passes every check gets one warning line on stderr."""
     if (problem := version_problem(torch.__version__)) is not None:
         return problem
     found = problems(overrides=overrides, c10d_rendezvous=c10d_rendezvous)
-    return describe(found) if found else None
+    if found:
+        return describe(found)
+    if (warning := untested_warning(torch.__version__)) is not None:
+        _warn_once(warning)
+    return None
+
+
+def _warn_once(line: str) -> None:
+    """Print `line` unless this node already did: a worker of a launcher that warned, or a local rank
+    other than 0 (torchrun's workers, whose launcher checks nothing)."""
+    if os.environ.get(UNTESTED_WARNED_ENV) == torch.__version__ or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    os.environ[UNTESTED_WARNED_ENV] = torch.__version__
+    print(line, file=sys.stderr, flush=True)
 
 
 def require(obj: Any, *names: str) -> None:
