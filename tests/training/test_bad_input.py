@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from fsdpkit.analysis import report
 from fsdpkit.contracts import exitcodes
-from fsdpkit.trainer import make_shards, train
+from fsdpkit.data import make_shards
+from fsdpkit.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--run.id", "bad", "--model.name", "tiny", "--training.steps", "16"]

@@ -19,8 +19,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from fsdpkit.contracts import exitcodes
-from fsdpkit.trainer import make_shards, prepare_data
-from fsdpkit.trainer.shards import TokenShards, check_shards, read_header, shard_files, tokenizer_fingerprint
+from fsdpkit.data import make_shards, prepare_data
+from fsdpkit.data.prepare_data import tokenizer_fingerprint
+from fsdpkit.resilience.dataset.format import TokenShards, check_shards, read_header, shard_files
 from tests.fixtures.tokenizers import EOS, corpus_files, train_bpe_tokenizer, wordlevel_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,7 +210,7 @@ def test_the_same_inputs_give_the_same_bytes_in_process_and_from_the_cli(
     argv = ["--tokenizer", str(bpe), "--shard-tokens", "5000", str(src), str(corpus_files()[0])]
     run([*argv, "--out", str(tmp_path / "a")])
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdpkit.trainer.prepare_data", *argv, "--out", str(tmp_path / "b")],
+        [sys.executable, "-m", "fsdpkit.data.prepare_data", *argv, "--out", str(tmp_path / "b")],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -430,7 +431,7 @@ def test_a_bad_command_line_is_argparse_exit_2(bpe: Path, tmp_path: Path, capsys
         )
     assert exc.value.code == exitcodes.USAGE
     assert capsys.readouterr().err == (
-        "python -m fsdpkit.trainer.prepare_data: error: argument --shard-tokens: '0': must be at least 1\n"
+        "python -m fsdpkit.data.prepare_data: error: argument --shard-tokens: '0': must be at least 1\n"
     )
 
 
@@ -438,7 +439,7 @@ def test_bad_input_from_the_cli_has_no_traceback(bpe: Path, tmp_path: Path) -> N
     src = _jsonl(tmp_path, '{"text": "fine"}', "{oops")
     argv = ["--tokenizer", str(bpe), "--out", str(tmp_path / "o"), src]
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdpkit.trainer.prepare_data", *argv],
+        [sys.executable, "-m", "fsdpkit.data.prepare_data", *argv],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == exitcodes.FATAL_CONFIG and proc.stdout == ""

@@ -14,8 +14,9 @@ import pytest
 import torch.distributed as dist
 
 from fsdpkit.contracts import exitcodes
+from fsdpkit.data import prepare_data
 from fsdpkit.runtime.events import read_events
-from fsdpkit.trainer import prepare_data, train
+from fsdpkit.trainer import train
 from tests.fixtures.tokenizers import corpus_files, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

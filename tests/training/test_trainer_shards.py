@@ -1,4 +1,4 @@
-"""Token shards: the tool's round trip, the loader's windows, and damaged shards rejected."""
+"""Token shards: the tool's round trip, the windows TokenDataset reads, damaged shards refused."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from trainer_helpers import REPO
 
-from fsdpkit.trainer.config import ConfigError, DataConfig, load_config
-from fsdpkit.trainer.data import TokenLoader
-from fsdpkit.trainer.make_shards import EOS, decode
-from fsdpkit.trainer.shards import TokenShards, read_header
+from fsdpkit import resilience
+from fsdpkit.data.make_shards import EOS, decode
+from fsdpkit.resilience.dataset.format import TokenShards, read_header
+from fsdpkit.trainer.config import ConfigError, load_config
 
 
 def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -25,7 +25,7 @@ def _make(tmp: Path, texts: list[str], *extra: str) -> tuple[Path, subprocess.Co
         files.append(str(f))
     out = tmp / "shards"
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdpkit.trainer.make_shards", *files, "--out", str(out), *extra],
+        [sys.executable, "-m", "fsdpkit.data.make_shards", *files, "--out", str(out), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return out, proc
@@ -48,8 +48,13 @@ def test_loader_reads_windows_of_the_stream_in_a_seeded_order(tmp_path: Path) ->
     out, proc = _make(tmp_path, [text], "--shard-tokens", "64")
     assert proc.returncode == 0, proc.stderr
     stream = TokenShards(out).read(0, TokenShards(out).num_tokens)
-    cfg = DataConfig(kind="shards", path=str(out), seq_len=15, batch_size=2)
-    loaders = [TokenLoader(cfg, vocab_size=2048, seed=3, rank=r, world_size=2) for r in range(2)]
+    cfg = resilience.load_config(["--run.id", "x", "--checkpoint.mode", "off"])
+    plan = resilience.plan_batch(cfg, micro_batch=2, world_size=2)
+
+    def dataset(rank: int) -> resilience.TokenDataset:
+        return resilience.TokenDataset(out, seq_len=15, plan=plan, rank=rank, seed=3, vocab_size=2048)
+
+    loaders = [dataset(r) for r in range(2)]
     windows = stream.size // 16
     seen = set()
     for _ in range(windows // 4):
@@ -60,9 +65,9 @@ def test_loader_reads_windows_of_the_stream_in_a_seeded_order(tmp_path: Path) ->
                 start = next(i for i in range(0, windows * 16, 16) if np.array_equal(stream[i : i + 16], row))
                 seen.add(start)
     assert len(seen) == (windows // 4) * 4, "every window of an epoch is distinct"
-    replay = TokenLoader(cfg, vocab_size=2048, seed=3, rank=1, world_size=2)
+    replay = dataset(1)
     replay.load_state_dict({"samples_consumed": 4})
-    again = TokenLoader(cfg, vocab_size=2048, seed=3, rank=1, world_size=2)
+    again = dataset(1)
     again.next_batch()
     assert np.array_equal(replay.next_batch()[0].numpy(), again.next_batch()[0].numpy())
 
@@ -80,7 +85,7 @@ def test_truncated_shard_is_a_one_line_config_error(tmp_path: Path) -> None:
 
 def test_tool_rejects_missing_input(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdpkit.trainer.make_shards", str(tmp_path / "absent.txt"),
+        [sys.executable, "-m", "fsdpkit.data.make_shards", str(tmp_path / "absent.txt"),
          "--out", str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

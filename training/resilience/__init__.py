@@ -4,21 +4,24 @@ guarantees. Everything else under `training/` is private and may change between 
     from fsdpkit import resilience
 
     def build(job: resilience.Job, *, init_weights: bool) -> resilience.Session:
-        model, optimizer, scheduler, loader = ...          # your model on job.ctx.mesh, your data
-        state = resilience.TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=loader,
-                                      rank=job.ctx.rank)
+        model, optimizer, scheduler = ...                  # your model on job.ctx.mesh
+        data = resilience.TokenDataset(path, seq_len=seq_len, plan=plan, rank=job.ctx.rank, seed=seed)
+        state = resilience.TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data,
+                                      rank=job.ctx.rank, data_global=True)
         return resilience.Session(job, state)
 
     def train(job: resilience.Job, session: resilience.Session) -> None:
         while session.step < job.cfg.training.steps:
             with job.step(session) as step:                # planned faults, the step's bracket
-                loss = compute_loss(...); loss.backward()
+                for inputs, targets in session.state.data.step_batches():
+                    loss = compute_loss(inputs, targets) / plan.accum; loss.backward()
                 with step.update():                        # optimizer + schedule: live state torn inside
                     optimizer.step(); optimizer.zero_grad(); scheduler.step()
                 step.report(loss)                          # the one all-reduce: mean loss, drain, interval
             # leaving the block: the step event, the heartbeat, the checkpoint if due, the drain if agreed
 
-    resilience.leave(resilience.run(resilience.load_config(rest_of_argv), build=build, train=train))
+    plan = resilience.plan_batch(resilience.load_config(rest_of_argv), micro_batch=B, world_size=W)
+    resilience.leave(resilience.run(plan.config, build=build, train=train))
 
 The public names:
 - `load_config`, `ResilienceConfig`, `ConfigError`: the typed, frozen config (run, training, checkpoint,
@@ -36,6 +39,10 @@ The public names:
   batch (`training.global_batch`) exact on this world size, before any process group, and `.config`, the
   config with the plan in it: pass that one to `run`, and a checkpoint resumes on another world size too
   (resharded: the same global batches, every sample once).
+- `TokenDataset(path, seq_len=, plan=, rank=, seed=)`: token data without a reader of your own: the kit's
+  shards (kit-prepare-data) or a Megatron-LM .bin/.idx prefix, memory-mapped, in the kit's seeded order;
+  this rank's micro-batches of each global batch (`step_batches()`), the global ids each step took
+  (`step_samples`); Stateful, a global cursor (`data_global=True`). `TokenDataset.check` is the config check.
 - `leave(code)`: exit with `code` without the interpreter's teardown of torch's C++ state, which now and
   then aborts a process whose work is done (SIGABRT: a launcher would count a finished rank as failed).
 - `API_VERSION`.
@@ -51,6 +58,7 @@ from fsdpkit.resilience.config import ConfigError, ResilienceConfig, load_config
 
 if TYPE_CHECKING:
     from fsdpkit.resilience.batch import plan_batch
+    from fsdpkit.resilience.dataset.tokens import TokenDataset
     from fsdpkit.resilience.faults import InjectedFault
     from fsdpkit.resilience.job import Job
     from fsdpkit.resilience.run import run
@@ -58,9 +66,9 @@ if TYPE_CHECKING:
     from fsdpkit.resilience.state import TrainState
     from fsdpkit.runtime.process_exit import leave
 
-API_VERSION = "2.0"
-"""Semantic version of this surface: a name removed, or a signature or behaviour broken, bumps the major
-number (docs/own-model.md lists what each version changed)."""
+API_VERSION = "2.1"
+"""Semantic version of this surface: a name added bumps the minor number; a name removed, or a signature or
+behaviour broken, the major (docs/own-model.md lists what each version changed)."""
 
 _LAZY = {
     "Job": "fsdpkit.resilience.job",
@@ -70,11 +78,12 @@ _LAZY = {
     "leave": "fsdpkit.runtime.process_exit",
     "InjectedFault": "fsdpkit.resilience.faults",
     "plan_batch": "fsdpkit.resilience.batch",
+    "TokenDataset": "fsdpkit.resilience.dataset.tokens",
 }
 
 __all__ = [
-    "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TrainState",
-    "leave", "load_config", "plan_batch", "run",
+    "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TokenDataset",
+    "TrainState", "leave", "load_config", "plan_batch", "run",
 ]  # fmt: skip
 
 

@@ -56,9 +56,10 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     kind: Literal["synthetic", "shards"] = "synthetic"
-    """Token source: a deterministic synthetic stream, or memory-mapped token shards (see make_shards)."""
+    """Token source: a deterministic synthetic stream, or memory-mapped token shards (see data.path)."""
     path: str = ""
-    """Folder of token shards (*.bin from `python -m fsdpkit.trainer.make_shards`); only for kind=shards."""
+    """Folder of token shards (kit-prepare-data or kit-make-shards), or a Megatron-LM dataset prefix
+    (PREFIX.bin + PREFIX.idx); only for kind=shards."""
     seq_len: int = 128
     """Tokens per sample (the model sees seq_len inputs and predicts seq_len targets)."""
     batch_size: int = defaults.MICRO_BATCH
@@ -154,37 +155,32 @@ def _validate_trainer(cfg: TrainConfig) -> None:
             f"lower data.seq_len"
         )
     if cfg.data.kind == "shards":
-        from fsdpkit.trainer.shards import (
-            check_shards,  # data owns its format; it imports torch: only when needed
-        )
-
         try:
-            check_shards(
+            resilience.TokenDataset.check(
                 cfg.data.path, seq_len=cfg.data.seq_len, vocab_size=margs.vocab_size,
-                tokenizer_id=_model_tokenizer(cfg),
+                tokenizer_json=_model_tokenizer(cfg), option="data.path",
             )  # fmt: skip
         except (ValueError, OSError) as exc:
             raise ConfigError(str(exc)) from None
 
 
-def _model_tokenizer(cfg: TrainConfig) -> int | None:
-    """The fingerprint of the tokenizer.json beside model.hf_path's config (the shards must be made with
-    it), after checking its vocab fits the model's; None when there is none (nothing to compare)."""
+def _model_tokenizer(cfg: TrainConfig) -> str | None:
+    """The tokenizer.json beside model.hf_path's config as the `tokenizers` library writes it (the shards
+    must be made with it), after checking its vocab fits the model's; None when there is none (nothing to
+    compare)."""
     if not cfg.model.hf_path:
         return None
     path = Path(cfg.model.hf_path) / "tokenizer.json"
     if not path.is_file():
         return None
     from fsdpkit.contracts.hf_config import HfModelError, check_tokenizer, read_hf_config
-    from fsdpkit.trainer.shards import tokenizer_fingerprint
 
     try:
         from tokenizers import Tokenizer
 
-        check_tokenizer(
-            Tokenizer.from_file(str(path)).get_vocab_size(True), read_hf_config(cfg.model.hf_path)
-        )
-        return tokenizer_fingerprint(path)
+        tokenizer = Tokenizer.from_file(str(path))
+        check_tokenizer(tokenizer.get_vocab_size(True), read_hf_config(cfg.model.hf_path))
+        return tokenizer.to_str()
     except HfModelError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except Exception as exc:  # the tokenizers library's own errors: not a tokenizer.json it can read

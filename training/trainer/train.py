@@ -76,14 +76,29 @@ class KitTrainer:
             weight_decay=cfg.optim.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg.optim, cfg.training.steps))
-        data = TokenLoader(
-            cfg.data, vocab_size=self.shape.vocab_size, seed=cfg.run.seed, rank=ctx.rank,
-            world_size=ctx.world_size,
-        )  # fmt: skip
+        data = self._data(ctx.rank, ctx.world_size)
         state = resilience.TrainState(  # the sample cursor is global: a resume on other ranks reshards
             model=model, optimizer=optimizer, scheduler=scheduler, data=data, rank=ctx.rank, data_global=True
         )
         return resilience.Session(job, state)
+
+    def _data(self, rank: int, world_size: int) -> resilience.TokenDataset | TokenLoader:
+        """The token source at sample 0: the shards or a Megatron-LM prefix through the API's dataset (each
+        global batch split by the plan for this world size), or the synthetic stream (the same split)."""
+        cfg = self.cfg
+        if cfg.data.kind == "synthetic":
+            return TokenLoader(
+                cfg.data,
+                vocab_size=self.shape.vocab_size,
+                seed=cfg.run.seed,
+                rank=rank,
+                world_size=world_size,
+            )
+        plan = resilience.plan_batch(cfg, micro_batch=cfg.data.batch_size, world_size=world_size)
+        return resilience.TokenDataset(
+            cfg.data.path, seq_len=cfg.data.seq_len, plan=plan, rank=rank, seed=cfg.run.seed,
+            vocab_size=self.shape.vocab_size, option="data.path",
+        )  # fmt: skip
 
     def _own_model(self, ctx, *, param_dtype: torch.dtype | None, init_weights: bool) -> torch.nn.Module:
         cfg = self.cfg

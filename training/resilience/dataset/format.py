@@ -1,11 +1,11 @@
-"""Token shards on disk, the kit's data format: memory-mapped, read as one concatenated token stream.
+"""The kit's token shard format, KITTOK01: the data tools write it (fsdpkit.data), `TokenDataset` reads it.
 
 Shard format (one `*.bin` file per shard, files read in name order, tokens concatenated):
   bytes 0-7    magic b"KITTOK01"
   bytes 8-11   item size in bytes, uint32 little-endian (2 = uint16 tokens, 4 = uint32 tokens)
   bytes 12-15  vocab size, uint32 (every token id is < vocab size)
   bytes 16-23  number of tokens, uint64
-  bytes 24-31  tokenizer fingerprint, uint64 (`tokenizer_fingerprint`; 0 = unknown or the kit's byte
+  bytes 24-31  tokenizer fingerprint, uint64 (`fingerprint_json`; 0 = unknown or the kit's byte
                tokenizer, which make_shards writes; prepare_data writes the Hugging Face tokenizer's)
   bytes 32-    the tokens, little-endian
 
@@ -22,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fsdpkit.resilience.dataset.stream import TokenStream
+
 MAGIC = b"KITTOK01"
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+REMAKE = "make the folder again with kit-prepare-data (a Hugging Face tokenizer) or kit-make-shards"
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,6 @@ def fingerprint_json(tokenizer_json: str) -> int:
     return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:8], "little") or 1
 
 
-def tokenizer_fingerprint(path: str | Path) -> int:
-    """`fingerprint_json` of the Hugging Face tokenizer.json at `path`, as the `tokenizers` library reads
-    it (so two files that differ only in layout match). Raises what `Tokenizer.from_file` raises."""
-    from tokenizers import Tokenizer  # only here: the rest of this module needs no tokenizer library
-
-    return fingerprint_json(Tokenizer.from_file(str(path)).to_str())
-
-
 def write_shard(path: str | Path, tokens: np.ndarray, *, vocab_size: int, tokenizer_id: int = 0) -> None:
     """Write one shard (uint16 when the vocab fits, else uint32), atomically via a temporary name;
     `tokenizer_id` is the tokenizer fingerprint stored in the header (0: unknown / the byte tokenizer)."""
@@ -73,13 +68,19 @@ def write_shard(path: str | Path, tokens: np.ndarray, *, vocab_size: int, tokeni
 
 
 def read_header(path: str | Path) -> ShardHeader:
+    """The header of one shard, checked against the file's size; ValueError (one line) otherwise."""
     path = Path(path)
     with open(path, "rb") as fh:
         raw = fh.read(HEADER.size)
     if len(raw) < HEADER.size:
-        raise ValueError(f"shard {str(path)!r} is shorter than its {HEADER.size}-byte header")
+        raise ValueError(f"shard {str(path)!r} is shorter than its {HEADER.size}-byte header: {REMAKE}")
     magic, itemsize, vocab, n, tokenizer_id = HEADER.unpack(raw)
     if magic != MAGIC or itemsize not in _DTYPES:
+        if path.with_suffix(".idx").is_file():
+            raise ValueError(
+                f"{str(path)!r} is a Megatron-LM .bin, not a token shard: pass its prefix "
+                f"{str(path.with_suffix(''))!r} instead of the folder"
+            )
         raise ValueError(
             f"{str(path)!r} is not a token shard (bad magic or item size): rebuild it with make_shards"
         )
@@ -97,21 +98,23 @@ def shard_files(folder: str | Path) -> list[Path]:
 
 
 def check_shards(
-    folder: str | Path, *, seq_len: int, vocab_size: int, tokenizer_id: int | None = None
+    folder: str | Path,
+    *,
+    seq_len: int,
+    vocab_size: int | None = None,
+    tokenizer_id: int | None = None,
+    option: str = "data.path",
 ) -> None:
-    """Validate a shard folder against the run's settings; ValueError with a one-line fix otherwise.
+    """Validate a shard folder against a run's settings; ValueError with a one-line fix otherwise.
 
     The shards of one folder must share one tokenizer fingerprint. `tokenizer_id` (the model's tokenizer,
-    `tokenizer_fingerprint`; 0 for the kit's byte tokenizer) must then equal it exactly: shards of the byte
-    tokenizer (0) do not fit a model with a Hugging Face tokenizer, nor the reverse. None skips that check.
+    `fingerprint_json`; 0 for the kit's byte tokenizer) must then equal it exactly: shards of the byte
+    tokenizer (0) do not fit a model with a Hugging Face tokenizer, nor the reverse. None skips that check,
+    and `vocab_size` None the vocab's. `option` names the folder in messages as the user gave it.
     """
-    if not Path(folder).is_dir():
-        raise ValueError(f"data.path={str(folder)!r} is not a folder: pass the --out folder of make_shards")
     files = shard_files(folder)
     if not files:
-        raise ValueError(
-            f"data.path={str(folder)!r} holds no *.bin shards: run python -m fsdpkit.trainer.make_shards"
-        )
+        raise ValueError(f"{option}={str(folder)!r} holds no *.bin shards: {REMAKE}")
     headers = [read_header(f) for f in files]
     ids: dict[int, Path] = {}  # fingerprint -> its first shard, in name order
     for f, h in zip(files, headers, strict=True):
@@ -134,42 +137,30 @@ def check_shards(
             f"(fingerprint {made_with:016x} vs {tokenizer_id:016x}): {fix}"
         )
     vocab = max(h.vocab_size for h in headers)
-    if vocab > vocab_size:
+    if vocab_size is not None and vocab > vocab_size:
         raise ValueError(
             f"shards in {str(folder)!r} use vocab size {vocab} > the model's {vocab_size}: "
-            f"pick a larger model"
+            f"pick a larger model, or tokenize with the model's tokenizer"
         )
     total = sum(h.num_tokens for h in headers)
     if total < seq_len + 1:
         raise ValueError(
             f"shards in {str(folder)!r} hold {total} tokens, fewer than one sample "
-            f"(seq_len + 1 = {seq_len + 1}): "
-            f"add text or lower data.seq_len"
+            f"(seq_len + 1 = {seq_len + 1}): add text or lower the sequence length"
         )
 
 
-class TokenShards:
-    """Memory-mapped shards read as one concatenated token stream."""
+class TokenShards(TokenStream):
+    """A shard folder's files, memory-mapped, read as one concatenated token stream."""
 
     def __init__(self, folder: str | Path) -> None:
         self.files = shard_files(folder)
-        self.maps = []
+        maps = []
         for f in self.files:
             h = read_header(f)
-            self.maps.append(
+            if not h.num_tokens:  # an empty shard holds nothing to map (mmap refuses a length of 0)
+                continue
+            maps.append(
                 np.memmap(f, dtype=_DTYPES[h.itemsize], mode="r", offset=HEADER.size, shape=(h.num_tokens,))
             )
-        self.starts = np.cumsum([0] + [m.size for m in self.maps])
-        self.num_tokens = int(self.starts[-1])
-
-    def read(self, start: int, length: int) -> np.ndarray:
-        out = np.empty(length, dtype=np.int64)
-        filled = 0
-        while filled < length:
-            pos = start + filled
-            i = int(np.searchsorted(self.starts, pos, side="right")) - 1
-            local = pos - int(self.starts[i])
-            take = min(length - filled, self.maps[i].size - local)
-            out[filled : filled + take] = self.maps[i][local : local + take]
-            filled += take
-        return out
+        super().__init__(maps)

@@ -1,7 +1,7 @@
-"""Tokenize text with a Hugging Face tokenizer into token shards: `python -m fsdpkit.trainer.prepare_data`.
+"""Tokenize text with a Hugging Face tokenizer into token shards: `python -m fsdpkit.data.prepare_data`.
 
 Usage:
-  python -m fsdpkit.trainer.prepare_data --tokenizer PATH/tokenizer.json --out DIR [--text-field text]
+  python -m fsdpkit.data.prepare_data --tokenizer PATH/tokenizer.json --out DIR [--text-field text]
       [--split SPLIT] [--split-lines] [--eos-token TOKEN] [--parse-special] [--shard-tokens N] INPUT...
 
 INPUT, read in the order given (the same inputs and tokenizer give the same shard bytes):
@@ -21,11 +21,12 @@ tokens written in the text are encoded as plain text, so only the appended EOS e
 EOS: --eos-token; else the `eos_token` of a tokenizer_config.json next to tokenizer.json; else the first
 of </s>, <|end_of_text|>, <|endoftext|> in the vocab. It must be in the vocab.
 
-Output in --out (new, or a folder without *.bin): shard_00000.bin, ... (format: fsdpkit.trainer.data), at
-most --shard-tokens tokens each (default 1e8; a document may span two shards). The header holds the vocab size
-(`get_vocab_size(with_added_tokens=True)`, or the largest id + 1 if that is larger), uint16 tokens when it
-is <= 65536 (else uint32), and the tokenizer fingerprint (`fsdpkit.trainer.data.tokenizer_fingerprint`),
-which `check_shards(..., tokenizer_id=)` compares with the model's tokenizer. prepare.json beside the shards
+Output in --out (new, or a folder without *.bin): shard_00000.bin, ... (the API's format:
+fsdpkit.resilience.dataset.format), at most --shard-tokens tokens each (default 1e8; a document may span two
+shards). The header holds the vocab size (`get_vocab_size(with_added_tokens=True)`, or the largest id + 1 if
+that is larger), uint16 tokens when it is <= 65536 (else uint32), and the tokenizer fingerprint
+(`tokenizer_fingerprint`), which `resilience.TokenDataset.check(..., tokenizer_json=)` compares with the
+model's tokenizer. prepare.json beside the shards
 records the tokenizer, fingerprint, vocab size, EOS, counts and inputs. The shards are written in a
 temporary folder next to --out and moved in at the end: a bad input leaves nothing behind.
 
@@ -47,15 +48,23 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import tokenizers
-from tokenizers import Tokenizer
 
 from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts.cliargs import OneLineParser, int_arg, program
-from fsdpkit.trainer.shards import fingerprint_json, shard_files, write_shard
+from fsdpkit.contracts.extras import MissingExtra, require
+from fsdpkit.resilience.dataset.format import fingerprint_json, shard_files, write_shard
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+
+def _tokenizers() -> Any:
+    """The `tokenizers` library (the hf extra), imported when a tokenizer is first read."""
+    return require("tokenizers", extra="hf", needed_by="kit-prepare-data")
+
 
 EOS_CANDIDATES = ("</s>", "<|end_of_text|>", "<|endoftext|>")
 TEXT_SUFFIXES = (".txt",)
@@ -113,6 +122,12 @@ class Encoder:
 # --- the tokenizer ------------------------------------------------------------------------------------
 
 
+def tokenizer_fingerprint(path: str | Path) -> int:
+    """`fingerprint_json` of the Hugging Face tokenizer.json at `path`, as the `tokenizers` library reads
+    it (so two files that differ only in layout match). Raises what `Tokenizer.from_file` raises."""
+    return fingerprint_json(_tokenizers().Tokenizer.from_file(str(path)).to_str())
+
+
 def load_tokenizer(path: Path, *, eos_token: str | None = None, parse_special: bool = False) -> Encoder:
     """Read tokenizer.json (strictly: UTF-8, JSON, a `tokenizers` tokenizer) and pick the EOS token."""
     if not path.exists():
@@ -139,7 +154,7 @@ def load_tokenizer(path: Path, *, eos_token: str | None = None, parse_special: b
     except json.JSONDecodeError as exc:
         raise PrepareError(f"{what} is not JSON ({exc.msg} at line {exc.lineno}): {fix}") from None
     try:
-        tok = Tokenizer.from_str(text)
+        tok = _tokenizers().Tokenizer.from_str(text)
     except Exception as exc:  # the Rust library raises a bare Exception
         reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise PrepareError(f"{what} is JSON but not a tokenizer.json ({reason}): {fix}") from None
@@ -500,10 +515,10 @@ def _summary(
     enc: Encoder, writer: _ShardWriter, stats: list[InputStats], settings: dict[str, Any]
 ) -> dict[str, Any]:
     return {
-        "tool": "python -m fsdpkit.trainer.prepare_data",
+        "tool": "python -m fsdpkit.data.prepare_data",
         "tokenizer": str(enc.path.absolute()),
         "fingerprint": f"{enc.fingerprint:016x}",
-        "tokenizers_version": tokenizers.__version__,
+        "tokenizers_version": _tokenizers().__version__,
         "vocab_size": enc.vocab_size,
         "itemsize": 2 if enc.vocab_size <= 2**16 else 4,
         "eos_token": enc.eos_token,
@@ -529,7 +544,7 @@ def _move_in(staging: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
-        prog=program("python -m fsdpkit.trainer.prepare_data"), description=__doc__.splitlines()[0]
+        prog=program("python -m fsdpkit.data.prepare_data"), description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "inputs", nargs="+", type=Path, metavar="INPUT",
@@ -581,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             parse_special=args.parse_special,
             shard_tokens=args.shard_tokens,
         )
-    except PrepareError as exc:
+    except (PrepareError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG
     print(

@@ -1,9 +1,9 @@
-"""Make token shards from text files: `python -m fsdpkit.trainer.make_shards TEXT_FILES... --out DIR`.
+"""Make token shards from text files: `python -m fsdpkit.data.make_shards TEXT_FILES... --out DIR`.
 
 Tokenizer: byte-level, documented and dependency-free. Each file is one document; its UTF-8 bytes are
 the token ids 0-255 and token 256 (EOS) ends the document, so the vocab size is 257 (uint16 shards).
 Shards hold at most --shard-tokens tokens each and are named shard_00000.bin, ... (format:
-fsdpkit.trainer.data).
+fsdpkit.resilience.dataset.format).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts.cliargs import OneLineParser, int_arg, program
-from fsdpkit.trainer.shards import shard_files, write_shard
+from fsdpkit.resilience.dataset.format import shard_files, write_shard
 
 EOS = 256
 VOCAB_SIZE = 257
@@ -69,7 +69,7 @@ def make_shards(files: list[Path], out: Path, *, shard_tokens: int) -> list[Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
-        prog=program("python -m fsdpkit.trainer.make_shards"), description=__doc__.splitlines()[0]
+        prog=program("python -m fsdpkit.data.make_shards"), description=__doc__.splitlines()[0]
     )
     parser.add_argument("files", nargs="+", type=Path, help="UTF-8 (or any) text files; one document each")
     parser.add_argument("--out", required=True, type=Path, help="output folder for shard_*.bin")
