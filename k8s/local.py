@@ -44,6 +44,14 @@ from fsdpkit.k8s.render import Manifest
 from fsdpkit.k8s.spec import INDEX_ANNOTATION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CHECKOUT = REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else None
+"""The repository when the kit runs from a checkout: the pods start there, with it on PYTHONPATH (as the
+image's WORKDIR and code; examples/, bench/ and tests/ import from it). None when the kit is an installed
+wheel: the pods start in the caller's folder, as a user's `kit-job local` from their project expects."""
+LAUNCHER_PREFIX = "kit-launch: "
+"""How the kit launcher's lines begin: the last one of a pod that failed the Job says why."""
+PUMP_DRAIN_S = 5.0
+"""Longest wait for an exited pod's last lines to reach its log (a child that still holds the pipe)."""
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -199,6 +207,8 @@ class LocalRunner:
         and it goes with the pod."""
         self.pods: list[PodRecord] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._pumps: dict[str, threading.Thread] = {}
+        """Pod name -> the thread copying its output to its log (done once the pod's pipe is drained)."""
         self._store: subprocess.Popen[bytes] | None = None
         self._store_starts = 0
         self._lock = threading.Lock()
@@ -306,7 +316,9 @@ class LocalRunner:
         # The image puts its venv first on PATH; here this interpreter's folder plays it, so a `python`
         # inside the command (the exit-78 wrappers) is the one with torch, as in the container.
         env["PATH"] = os.pathsep.join(filter(None, [str(Path(self.python).parent), env.get("PATH", "")]))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        code = [str(CHECKOUT) if CHECKOUT else "", os.environ.get("PYTHONPATH", "")]
+        if path := os.pathsep.join(filter(None, code)):
+            env["PYTHONPATH"] = path
         return env
 
     # -- running
@@ -322,6 +334,7 @@ class LocalRunner:
         raw = list(self.job.store.get("command", [])) + list(self.job.store.get("args", []))
         argv = [re.sub(r"^--port=\d+$", f"--port={self.port}", a) for a in raw]
         argv[0] = self.python if argv[0] in ("python", "python3") else argv[0]
+        argv.append("--exit-with-parent")  # a runner killed outright must not leave its store serving
         self._store = self._popen(argv, self._host_env(), record)
 
     def _restart_store_if_gone(self) -> bool:
@@ -335,14 +348,16 @@ class LocalRunner:
     def _popen(self, argv: list[str], env: dict[str, str], record: PodRecord) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             argv,
-            cwd=str(REPO_ROOT),
+            cwd=str(CHECKOUT or Path.cwd()),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a pod is a process group; stopping it reaches every child
         )
-        threading.Thread(target=self._pump, args=(proc, record), daemon=True).start()
+        pump = threading.Thread(target=self._pump, args=(proc, record), daemon=True)
+        self._pumps[record.name] = pump
+        pump.start()
         return proc
 
     def _start(self, index: int, attempt: int) -> PodRecord:
@@ -352,8 +367,8 @@ class LocalRunner:
         record.log.parent.mkdir(parents=True, exist_ok=True)
         host, pod = self._host_env(), self.pod_env(index, name)
         env = {**host, **pod, kit_env.TIER_BASE: str(self._pod_memory(name))}
-        if "PYTHONPATH" in pod:  # ENV.PYTHONPATH replaces the image's /app (the kit); here the repo is it
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [pod["PYTHONPATH"], host["PYTHONPATH"]]))
+        if "PYTHONPATH" in pod:  # the pod's ENV.PYTHONPATH first, the checkout (when there is one) after it
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [pod["PYTHONPATH"], host.get("PYTHONPATH", "")]))
         proc = self._popen(self.pod_argv(env), env, record)
         with self._lock:
             self._procs[index] = proc
@@ -444,8 +459,9 @@ class LocalRunner:
                     if code == 0:
                         done.add(index)
                     elif code in self.job.fail_job_codes:
+                        said = self._launcher_said(records[index])
                         return self._finish(
-                            False, f"pod {records[index].name} exited {code} (FailJob)", run_dir
+                            False, f"pod {records[index].name} exited {code} (FailJob){said}", run_dir
                         )
                     else:
                         failures[index] += 1
@@ -466,6 +482,18 @@ class LocalRunner:
             self._finish(False, "interrupted", run_dir)
             raise
         return self._finish(True, "all indexes succeeded", run_dir)
+
+    def _launcher_said(self, record: PodRecord) -> str:
+        """': <the last kit-launch line of the pod's log>' (why its launcher failed the Job), or ''."""
+        pump = self._pumps.get(record.name)
+        if pump is not None:
+            pump.join(timeout=PUMP_DRAIN_S)  # the pod exited: its pipe ends once its last lines are copied
+        try:
+            lines = record.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        said = [line for line in lines if line.startswith(LAUNCHER_PREFIX)]
+        return f": {said[-1]}" if said else ""
 
     def _wait_any(self, timeout: float) -> None:
         """Block until some pod exits or `timeout` passes (pods exit rarely; this is the poll period)."""

@@ -13,10 +13,12 @@ from typing import Any
 import yaml
 
 from fsdpkit.contracts import env as kit_env
+from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts import metrics_settings as telemetry
 from fsdpkit.contracts.cliargs import parse_int
 from fsdpkit.k8s import elastic
 from fsdpkit.k8s.derived import (
+    checkpoint_interval,
     heartbeat_seconds,
     max_restarts,
     procs_per_node,
@@ -100,7 +102,9 @@ class JobSpec:
     ttl_seconds_after_finished: int
     active_deadline_s: int | None
     termination_grace_s: int
-    fatal_exit_code: int
+    fail_job_exit_codes: list[int]
+    """The pod's exit codes that fail the whole Job at once (podFailurePolicy FailJob; ascending, as the API
+    requires): `FAIL_JOB_EXIT_CODES`."""
     kubernetes_version: str
     pods: int
     """Indexed Job completions: the training nodes plus the hot spares."""
@@ -114,9 +118,11 @@ class JobSpec:
     (`cordons_nodes`)."""
 
 
-FATAL_CONFIG_EXIT = 78
-"""training/contracts/exitcodes.FATAL_CONFIG: a bad config; the Job's pod failure policy fails the Job at
-once."""
+FAIL_JOB_EXIT_CODES = sorted((exitcodes.FATAL_CONFIG, exitcodes.RUN_FAILED))
+"""fsdpkit.contracts.exitcodes: FATAL_CONFIG (78), a bad config; RUN_FAILED (69), a pod that found the run
+ended in failure (a replacement or a spare: exiting 0 would mark its index succeeded). A new pod cannot help
+either, so the Job's pod failure policy fails the Job at once; torchrun's and ft_launcher's pods never exit
+69."""
 
 
 RDZV_STORE_SUFFIX = "-rdzv"
@@ -158,7 +164,7 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
         },
         "checkpoint": {
             "mode": v.checkpoint_mode,
-            "interval": v.checkpoint_interval,
+            "interval": checkpoint_interval(v),
             "keep": v.checkpoint_keep,
             "backend": v.checkpoint_backend,
             # With ENTRYPOINT the state's size is the script's: auto is left to the pods (fsdpkit.resilience)
@@ -620,7 +626,7 @@ def job_spec(v: JobValues) -> JobSpec:
         ttl_seconds_after_finished=v.ttl_seconds_after_finished,
         active_deadline_s=v.active_deadline_s,
         termination_grace_s=termination_grace_s(v),
-        fatal_exit_code=FATAL_CONFIG_EXIT,
+        fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
         kubernetes_version=v.kubernetes_version,
         pods=v.nodes + v.spares,
         rdzv_store=rdzv_store(v, labels),

@@ -198,6 +198,9 @@ class RunMetrics:
     """Study's infra goodput: (wall - sum of per-fault shutdown + startup) / wall."""
     finished: bool = False
     """True when a trainer wrote its `end` event."""
+    outcome: str = ""
+    """How the run ended, as its exit status says it: "finished", or "failed: exit N: <the launcher's reason>"
+    (the first launcher that exited non-zero), or "unfinished" when nothing says why."""
     attempts: int = 1
     """Worker-group attempts seen (the launcher's restart count + 1)."""
     restarts: int = 0
@@ -644,6 +647,17 @@ def _restart_counts(evs: Sequence[Event], trainer: Sequence[Event]) -> tuple[int
     return max(attempts, default=0) + 1, restarts, max(inprocess.values(), default=0)
 
 
+def _outcome(finished: bool, evs: list[Event]) -> str:
+    """The run's end as its launchers' `exit` events say it (a run whose report and exit status agree)."""
+    if finished:
+        return "finished"
+    failed = [e for e in evs if e.get("role") == "launcher" and e["kind"] == "exit" and e.get("code")]
+    if not failed:
+        return "unfinished"
+    first = failed[0]
+    return f"failed: exit {first.get('code')}: {first.get('reason') or 'no reason given'}"
+
+
 def compute_metrics(events: Iterable[Event]) -> RunMetrics:
     """All of the design's metrics from one run's events (any order; sorted here by time)."""
     given = list(events)
@@ -685,6 +699,7 @@ def compute_metrics(events: Iterable[Event]) -> RunMetrics:
         step_time_s=counted.time_s,
         startup_s=counted.startup_s,
         finished=bool(ends),
+        outcome=_outcome(bool(ends), evs),
         attempts=attempts,
         restarts=restarts,
         inprocess_restarts=inprocess_restarts,

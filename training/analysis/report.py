@@ -30,6 +30,7 @@ from fsdpkit.analysis.metrics import (
 )
 from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts.cliargs import OneLineParser, output_file_problem, program
+from fsdpkit.contracts.extras import MissingExtra, require
 
 RESTORE_STYLE = {"memory": "gD", "peer": "bs", "shared": "mv"}
 """Timeline marker of a restore by its source (green diamonds, blue squares, purple triangles)."""
@@ -46,6 +47,7 @@ def _s(x: float | None) -> str:
 
 
 ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("outcome", "finished, or why the run failed", lambda m: m.outcome),
     ("world size", "trainer ranks", lambda m: str(m.world_size)),
     ("world sizes", "ranks: seconds, steps (elastic)", lambda m: world_line(m)),
     ("wall time", "first trainer start to last end", lambda m: _s(m.wall_s)),
@@ -216,8 +218,7 @@ def _mean_recovery(m: RunMetrics) -> float | None:
 
 def write_timeline(events: Sequence[Mapping[str, Any]], m: RunMetrics, png: Path, *, title: str = "") -> Path:
     """Steps per rank over time with stalls, faults, detections and recoveries, as a PNG (matplotlib Agg)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", extra="report", needed_by="the report's timeline")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -395,13 +396,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.png is not None and not args.no_png and (problem := output_file_problem(args.png, "--png")):
         print(f"error: {problem}", file=sys.stderr)
         return exitcodes.USAGE
+    no_timeline = None
     try:
         m = load_run_metrics(run_dir)
-        png = (
-            None
-            if args.no_png
-            else write_timeline(load_events(run_dir), m, args.png or run_dir / DEFAULT_PNG)
-        )
+        png = None
+        if not args.no_png:
+            try:
+                png = write_timeline(load_events(run_dir), m, args.png or run_dir / DEFAULT_PNG)
+            except MissingExtra as exc:  # a core install: the tables without the picture
+                no_timeline = f"no timeline: {exc}"
     except MetricsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.USAGE
@@ -426,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if png is not None:
         console.print(f"timeline: {png}")
+    elif no_timeline is not None:
+        console.print(no_timeline, markup=False, highlight=False)
     return exitcodes.OK
 
 

@@ -4,12 +4,15 @@ torchrun's engine (torch.distributed.elastic: worker groups, restart budget, mul
 rendezvous by default, training/launcher/rendezvous/) with what the kit adds: hang detection from
 per-step heartbeats, a never-retry exit code, SIGKILL restarts of a broken group, and warm workers forked
 from a zygote that already imported torch (a restart does not pay the 2-2.6 s import again). Flags keep
-torchrun's names where they mean the same thing; see docs/launcher.md.
+torchrun's names where they mean the same thing; see docs/launcher.md. They are exact (never abbreviated),
+and every word after the target (SCRIPT, -m MODULE, or the word after `--`) is the target's, byte for
+byte (`split_command`).
 
 Exit codes (training/contracts/exitcodes.py): 0 every worker finished (nothing else: a hang with no restart
-left is 75); 75 the restart budget is spent (a new pod may succeed); 78 a worker exited 78 (bad config: never
-retried), or the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked before
-anything starts); 2 a bad command line or a rendezvous port in use; 128+N the launcher got signal N.
+left is 75); 75 the restart budget is spent, or the node was given up; 78 a worker exited 78 (bad config:
+never retried), or the target module/script is missing or TMPDIR cannot hold the zygote's socket (checked
+before anything starts); 69 the run this pod was to join ended in failure (the Job fails); 2 a bad command
+line or a rendezvous port in use; 128+N the launcher got signal N.
 """
 
 from __future__ import annotations
@@ -57,6 +60,19 @@ UNIX_PATH_MAX = 107
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with exact option names (no abbreviations: `--log` is not `--log-dir`), keeping each
+    option's action by name (`options`: how `split_command` finds where the target starts)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.options: dict[str, argparse.Action] = {}
+        """Option string -> its action, in --help's order (`-h` first: the base class adds it)."""
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.update(dict.fromkeys(action.option_strings, action))
+        return action
+
     def error(self, message: str) -> NoReturn:
         self.exit(exitcodes.USAGE, f"kit-launch: error: {message} (see --help)\n")
 
@@ -260,7 +276,7 @@ FLAG_GROUPS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
 """The flags in --help's order: each adds its own, all in the one options list."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     p = _Parser(
         prog="kit-launch",
         description="Heartbeat launcher on torch.distributed.elastic (torchrun's flags, plus heartbeats).",
@@ -268,6 +284,48 @@ def build_parser() -> argparse.ArgumentParser:
     for add_flags in FLAG_GROUPS:
         add_flags(p)
     return p
+
+
+def split_command(parser: _Parser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the launcher's words: its options and the target, the target's own arguments).
+
+    The target is the first word that is neither a launcher option nor an option's value (the module after
+    `-m` is such a word), or the word after `--`. Everything after it belongs to the script, byte for byte:
+    argparse never reads it (its scan of every word would refuse `--log` as an abbreviation of `--log-dir`
+    even after the script, and the positional before the REMAINDER list takes a `--` that follows it). A
+    word before the target that is no launcher option is refused here (`_Refused`), naming the options it
+    could be short for."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[: i + 2], argv[i + 2 :]
+        if not word.startswith("-") or word == "-":
+            return argv[: i + 1], argv[i + 1 :]
+        name, equals, _ = word.partition("=")
+        action = parser.options.get(name)
+        if action is None:
+            raise _Refused(_unknown_option(parser, name))
+        i += 1 if equals or action.nargs == 0 else 2  # every launcher flag takes one value or none
+    return argv, []
+
+
+def _unknown_option(parser: _Parser, name: str) -> str:
+    """One line for a word before the target that is no launcher option: the exact options it begins,
+    else where the target's own options go."""
+    names: list[str] = []
+    seen: set[argparse.Action] = set()
+    for option, action in parser.options.items():  # an action's first spelling: --log-dir, not --log_dir
+        if option.startswith(name) and action not in seen:
+            seen.add(action)
+            names.append(option)
+    if not names:
+        return (
+            f"{name} is not a launcher option; the script's own options go after it "
+            "(kit-launch [OPTIONS] SCRIPT ARGS... or -m MODULE ARGS...)"
+        )
+    exact = names[0] if len(names) == 1 else "one of " + ", ".join(names)
+    return f"{name} is not a launcher option (options are exact, never abbreviated): did you mean {exact}?"
 
 
 RDZV_TIMEOUT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout")
@@ -437,7 +495,13 @@ def _metrics(c: _Command) -> MetricsSettings:
 def parse_args(argv: list[str]) -> LaunchArgs:
     """The checked command line; a bad one exits 2 with one line."""
     parser = build_parser()
-    command = _Command.of(parser.parse_args(argv))
+    try:
+        words, script_args = split_command(parser, argv)
+    except _Refused as exc:
+        parser.error(str(exc))
+    flags = parser.parse_args(words)
+    flags.training_script_args = script_args  # the script's words, byte for byte (never parsed here)
+    command = _Command.of(flags)
     try:
         for check in COMMAND_CHECKS:
             if (problem := check(command)) is not None:

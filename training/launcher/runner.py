@@ -4,15 +4,18 @@ outcome to the kit's exit codes.
 `launch_agent` hard-codes `LocalElasticAgent`, so this builds the same WorkerSpec (rendezvous handler
 from the registry, torchrun's LaunchConfig defaults) around `KitElasticAgent`, and closes the
 rendezvous at the end unless the launcher was signalled (as `launch_agent` does): peers then leave
-their next rendezvous at once instead of waiting for its timeout. A node that was given up leaves it open
-too (the others go on with a spare), and a spare that was never needed exits 0
-(training/launcher/rendezvous/).
+their next rendezvous at once instead of waiting for its timeout. Before closing it records why (the run
+finished, or failed with the exit code and reason: rendezvous/outcome.py), so a pod that finds it closed
+tells one from the other: a spare that was never needed exits 0 when the run finished, and any pod exits
+RUN_FAILED (69: the Job fails) when it failed, never 0. A node that was given up leaves it open (the others
+go on with a spare).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -28,6 +31,7 @@ from fsdpkit.launcher.monitor import HeartbeatMonitor, HeartbeatSettings
 from fsdpkit.launcher.node_actions import NodeActions
 from fsdpkit.launcher.node_failures import NodeFailures
 from fsdpkit.launcher.rendezvous.c10d import KitOpExecutor, wait_for_first_round
+from fsdpkit.launcher.rendezvous.outcome import RecordsOutcome, RunOutcome
 from fsdpkit.launcher.zygote import Zygote, prewarm_modules, worker_command
 from fsdpkit.runtime import pod
 from fsdpkit.runtime import torch_internals as internals
@@ -225,13 +229,39 @@ def _make_agent(
     )
 
 
+@dataclass(frozen=True)
+class _Ending:
+    """How this launcher ends: its exit code and one-line reason, and whether it closes the rendezvous (with
+    the run's outcome recorded first: `rendezvous/outcome.py`)."""
+
+    code: int
+    reason: str
+    close: bool = True
+    """False for a signalled node (as torchrun), a node given up (the others go on with a spare) and a pod
+    that found the rendezvous closed already (the closer's record stands)."""
+
+
 def _run_to_the_end(
     args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, events: EventLog, *, join_timeout: float
 ) -> tuple[int, str]:
-    """Run the agent (a spare first waits warm for a node to replace); a signal or a failed rendezvous
-    ends it here, then the rendezvous is closed or left open (`_close_rendezvous`)."""
-    close_rendezvous = True
-    result = None
+    """Run the agent and judge how it ended (`_run_and_judge`); then the rendezvous is closed with the
+    run's outcome recorded, or left open (`_close_rendezvous`), also when the launcher stops on an error."""
+    try:
+        ending = _run_and_judge(args, agent, spec, events, join_timeout=join_timeout)
+    except BaseException as exc:
+        code = exitcodes.FATAL_CONFIG if isinstance(exc, internals.TorchInternalsChanged) else 1
+        ending = _Ending(code, f"the launcher stopped on {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        _close_rendezvous(args, agent, spec, ending)
+    return ending.code, ending.reason
+
+
+def _run_and_judge(
+    args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, events: EventLog, *, join_timeout: float
+) -> _Ending:
+    """Run the agent (a spare first waits warm for a node to replace); a signal or a failed rendezvous ends
+    it here."""
     spare = args.rdzv_backend != "static" and rendezvous.is_spare(args.node_rank, args.max_nodes)
     try:
         if spare:
@@ -241,62 +271,95 @@ def _run_to_the_end(
                 wait_for_first_round(spec.rdzv_handler, join_timeout)
         result = agent.run()
     except SignalException as exc:
-        close_rendezvous = False  # as torchrun: a signalled node must not close the job's rendezvous
         log.error("kit-launch: got %s; workers stopped", exc.sigval.name)
-        return 128 + int(exc.sigval), f"signal {exc.sigval.name}"
+        return _Ending(128 + int(exc.sigval), f"signal {exc.sigval.name}", close=False)
     except RendezvousError as exc:
-        if isinstance(exc, RendezvousClosedError) and agent.attempt < 0:
-            close_rendezvous = False
-            message = "the job finished before this pod was needed (rendezvous closed)"
-            log.info("kit-launch: %s; exiting 0", message)
-            events.emit("spare_exit", reason=message)
-            return exitcodes.OK, message
-        message = f"rendezvous failed: {type(exc).__name__}: {exc}"
-        log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
-        return exitcodes.BUDGET_EXHAUSTED, message
-    finally:
-        _close_rendezvous(agent, spec, close=close_rendezvous)
-    return _outcome(args, agent, result, events)
+        return _rendezvous_ended(args, agent, spec, events, exc)
+    return _outcome(args, agent, spec, result, events)
 
 
-def _close_rendezvous(agent: KitElasticAgent, spec: WorkerSpec, *, close: bool) -> None:
-    """Close the job's rendezvous at the end (peers then leave their next round at once), unless this node
-    was signalled or given up; then this node only departs the kit's rendezvous (`depart`), so the next
-    round need not wait for its expiry."""
+def _rendezvous_ended(
+    args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, events: EventLog, exc: RendezvousError
+) -> _Ending:
+    """The rendezvous failed, or was found closed: by a failed run (exit RUN_FAILED), or before this pod
+    was needed (exit 0)."""
+    closed = isinstance(exc, RendezvousClosedError)
+    if closed:
+        how = "before this pod was needed" if agent.attempt < 0 else "while this node re-joined"
+        if (failed := _closed_by_a_failure(spec, how)) is not None:
+            return failed
+    if closed and agent.attempt < 0:
+        message = "the job finished before this pod was needed (rendezvous closed)"
+        log.info("kit-launch: %s; exiting 0", message)
+        events.emit("spare_exit", reason=message)
+        return _Ending(exitcodes.OK, message, close=False)
+    message = f"rendezvous failed: {type(exc).__name__}: {exc}"
+    log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
+    return _Ending(exitcodes.BUDGET_EXHAUSTED, message, close=not closed)
+
+
+def _closed_by_a_failure(spec: WorkerSpec, how: str) -> _Ending | None:
+    """The exit of a pod that found the rendezvous closed by a failed run, None if the run finished (or its
+    outcome is unknown: torch's meaning of a closed rendezvous). Exiting 0 would mark this index succeeded
+    and let the Job succeed with the run failed; RUN_FAILED fails the Job (its pod failure policy)."""
+    handler = spec.rdzv_handler
+    record = handler.recorded_outcome() if isinstance(handler, RecordsOutcome) else None
+    if record is None or record.finished:
+        return None
+    message = f"the run failed {how}: {record.describe()}"
+    log.error(
+        "kit-launch: %s; exiting %d: the Job fails (a new pod cannot help)", message, exitcodes.RUN_FAILED
+    )
+    return _Ending(exitcodes.RUN_FAILED, message, close=False)
+
+
+def _close_rendezvous(args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, ending: _Ending) -> None:
+    """Close the job's rendezvous at the end (peers then leave their next round at once), after recording
+    why (finished, or failed with the exit code and reason: a pod that finds it closed reads it), unless
+    this node was signalled, given up or found it closed; then this node only departs the kit's rendezvous
+    (`depart`), so the next round need not wait for its expiry."""
     agent.exits.close()
-    if agent.given_up is not None:
-        close = False  # the others go on (with a spare); closing would end them all
-    if close:
-        spec.rdzv_handler.shutdown()
-    elif isinstance(spec.rdzv_handler, rendezvous.KitRendezvous):
-        spec.rdzv_handler.depart()  # drained, given up or signalled: the next round need not wait
+    handler = spec.rdzv_handler
+    if ending.close and agent.given_up is None:  # a node given up: the others go on (with a spare)
+        if isinstance(handler, RecordsOutcome):
+            pod_name = os.environ.get("POD_NAME")
+            closed_by = f"node {args.node_rank}" + (f" (pod {pod_name})" if pod_name else "")
+            finished = ending.code == exitcodes.OK
+            handler.record_outcome(
+                RunOutcome(finished=finished, code=ending.code, reason=ending.reason, closed_by=closed_by)
+            )
+        handler.shutdown()
+    elif isinstance(handler, rendezvous.KitRendezvous):
+        handler.depart()  # drained, given up, signalled or closed: the next round need not wait
 
 
 def _outcome(
-    args: LaunchArgs, agent: KitElasticAgent, result: RunResult | None, events: EventLog
-) -> tuple[int, str]:
+    args: LaunchArgs, agent: KitElasticAgent, spec: WorkerSpec, result: RunResult | None, events: EventLog
+) -> _Ending:
     """The exit code and reason for how the agent's run ended."""
-    if result is None:  # agent.run() swallowed RendezvousGracefulExitError: a spare, never needed
+    if result is None:  # agent.run() swallowed RendezvousGracefulExitError: a spare found it closed
+        if (failed := _closed_by_a_failure(spec, "before this hot spare was needed")) is not None:
+            return failed
         message = "hot spare not needed: the job finished (rendezvous closed)"
         log.info("kit-launch: %s; exiting 0", message)
         events.emit("spare_exit", reason=message)
-        return exitcodes.OK, message
+        return _Ending(exitcodes.OK, message, close=False)
     # Only SUCCEEDED means every worker finished: the inherited loop also returns an UNHEALTHY result (a hang)
     # when no restart is left, and `RunResult.is_failed()` is False for it.
     if result.state == WorkerState.SUCCEEDED:
         log.info("kit-launch: workers finished after %d restart(s); exiting 0", max(agent.attempt, 0))
-        return exitcodes.OK, "workers finished"
+        return _Ending(exitcodes.OK, "workers finished")
     if agent.given_up is not None:
         message = f"node given up: {agent.given_up}"
         log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
-        return exitcodes.BUDGET_EXHAUSTED, message
+        return _Ending(exitcodes.BUDGET_EXHAUSTED, message, close=False)
     if agent.fatal:
         message = f"fatal config error in a worker ({agent.last_failure}); not retried"
         log.error("kit-launch: %s; exiting %d", message, exitcodes.FATAL_CONFIG)
-        return exitcodes.FATAL_CONFIG, message
+        return _Ending(exitcodes.FATAL_CONFIG, message)
     message = (
         f"restart budget exhausted (--max-restarts={args.max_restarts}); last failure: {agent.last_failure}; "
         "raise --max-restarts or fix the cause"
     )
     log.error("kit-launch: %s; exiting %d", message, exitcodes.BUDGET_EXHAUSTED)
-    return exitcodes.BUDGET_EXHAUSTED, message
+    return _Ending(exitcodes.BUDGET_EXHAUSTED, message)

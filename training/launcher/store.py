@@ -14,6 +14,7 @@ the Job replaces the pods. See docs/launcher.md.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -21,11 +22,20 @@ from datetime import timedelta
 
 from fsdpkit.contracts.cliargs import OneLineParser, int_arg
 
+PARENT_POLL_S = 1.0
+"""How often a store started with --exit-with-parent looks for its parent."""
+
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m fsdpkit.launcher.store", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
     p.add_argument("--port", type=int_arg(lo=1, hi=65535), required=True, help="TCP port")
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one is gone (the local runner's store pod: a runner "
+        "killed outright must not leave its store serving)",
+    )
     args: argparse.Namespace = p.parse_args(sys.argv[1:] if argv is None else argv)
     from torch.distributed import TCPStore
 
@@ -40,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kit-store: error: cannot serve {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     print(f"kit-store: serving the rendezvous on {args.host}:{args.port}", flush=True)
-    stop.wait()
+    parent = os.getppid()
+    while not stop.wait(PARENT_POLL_S):
+        if args.exit_with_parent and os.getppid() != parent:
+            print("kit-store: the process that started it is gone; stopping", flush=True)
+            break
     del store
     print("kit-store: stopped", flush=True)
     return 0

@@ -23,6 +23,9 @@ The map, bottom up:
 - `kit.py`: `KitRendezvous`, the `RendezvousHandler` that composes the parts above; `create_kit_handler`,
   its creator in torch's registry.
 - `c10d.py`: torch's c10d dynamic rendezvous with the kit's spares, kept ranks and shorter polls.
+- `outcome.py`: `RunOutcome`, why the run's rendezvous was closed (finished, or failed with the exit code
+  and reason), recorded by the launcher that closes it and read by a pod that finds it closed (both
+  backends): after a failure that pod exits RUN_FAILED, never 0.
 - `backends.py`: `register_backends` ("kit" in torch's registry) and `create_handler`, the launcher's one
   call.
 """

@@ -9,7 +9,8 @@ forms with it at once, so the world size never changes. The kit adds two things:
 - a spare by index (a pod whose --node-rank is >= NNODES) joins only after the first round is complete,
   so the first N pods train and "node 0" in a fault spec is a training pod, not a spare;
 - a spare that is never needed sees the rendezvous closed (`RendezvousGracefulExitError`; agent.run()
-  then returns None) and exits 0, so the Indexed Job completes.
+  then returns None) and exits 0 when the run finished, so the Indexed Job completes; after a failure it
+  exits RUN_FAILED (the closer's record beside the state: `outcome.py`).
 
 It also builds the c10d handler itself (`c10d_handler`), because torch parses `keep_alive_interval` as
 whole seconds, and tunes what bounds the detection of a silently dead node: the keep-alive expiry,
@@ -52,11 +53,13 @@ rendezvous internals, only through training/runtime/torch_internals.py, which ch
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import api as rendezvous_api
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
@@ -67,8 +70,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from typing_extensions import override
 
 from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.launcher.rendezvous import outcome
 from fsdpkit.launcher.rendezvous.ranks import stable_ranks
 from fsdpkit.runtime import torch_internals as internals
+
+log = logging.getLogger("kit.launch")
 
 POLL_S = 0.2
 RDZV_POLL_S = 0.2
@@ -211,10 +217,32 @@ class C10dSparesHandler(DynamicRendezvousHandler):
     (a restart) skips torch's first-join skew (`_poll_delay`)."""
 
     _formed_a_round = False
+    outcome_store: Store | None = None
+    """The store of the rendezvous state (`c10d_handler` sets it): the run's outcome is recorded beside it."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         internals.use_op_executor(self, KitOpExecutor)
+
+    def record_outcome(self, ended: outcome.RunOutcome) -> outcome.RunOutcome | None:
+        """Record why the run ends, before closing (outcome.py); the record that stands."""
+        if self.outcome_store is None:
+            return None
+        try:
+            return outcome.record(self.outcome_store, self.get_run_id(), ended)
+        except RuntimeError as exc:  # torch's store errors (DistError) included
+            log.warning("kit-launch: could not record the run's outcome in the rendezvous store: %s", exc)
+            return None
+
+    def recorded_outcome(self) -> outcome.RunOutcome | None:
+        """Why the rendezvous was closed, as its closer recorded it; None when unknown."""
+        if self.outcome_store is None:
+            return None
+        try:
+            return outcome.read(self.outcome_store, self.get_run_id())
+        except RuntimeError as exc:
+            log.warning("kit-launch: could not read the run's outcome from the rendezvous store: %s", exc)
+            return None
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
         holder = internals.state_holder(self)
@@ -240,7 +268,7 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
     timeout = RendezvousTimeout(
         join=seconds("join", 600), last_call=seconds("last_call", 30), close=seconds("close", 30)
     )
-    return C10dSparesHandler.from_backend(
+    handler = C10dSparesHandler.from_backend(
         params.run_id,
         store,
         backend,
@@ -251,6 +279,8 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
         keep_alive_interval=keep_alive_s,  # type: ignore[arg-type]  # used as timedelta(seconds=...)
         keep_alive_max_attempt=attempts,
     )
+    handler.outcome_store = store
+    return handler
 
 
 def create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:

@@ -28,6 +28,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from fsdpkit.launcher.rendezvous import outcome
 from fsdpkit.launcher.rendezvous.liveness import RING_NEIGHBOURS, Beats, FailureDetector
 from fsdpkit.launcher.rendezvous.ranks import ring_after
 from fsdpkit.launcher.rendezvous.rounds import WAITING_CACHE_S, Joiner, Membership
@@ -179,6 +180,22 @@ class KitRendezvous(RendezvousHandler):
     def depart(self) -> None:
         """This node departs for good (drained, given up): the next round does not wait for its expiry."""
         self.beats.depart()
+
+    def record_outcome(self, ended: outcome.RunOutcome) -> outcome.RunOutcome | None:
+        """Record why the run ends, before closing (outcome.py); the record that stands."""
+        try:
+            return outcome.record(self.link, self.settings.run_id, ended)
+        except (RendezvousConnectionError, RuntimeError) as exc:
+            log.warning("kit-launch: could not record the run's outcome in the rendezvous store: %s", exc)
+            return None
+
+    def recorded_outcome(self) -> outcome.RunOutcome | None:
+        """Why the rendezvous was closed, as its closer recorded it; None when unknown."""
+        try:
+            return outcome.read(self.link, self.settings.run_id)
+        except (RendezvousConnectionError, RuntimeError) as exc:
+            log.warning("kit-launch: could not read the run's outcome from the rendezvous store: %s", exc)
+            return None
 
     def gone_neighbour(self, count: int = RING_NEIGHBOURS) -> tuple[str, str] | None:
         """(name, why) of a node among the next `count` of the last round after this one whose beat says it

@@ -33,7 +33,7 @@ class Keys:
     def __init__(self, run_id: str) -> None:
         self.prefix = f"kit-rdzv/{run_id}/"
 
-    def __getattr__(self, name: str) -> str:  # closed, last, pool_count
+    def __getattr__(self, name: str) -> str:  # closed, last, pool_count; outcome: outcome.outcome_key
         return self.prefix + name
 
     def beat(self, node: str) -> str:
@@ -147,6 +147,16 @@ class StoreLink:
 
     def counter(self, key: str) -> int:
         return int(self.call("add", key, 0))
+
+    # torch Store's names, for what takes any store (outcome.record and outcome.read)
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return bytes(self.call("compare_set", key, expected, desired))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.call("check", keys))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.call("get", key))
 
 
 def names_this_machine(host: str) -> bool:
