@@ -1,7 +1,7 @@
 """Your model, data and script: the example under the demo's faults, beside the same script with no kit.
 
 `python -m bench.own_model [--quick]` builds everything offline (a byte-level BPE trained on the repo's
-corpus, `python -m fsdpkit.trainer.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
+corpus, `python -m fsdpkit.data.prepare_data` shards, the 2-layer HF Llama config in tests/fixtures/hf),
 then runs `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
 - plain: `--plain` under torchrun: the same model, data, AdamW and schedule, no kit call, no checkpoint;
 - kit: the API (async checkpoints, in-process restart on), fault-free, saving only its final step, under
@@ -10,10 +10,13 @@ then runs `examples/hf_llama/train.py` on 2 ranks x 1 thread (gloo), in one run:
   exception, a hang on rank 1) and its checkpoint interval.
 It prints per run the figures and, last,
 `RESULT faults=<fired> recovered=<n> unfired=<n> equal_on_disk=<1|0> exactly_once=<1|0>
-loss_drop=<first - last loss, kit fault-free> api_overhead=<median step period with the API / without>`.
+loss_drop=<first - last loss, kit fault-free> api_overhead=<median step period with the API / without>
+api_ms_per_step=<the same medians' difference, ms>`.
 api_overhead compares step periods (the start of one step to the start of the next, so the step event,
 the heartbeat, the fault checks and the drain agreement all count) over the fault-free runs, which save
 only at the end (the save's own cost is bench.checkpoint's); the first two steps are warm-up.
+It also prints the step events' volume (lines and bytes per rank and step, from the fault-free run's
+files) and what that volume is at SCALE_NODES nodes of SCALE_RANKS ranks at one step a second.
 equal_on_disk: the final checkpoints of kit and kit+faults, verified and loaded back from disk, are bitwise
 equal. exactly_once: every sample id the final trajectory used appears once, and the set is the fault-free
 run's (a replayed step's ids are taken from its last computation). Goals: every fault recovered, equal on
@@ -44,7 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "hf_llama" / "train.py"
 TINY_CONFIG = REPO / "tests" / "fixtures" / "hf" / "tiny-llama"
 DOC = REPO / "docs" / "benchmarks" / "own_model.md"
+NOTES_MARK = "<!-- notes below: written by hand, kept when bench.own_model rewrites this file -->"
 WORLD = 2
+SCALE_NODES, SCALE_RANKS, SCALE_STEP_S = 1024, 8, 1.0
+"""The projection's job: 1,024 p5 nodes of 8 ranks at one step a second."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +88,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     cmd = [
         sys.executable,
         "-m",
-        "fsdpkit.trainer.prepare_data",
+        "fsdpkit.data.prepare_data",
         "--tokenizer",
         str(tokenizer),
         "--out",
@@ -188,12 +194,34 @@ def step_periods(run_dir: Path) -> tuple[list[float], list[float]]:
     return periods, losses
 
 
+def step_event_volume(run_dir: Path, steps: int) -> tuple[float, float]:
+    """(step-event lines per rank and step, bytes per line) in a fault-free run's trainer event files."""
+    lines = size = 0
+    for path in (run_dir / "events").glob("trainer-*.jsonl"):
+        for line in path.read_bytes().splitlines(keepends=True):
+            if b'"kind":"step"' in line:
+                lines, size = lines + 1, size + len(line)
+    return lines / (WORLD * steps), size / max(lines, 1)
+
+
+def at_scale(lines_per_rank_step: float, line_bytes: float) -> str:
+    """What the step events are at SCALE_NODES x SCALE_RANKS ranks and one step per SCALE_STEP_S."""
+    ranks = SCALE_NODES * SCALE_RANKS
+    per_s = ranks * lines_per_rank_step / SCALE_STEP_S
+    return (
+        f"step events: {lines_per_rank_step:.2f} line of {line_bytes:.0f} bytes per rank and step; at "
+        f"{SCALE_NODES:,} nodes x {SCALE_RANKS} ranks, {SCALE_STEP_S:g} s a step: {per_s:,.0f} appends/s "
+        f"({per_s * line_bytes / 1e6:.1f} MB/s) in all, {per_s / SCALE_NODES:.0f}/s per node, each one "
+        "write(2) to its own file's page cache"
+    )
+
+
 def plain_periods(plain: dict[str, list[float]]) -> list[float]:
     """The plain loop's step times over the same steps as `step_periods` keeps (1-based step numbers)."""
     return [t for n, t in enumerate(plain["step_s"], start=1) if 2 < n < len(plain["step_s"])]
 
 
-def measure(scale: Scale, workdir: Path) -> dict[str, float]:
+def measure(scale: Scale, workdir: Path) -> tuple[dict[str, float], str]:
     model, shards = prepare(workdir)
     kit_periods: list[float] = []
     base_periods: list[float] = []
@@ -217,6 +245,7 @@ def measure(scale: Scale, workdir: Path) -> dict[str, float]:
         "exactly_once": int(exactly_once(faulted, reference, scale.steps)),
         "loss_drop": losses[0] - losses[-1],
         "api_overhead": statistics.median(kit_periods) / statistics.median(base_periods),
+        "api_ms_per_step": (statistics.median(kit_periods) - statistics.median(base_periods)) * 1e3,
     }
     print(
         f"kit+faults: {m.steps_completed} steps, faults {[f'{f.kind}@{f.step}' for f in m.faults]}, "
@@ -230,16 +259,21 @@ def measure(scale: Scale, workdir: Path) -> dict[str, float]:
         f"{losses[-1]:.3f}; {time.time() - t0:.0f} s",
         flush=True,
     )
-    return result
+    volume = at_scale(*step_event_volume(reference, scale.steps))
+    print(volume, flush=True)
+    return result, volume
 
 
 def result_line(result: dict[str, float]) -> str:
-    fmt = {"loss_drop": "{:.4f}", "api_overhead": "{:.3f}"}
+    fmt = {"loss_drop": "{:.4f}", "api_overhead": "{:.3f}", "api_ms_per_step": "{:.2f}"}
     return "RESULT " + " ".join(f"{k}={fmt.get(k, '{}').format(v)}" for k, v in result.items())
 
 
-def write_doc(result: dict[str, float], scale: Scale, line: str) -> None:
+def write_doc(result: dict[str, float], scale: Scale, line: str, volume: str) -> None:
+    """The section's table and RESULT line; the hand-written notes after NOTES_MARK are kept."""
     today = time.strftime("%Y-%m-%d")
+    old = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
+    _, mark, notes = old.partition(NOTES_MARK)
     DOC.write_text(
         "## Your own model and script: examples/hf_llama/train.py under faults (CPU)\n\n"
         f"`python -m bench.own_model`: a 2-layer HF Llama (tests/fixtures/hf/tiny-llama), a 512-token BPE "
@@ -252,8 +286,10 @@ def write_doc(result: dict[str, float], scale: Scale, line: str) -> None:
         f"| final checkpoint equal on disk | {result['equal_on_disk']} | 1 |\n"
         f"| every sample exactly once | {result['exactly_once']} | 1 |\n"
         f"| loss drop (fault-free) | {result['loss_drop']:.3f} | > 0 |\n"
-        f"| step period with the API / without | {result['api_overhead']:.3f} | <= 1.05 |\n\n"
-        f"{line}\n",
+        f"| step period with the API / without | {result['api_overhead']:.3f} | <= 1.05 |\n"
+        f"| the API's cost per step (the medians' difference) | {result['api_ms_per_step']:.2f} ms | |\n\n"
+        f"{volume}.\n\n"
+        f"{line}\n" + (f"\n{mark}{notes}" if mark else ""),
         encoding="utf-8",
     )
 
@@ -264,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory(prefix="own-") as tmp:  # /tmp: short AF_UNIX paths for the zygote
-        result = measure(scale, Path(tmp))
+        result, volume = measure(scale, Path(tmp))
     line = result_line(result)
     if not args.quick:
-        write_doc(result, scale, line)
+        write_doc(result, scale, line, volume)
     print(line, flush=True)
     return 0
 

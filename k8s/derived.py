@@ -99,3 +99,11 @@ def grace_needed_s(v: JobValues) -> int:
 
 def termination_grace_s(v: JobValues) -> int:
     return v.termination_grace_s if v.termination_grace_s is not None else grace_needed_s(v)
+
+
+def checkpoint_interval(v: JobValues) -> int | str | None:
+    """checkpoint.interval as the Job renders it: CHECKPOINT_INTERVAL, else the profile's default (auto on the
+    GPU profiles, what the plan would pick); None (the trainer's default) with checkpoints off."""
+    if v.checkpoint_interval is not None or v.checkpoint_mode == "off":
+        return v.checkpoint_interval
+    return get_profile(v.profile).checkpoint_interval

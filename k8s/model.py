@@ -247,7 +247,9 @@ class JobValues:
     """Checkpointing: off, sync or async (staged through /dev/shm, written in the background)."""
     checkpoint_interval: int | Literal["auto"] | None = None
     """Steps between checkpoints, or auto: chosen by the run from the measured save cost, step time and
-    faults (Young/Daly; bounds and MTBF prior via TRAIN.checkpoint.interval_min, interval_max, mtbf_s)."""
+    faults (Young/Daly; bounds and MTBF prior via TRAIN.checkpoint.interval_min, interval_max, mtbf_s).
+    None: the profile's default, auto on p5, p4d and g5 (what `make plan` would pick), the trainer's fixed
+    default on local."""
     checkpoint_keep: int | None = None
     """Committed checkpoints kept (at least 2: the newest may still be in flight)."""
     checkpoint_backend: CheckpointBackend | None = None

@@ -1,5 +1,6 @@
 """`make train-job`'s one line from the plan (ops/plan): what the job it renders is expected to keep, and a
-warning where its spares or its fixed checkpoint interval cost goodput against the plan's.
+warning where its spares or its fixed checkpoint interval cost goodput against the plan's. A default never
+warns: the planned profiles render CHECKPOINT_INTERVAL=auto unless the user fixes one (fsdpkit.k8s.derived).
 
 The plan's figures are p5's (H100 peak, the study's restart times, cdk.json's FSx), so only p5 jobs of the
 kit's own trainer get a line; a user's ENTRYPOINT has no kit model to size.

@@ -71,6 +71,11 @@ class Profile:
     """Default data.batch_size (micro-batch per rank) of this profile's jobs."""
     activation_checkpointing: Literal["none", "selective", "full"] | None = None
     """Default model.activation_checkpointing of this profile's jobs."""
+    checkpoint_interval: int | Literal["auto"] | None = None
+    """Default checkpoint.interval of this profile's jobs when CHECKPOINT_INTERVAL is not given (None: the
+    trainer's fixed default, contracts.defaults.CHECKPOINT_INTERVAL, which suits CPU runs). auto on the GPU
+    profiles: the run picks Young/Daly's optimum from its own save cost, step time and faults, as `make plan`
+    does from projections; a fixed default would cost a large job goodput the plan then warns about."""
     backend: Literal["nccl", "gloo"]
     """Collective backend the trainer picks on this hardware (informational; the trainer decides)."""
     requires_image: bool
@@ -103,6 +108,7 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             seq_len=8192,
             batch_size=1,
             activation_checkpointing="full",
+            checkpoint_interval="auto",
             backend="nccl",
             requires_image=True,
             env=_env(**_RDMA_ENV),
@@ -122,6 +128,7 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             seq_len=4096,
             batch_size=1,
             activation_checkpointing="full",
+            checkpoint_interval="auto",
             backend="nccl",
             requires_image=True,
             env=_env(**_RDMA_ENV),
@@ -138,6 +145,7 @@ PROFILES: MappingProxyType[str, Profile] = MappingProxyType(
             shm_min_gib=8,
             default_model="small",
             gpu_memory_mib=23028,  # A10G 24 GB
+            checkpoint_interval="auto",
             backend="nccl",
             requires_image=True,
             env=_env(),

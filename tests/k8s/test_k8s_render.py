@@ -253,6 +253,9 @@ TRAINER = [
         "checkpoint",
         {"mode": "sync", "interval": 500, "keep": 2, "backend": "dcp", "tiers": "peer"},  # sync: kit writer
     ),
+    ([], "checkpoint", {"mode": "async", "interval": "auto", "tiers": "peer"}),  # GPU profiles: the plan's
+    (["PROFILE=local"], "checkpoint", {"mode": "async", "tiers": "peer"}),  # the trainer's fixed default
+    (["CHECKPOINT_MODE=off"], "checkpoint", {"mode": "off"}),
     (
         ["CHECKPOINT_INTERVAL=auto", "TRAIN.checkpoint.mtbf_s=3600", "TRAIN.checkpoint.interval_max=400"],
         "checkpoint",
@@ -475,8 +478,8 @@ def test_k8s_job_failure_policy_and_security() -> None:
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {
         "action": "FailJob",
-        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [78]},
-    }
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [69, 78]},
+    }  # 78: a bad config; 69: a pod that found the run failed (its index must not succeed)
     assert rules[1] == {
         "action": "Ignore",
         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],

@@ -7,12 +7,13 @@ bench.stragglers measures the detection delays and the false alarms under load."
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 import pytest
 
 from fsdpkit.resilience.faults import FaultConfigError, parse_kinds, parse_spec
-from fsdpkit.resilience.straggler import StragglerConfig, StragglerConfigError, StragglerDetector
+from fsdpkit.resilience.straggler import StragglerConfig, StragglerConfigError, StragglerDetector, scores
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,3 +110,23 @@ def test_bad_straggler_settings_are_one_line(field: str, value: object, message:
     with pytest.raises(StragglerConfigError) as err:
         StragglerConfig(**{field: value})  # type: ignore[arg-type]
     assert str(err.value).startswith(message)
+
+
+def test_scores_are_each_figure_over_the_median_of_the_others() -> None:
+    """The sorted-once form gives what statistics.median of each rank's others gives, ties and a zero
+    median included, for odd and even counts of others."""
+    rng = random.Random(3)
+
+    def by_definition(figures: list[float]) -> list[float]:
+        out = []
+        for r, value in enumerate(figures):
+            others = [v for q, v in enumerate(figures) if q != r]
+            ref = statistics.median(others) if others else value
+            out.append(value / ref if ref > 0 else 1.0)
+        return out
+
+    for n in [*range(12), 31, 64, 257]:
+        for _ in range(20):
+            figures = [rng.choice([0.0, 0.5, 1.0, 1.0, 2.0, rng.uniform(0, 3)]) for _ in range(n)]
+            assert scores(figures) == by_definition(figures), figures
+    assert scores([0.1] * 8192) == [1.0] * 8192  # a 1,024-node job's report (by definition: seconds)

@@ -28,7 +28,6 @@ machine makes slow steps, not silent ones.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -37,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsdpkit.runtime.heartbeat import heartbeat_path
+from fsdpkit.runtime.heartbeat import read_record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,8 +243,10 @@ class HeartbeatMonitor:
         return seen.ts if seen is not None else None
 
     def _read(self, rank: int) -> _Seen | None:
+        record = read_record(self.directory, rank)
+        if record is None:
+            return self._seen.get(rank)  # missing, or caught mid-write: keep what we knew
         try:
-            record = json.loads(heartbeat_path(self.directory, rank).read_text(encoding="utf-8"))
             seen = _Seen(
                 phase=record["phase"],
                 since=record["since"],
@@ -257,8 +258,8 @@ class HeartbeatMonitor:
                 recent=record["recent"],
                 interruptible=record.get("interruptible") is True,
             )
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return self._seen.get(rank)  # missing, or caught mid-replace: keep what we knew
+        except (KeyError, TypeError):
+            return self._seen.get(rank)  # not a record of this protocol: keep what we knew
         if seen.ts < self._started_at:
             return self._seen.get(rank)  # a leftover from an earlier attempt
         return seen

@@ -280,7 +280,8 @@ class Job:
         self.faults.maybe_inject(step.number)
         step.t_start = time.time()
         step.timer.start()
-        session.state.begin_step()
+        if self.cfg.inprocess.enabled:  # its snapshot (data position, RNG) serves only an in-process restart
+            session.state.begin_step()
         yield step
         if not step._updated:
             raise RuntimeError(

@@ -1,8 +1,8 @@
 """Worker-side heartbeat client: tells the launcher that this rank is still making progress.
 
-Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker replaces
-`<dir>/rank_<RANK>.json` atomically (write a temp file, then rename) on every beat and phase change with
-{"pid", "rank", "step", "phase", "since", "ts", "rhythm", "n", "recent", "interruptible"}:
+Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker rewrites `<dir>/rank_<RANK>.json`
+in place on every beat and phase change with {"seq", "pid", "rank", "step", "phase", "since", "ts",
+"rhythm", "n", "recent", "interruptible", "seq_end"}:
 - `phase`: what the rank does now; `since`: when it entered it; `ts`: this write (unix seconds);
 - `rhythm`: true once the rank has beaten in "train" since it entered it (the first step after a load
   still gets the load allowance);
@@ -10,7 +10,12 @@ Protocol (kit launcher): the launcher sets KIT_HEARTBEAT_DIR; the worker replace
   beat to beat, or beat to a "checkpoint" announcement (the save is not counted as training); a
   launcher that polls slower than the steps still learns every step;
 - `interruptible`: the training thread takes the launcher's hang interrupt now
-(fsdpkit.runtime.hang_interrupt).
+(fsdpkit.runtime.hang_interrupt);
+- `seq`, `seq_end`: the write's number, first and last. One `pwrite` at offset 0 of a file opened once,
+  padded with spaces to a fixed width: no truncation and no rename, which on ext4 start write-back of the
+  file's data (a temp file renamed over the record cost 1-3 ms a beat on the test VM's /tmp, the bulk of
+  the API's cost per step; in place ~2 us). A reader that catches a write half done sees no JSON or
+  seq != seq_end and keeps what it knew (`read_record`).
 The launcher applies the load allowance in "start", "load", "checkpoint" and before the rhythm, the
 (learned) step timeout in "train", and never treats "done" as a hang.
 
@@ -49,6 +54,9 @@ PHASES: tuple[str, ...] = ("start", "load", "train", "checkpoint", "done")
 HEARTBEAT_DIR_ENV = env.HEARTBEAT_DIR
 NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 RECENT_INTERVALS = 16
+RECORD_BYTES = 1024
+"""A record is padded to at least this width (a full one is ~600 bytes), so a shorter one never leaves the
+tail of a longer one behind it."""
 
 
 def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -56,12 +64,27 @@ def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
     return Path(directory) / f"rank_{rank}.json"
 
 
+def read_record(directory: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
+    """The rank's last complete record; None when there is none yet or the read caught a write half done."""
+    try:
+        record = json.loads(heartbeat_path(directory, rank).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("seq") != record.get("seq_end"):
+        return None
+    return record
+
+
 class HeartbeatClient:
     """One per worker process; cheap enough to call every step (one small file write)."""
 
     def __init__(self, *, directory: str | os.PathLike[str] | None, rank: int, nvrx: bool = False) -> None:
-        self._path = heartbeat_path(directory, rank) if directory else None
-        self._tmp = self._path.with_name(self._path.name + ".tmp") if self._path else None
+        path = heartbeat_path(directory, rank) if directory else None
+        self._fd = (
+            os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644) if path else None
+        )
+        self._width = RECORD_BYTES
+        self._seq = 0
         self._rank = rank
         self._nvrx = nvrx
         self._nvrx_client: Any = None
@@ -85,7 +108,7 @@ class HeartbeatClient:
 
     @property
     def enabled(self) -> bool:
-        return self._path is not None or self._nvrx
+        return self._fd is not None or self._nvrx
 
     def phase(self, phase: Phase) -> None:
         """Announce a phase with its own allowance (e.g. "load" while a checkpoint is read).
@@ -154,6 +177,9 @@ class HeartbeatClient:
             return
         self.phase("done")
         self._closed = True
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._nvrx_client is not None:
             self._nvrx_client.shutdown_workload_monitoring()
             self._nvrx_client = None
@@ -163,9 +189,11 @@ class HeartbeatClient:
         self._recent.append(round(seconds, 6))
 
     def _write(self, now: float | None = None) -> None:
-        if self._path is None or self._tmp is None:
+        if self._fd is None:
             return
+        self._seq += 1
         record = {
+            "seq": self._seq,
             "pid": os.getpid(),
             "rank": self._rank,
             "step": self._step,
@@ -176,9 +204,11 @@ class HeartbeatClient:
             "n": self._intervals,
             "recent": list(self._recent),
             "interruptible": self._interruptible,
+            "seq_end": self._seq,
         }
-        self._tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(self._tmp, self._path)
+        data = json.dumps(record).encode()
+        self._width = max(self._width, len(data))
+        os.pwrite(self._fd, data.ljust(self._width), 0)
 
     def _nvrx_beat(self) -> None:
         if self._nvrx_client is None:
