@@ -16,17 +16,20 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help setup test test-fast lint synth diff deploy demo train-local train-job train-job-status \
         train-job-delete image teardown plan cost-report bench bench-quick bench-setup bench-calibrate report docs-config clean \
-        test-torch
+        test-torch lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml package.json package-lock.json
+# The Python packages come from requirements/dev.txt, a lock with every version and its hashes (make lock):
+# pip's hash-checking mode installs nothing else. The kit itself goes in editable, built with the venv's own
+# setuptools (offline). requirements/README.md says why the locks are pip-tools' and not uv's.
+$(STAMP): requirements/dev.txt pyproject.toml package.json package-lock.json
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=python3 ...'" >&2; exit 1; }
 	@command -v npm >/dev/null || { echo "error: npm not found; install Node.js 20+ (it runs the CDK CLI)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -44,20 +47,25 @@ test-fast: $(STAMP) ## the tests without the slow multi-process ones, on every c
 
 # Another torch in its own venv (.venv-torch-X.Y.Z): the launcher, checkpoint, in-process and torch-internals
 # tests, the parts that lean on torch's private names (training/runtime/torch_internals.py). Not in `make test`: a
-# torch without a CPU-only build on the registry (2.11) brings its CUDA libraries, several GB.
+# torch without a CPU-only build on the registry (2.11) brings its CUDA libraries, several GB. pip takes its
+# constraints from this target's own file (PIP_CONSTRAINT: the torch asked for), not from a machine-wide pip
+# config that may cap torch below the tested range (2.11 to 2.15).
 TORCH ?= 2.11.0
 TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_PIP := PIP_CONSTRAINT=$(TORCH_VENV)/constraints.txt $(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check
 TORCH_TESTS := tests/training/test_torch_internals.py tests/training/checkpoint tests/training/test_launch_*.py \
         tests/training/test_kit_rendezvous.py tests/training/test_trainer_resume.py tests/training/test_trainer_reshard.py \
         tests/training/test_trainer_inprocess.py tests/training/test_inprocess_restore.py \
-        tests/training/test_blame_inprocess.py tests/training/test_hang_interrupt.py tests/training/test_zygote.py
+        tests/training/test_blame_inprocess.py tests/training/test_hang_interrupt.py tests/training/test_zygote.py \
+        tests/training/test_error_file.py
 test-torch: ## run the launcher, checkpoint and in-process tests on another torch in its own venv (TORCH=2.11.0)
 	@[[ "$(TORCH)" =~ ^[0-9]+\.[0-9]+\.[0-9]+$$ ]] || { echo "error: TORCH='$(TORCH)': expected a release like 2.11.0" >&2; exit 2; }
 	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
-	sed '/^torch==/d' requirements.txt > $(TORCH_VENV)/requirements.txt
-	cp requirements-dev.txt $(TORCH_VENV)/requirements-dev.txt
-	$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH) -r $(TORCH_VENV)/requirements-dev.txt
-	$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	@# the dev lock's pins without torch and without hashes (hash-checking would refuse the torch asked for)
+	grep -E '^[A-Za-z0-9]' requirements/dev.txt | sed -e 's/ .*//' -e '/^torch==/d' > $(TORCH_VENV)/requirements-dev.txt
+	echo "torch==$(TORCH)" > $(TORCH_VENV)/constraints.txt
+	$(TORCH_PIP) torch==$(TORCH) -r $(TORCH_VENV)/requirements-dev.txt
+	$(TORCH_PIP) --no-deps -e .
 	$(TORCH_VENV)/bin/python -c "import torch; print('make test-torch: torch', torch.__version__)"
 	$(TORCH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 
@@ -81,6 +89,26 @@ deploy: $(STAMP) ## deploy every stack and write the outputs that train-job read
 
 clean: ## remove build outputs (keeps .venv, node_modules and runs/)
 	rm -rf cdk.out build .pytest_cache
+
+# --- the locks (requirements/: README.md there says what each holds) -------------------------------------
+# pip-compile prefers the versions a lock already pins: LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves
+# them. The dev lock resolves with this machine's pip config (torch's CPU build from its find-links folder);
+# the image's and the wheel stage's with none (PyPI alone: the CUDA torch and its nvidia-* packages) on the
+# image's Python, 3.12.
+IMAGE_PYTHON ?= python3.12
+LOCK_VENV := build/lock-py3.12
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(1) -m piptools compile -q --generate-hashes --allow-unsafe \
+        --strip-extras --no-emit-index-url --no-emit-find-links $(LOCK_ARGS)
+PYPI_ONLY := env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null
+lock: $(STAMP) ## regenerate the hashed locks in requirements/ from pyproject.toml and requirements/*.in (LOCK_ARGS=--upgrade)
+	@$(IMAGE_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null || { echo "error: IMAGE_PYTHON=$(IMAGE_PYTHON) is not a Python 3.12 (the image's); pass one, e.g. make lock IMAGE_PYTHON=\$$(pyenv prefix 3.12)/bin/python" >&2; exit 2; }
+	$(call PIP_COMPILE,$(PY)) --all-extras -o requirements/dev.txt pyproject.toml requirements/dev.in
+	test -x $(LOCK_VENV)/bin/python || $(IMAGE_PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	  "pip-tools==$$($(PY) -c 'import importlib.metadata as m; print(m.version("pip-tools"))')"
+	$(PYPI_ONLY) $(call PIP_COMPILE,$(LOCK_VENV)/bin/python) --extra hf --extra report -o requirements/image.txt \
+	  pyproject.toml requirements/image.in
+	$(PYPI_ONLY) $(call PIP_COMPILE,$(LOCK_VENV)/bin/python) -o requirements/build.txt requirements/build.in
 
 # --- the training job on EKS and here (k8s/) ---------------------------------------------------------------
 # Command-line variables (NODES=4 MODEL=llama3.1-8b RUN_ID=... DRY_RUN=1 ...) reach the CLI as they are.
@@ -126,7 +154,7 @@ bench: $(STAMP) bench-setup ## every benchmark in bench/ (full mode); rewrites d
 bench-quick: $(STAMP) bench-setup ## every benchmark's --quick mode; writes build/benchmarks-quick.md
 	$(PY) -m bench.run_all --quick
 
-bench-calibrate: $(STAMP) bench-setup ## measure the plan's phase times: rewrites docs/benchmarks/calibration.json
+bench-calibrate: $(STAMP) bench-setup ## measure the plan's phase times: rewrites ops/plan/calibration.json
 	$(PY) -m bench.goodput --calibrate
 	$(PY) -m bench.scale --nodes 4,8,16,32,64
 

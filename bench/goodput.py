@@ -25,7 +25,7 @@ unfired=<planned faults that never fired, over those runs> plan_error=<max over 
 
 The plan's validation (does the plan predict what a run measures?): `make plan`'s model
 (ops/plan/schedule.py), fed this job (its median step, its interval, the schedule's faults) and each
-mechanism's per-phase costs from docs/benchmarks/calibration.json, predicts each mechanism's strict goodput;
+mechanism's per-phase costs from ops/plan/calibration.json, predicts each mechanism's strict goodput;
 the run prints both.
 `--calibrate` measures those costs (apart from the runs it predicts): each RESULT mechanism fault-free (60
 steps) and with one exception and one hang (bench/recovery_cases.py's fault steps), --reps times (default 3)
@@ -529,7 +529,7 @@ def _parser() -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="measure each mechanism's per-phase costs (fault-free and single-fault runs, --reps times, "
-        f"default {CALIBRATION_REPS}) for the plan's validation: writes docs/benchmarks/calibration.json",
+        f"default {CALIBRATION_REPS}) for the plan's validation: writes ops/plan/calibration.json",
     )
     parser.add_argument(
         "--only",

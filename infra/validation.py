@@ -42,7 +42,8 @@ def check_cross_rules(
             raise ConfigError(
                 "cluster.kubernetes_version",
                 f"{cluster.kubernetes_version} needs the kubectl layer package {package}, which is not "
-                "installed; add it to requirements.txt, or set kubernetes.deploy_objects=false",
+                "installed; pip install it (in a checkout: add it to pyproject.toml's infra extra, then "
+                "make lock), or set kubernetes.deploy_objects=false",
             )
 
 

@@ -46,3 +46,20 @@ def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from elastic_job import run_reference
 
     return run_reference(tmp_path_factory.mktemp("elastic-reference"))
+
+
+@pytest.fixture(scope="session")
+def kit_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kit's wheel, built from this checkout (tests/wheel_env.py)."""
+    from wheel_env import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory, kit_wheel: Path) -> Path:
+    """A fresh venv, not the project's, with the wheel and the extras a user installs to train their own
+    model and try the Job here (hf, k8s, report); built once per session (about a minute)."""
+    from wheel_env import make_venv
+
+    return make_venv(tmp_path_factory.mktemp("wheel-venv") / "venv", kit_wheel)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("fsdpkit.contracts",),  # what every part shares: env names, exit codes, run layout, catalog, shapes
     ("fsdpkit.runtime",),  # process plumbing: events, process groups, torch internals, the launcher channel
     ("fsdpkit.resilience", "fsdpkit.launcher"),  # the public API; the launcher (a separate program)
-    ("fsdpkit.trainer", "fsdpkit.analysis", "fsdpkit.export"),  # the kit's trainer; reports; model export
+    # the kit's trainer; reports; model export; the data tools (they write the API's token format)
+    ("fsdpkit.trainer", "fsdpkit.analysis", "fsdpkit.export", "fsdpkit.data"),
 )
 """Bottom first. Two packages on one floor do not import each other: the API and the launcher meet only in
 the runtime's channel (heartbeat, hang interrupt, error file, stacks, eviction) and the contracts."""
@@ -123,16 +125,24 @@ def _module_name(root: Path, path: Path) -> str:
 def find_modules(root: Path, *, tops: Iterable[str] = (*PACKAGE_DIRS, *TOPS)) -> dict[str, Path]:
     """Every checked module under `root` (the folders `tops`): import name -> file."""
     found: dict[str, Path] = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if any(part in SKIP_DIRS or part.startswith(".") for part in rel[:-1]):
-            continue
-        if Path(rel[0]).stem not in tops:
-            continue
-        name = _module_name(root, path)
-        if name:
-            found[name] = path
+    for top in sorted(tops):
+        for path in _python_files(root, top):
+            if name := _module_name(root, path):
+                found[name] = path
     return found
+
+
+def _python_files(root: Path, top: str) -> list[Path]:
+    """`top`.py or the .py files under the folder `top`, without descending into skipped or hidden folders
+    (a venv being written must not be read)."""
+    single = root / f"{top}.py"
+    if single.is_file():
+        return [single]
+    files: list[Path] = []
+    for folder, dirs, names in os.walk(root / top):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        files += [Path(folder, n) for n in sorted(names) if n.endswith(".py")]
+    return files
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str:

@@ -8,11 +8,10 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import botocore.exceptions
-
-from fsdpkit.ops.aws import GLOBAL_BILLING_REGION, Aws
+if TYPE_CHECKING:
+    from fsdpkit.ops.aws import Aws
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "prices.json"
 
@@ -65,6 +64,10 @@ def parse_on_demand(price_list: list[str]) -> float | None:
 
 def ec2_hourly(aws: Aws | None, instance_type: str, region: str) -> Price:
     if aws is not None:
+        import botocore.exceptions  # with an Aws session only: `make plan` prices offline without boto3
+
+        from fsdpkit.ops.aws import GLOBAL_BILLING_REGION
+
         try:
             pricing = aws.client("pricing", region=GLOBAL_BILLING_REGION, max_attempts=2)
             out = pricing.get_products(
@@ -81,6 +84,8 @@ def ec2_hourly(aws: Aws | None, instance_type: str, region: str) -> Price:
 
 def gpus_per_instance(aws: Aws | None, instance_type: str) -> int | None:
     if aws is not None:
+        import botocore.exceptions
+
         try:
             info = aws.client("ec2").describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
             gpus = sum(g.get("Count", 0) for g in info[0].get("GpuInfo", {}).get("Gpus", [])) if info else 0

@@ -6,7 +6,7 @@ dollars, the checkpoint interval and the spares to keep (docs/plan.md).
 Defaults come from `cdk.json` (the GPU node count and type, the region, the FSx throughput) and the kit's
 model shapes or a Hugging Face model folder (the checkpoint: 12 bytes per parameter, fp32 weights and Adam's
 two moments); the step time from the model's FLOPs at `--mfu` of the GPUs' peak; the phase times from the
-benchmarks' docs/benchmarks/calibration.json, each printed with its source (ops/plan/planner.py). No AWS
+benchmarks' ops/plan/calibration.json, each printed with its source (ops/plan/planner.py). No AWS
 call: prices from ops/prices.json (dated, labelled).
 """
 

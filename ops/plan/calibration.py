@@ -1,6 +1,6 @@
 """The plan's measured inputs: the file the kit's benchmarks write, and what the plan reads from it.
 
-`docs/benchmarks/calibration.json` holds one section per benchmark that measures a phase the model uses,
+`ops/plan/calibration.json` holds one section per benchmark that measures a phase the model uses,
 each with when and how it was measured:
   goodput_phases   `python -m bench.goodput --calibrate`: per mechanism on the CPU job (tiny model, 2 ranks,
                    gloo), the run's fixed overhead (launch to first step and the exit), one save's cost to
@@ -28,7 +28,7 @@ from typing import Any
 from fsdpkit.ops.plan.model import PhaseTimes
 
 REPO = Path(__file__).resolve().parents[2]
-CALIBRATION_FILE = REPO / "docs" / "benchmarks" / "calibration.json"
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 
 
 class CalibrationError(ValueError):

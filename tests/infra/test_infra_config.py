@@ -347,7 +347,8 @@ BAD_CONFIGS: list[tuple[str, dict[str, object], str]] = [
         "Kubernetes 1.37 without its kubectl layer",
         {"cluster.kubernetes_version": "1.37"},
         "cluster.kubernetes_version: 1.37 needs the kubectl layer package aws-cdk.lambda-layer-kubectl-v37, "
-        "which is not installed; add it to requirements.txt, or set kubernetes.deploy_objects=false",
+        "which is not installed; pip install it (in a checkout: add it to pyproject.toml's infra extra, then "
+        "make lock), or set kubernetes.deploy_objects=false",
     ),
     (
         "capacity block without reservation",

@@ -162,6 +162,6 @@ def test_train_job_line_warns_only_where_the_job_costs_goodput() -> None:
 
 
 def test_the_committed_calibration_file_is_valid_json() -> None:
-    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "calibration.json"
+    path = Path(__file__).resolve().parents[2] / "ops" / "plan" / "calibration.json"
     sections = json.loads(path.read_text(encoding="utf-8"))
     assert goodput_phases(sections) is not None and scale_phases(sections) is not None
