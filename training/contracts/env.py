@@ -18,6 +18,10 @@ POD_NAME = "POD_NAME"
 """The pod's name (downward API `metadata.name`): how a process finds the pod it belongs to."""
 NODE_NAME = "KIT_NODE_NAME"
 """The pod's node (downward API `spec.nodeName`): the node a straggler's launcher cordons."""
+RUN_TOKEN_FILE = "KIT_RUN_TOKEN_FILE"
+"""A file holding the run's secret token (64 hex characters, 32 random bytes; a trailing newline allowed),
+mounted from the run's own Secret into its pods only (k8s/spec.py), written per run by the local runner.
+The kit's stores and rendezvous refuse a client without it; unset or absent: no token."""
 GRACE_S = "KIT_TERMINATION_GRACE_S"
 """The Job's terminationGracePeriodSeconds: how long a drained pod has between SIGTERM and SIGKILL."""
 TIER_BASE = "KIT_TIER_BASE"
