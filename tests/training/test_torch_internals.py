@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import subprocess
 import sys
 import types
@@ -18,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from trainer_helpers import TINY
 from typing_extensions import override
 
+from fsdpkit.contracts import env as contracts_env
 from fsdpkit.contracts import exitcodes
 from fsdpkit.launcher.agent import KitElasticAgent
 from fsdpkit.launcher.rendezvous.c10d import KitOpExecutor
@@ -110,6 +112,36 @@ def test_the_error_files_override_is_declared_and_a_rename_of_torchs_method_is_c
     ]
 
 
+def test_the_safe_checkpoint_loaders_override_hooks_the_registry_checks_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kit's `.metadata` reader and byte-item planner (fsdpkit.resilience.checkpoint.untrusted) override
+    DCP's hooks: each hook, what the planner's override writes into and every private name `.metadata`
+    pickles are in the registry, so a torch that renamed one is refused at start-up instead of loading
+    checkpoints through torch's own pickle."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from fsdpkit.resilience.checkpoint.untrusted import SafeLoadPlanner, SafeReader
+
+    assert internals.override_problems(SafeReader) == []
+    assert internals.override_problems(SafeLoadPlanner) == []
+    names = {f"{i.module}.{i.name}" for i in internals.INTERNALS}
+    dcp = "torch.distributed.checkpoint"
+    assert {
+        f"{dcp}.filesystem.FileSystemReader.read_metadata",
+        f"{dcp}.default_planner.DefaultLoadPlanner.load_bytes",
+        f"{dcp}._traverse.set_element",
+        *(f"{module}.{name}" for module, name in internals.METADATA_PRIVATES),
+    } <= names
+    assert set(internals.metadata_privates()) == set(internals.METADATA_PRIVATES)
+    monkeypatch.setattr(DefaultLoadPlanner, "load_bytes", lambda self, item: None)
+    (drifted,) = internals.problems()
+    assert (
+        "DefaultLoadPlanner.load_bytes takes (self, item), the kit calls it with (self, read_item, value)"
+        in (drifted)
+    )
+
+
 def test_replace_and_require_refuse_a_name_that_is_gone() -> None:
     module = types.ModuleType("torch.fake")
     module.kept = 1
@@ -132,10 +164,15 @@ def test_the_zip_shortcut_writes_what_torch_load_reads() -> None:
 def _with_changed_torch(
     change: str, module: str, argv: list[str], tmp: Path
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m MODULE ARGV` in a process whose torch was changed first by `change` (Python code)."""
+    """Run `python -m MODULE ARGV` in a process whose torch was changed first by `change` (Python code). It
+    holds a run token, as the kit's pods do: the only line a refusal prints is the refusal."""
     run = f"runpy.run_module({module!r}, run_name='__main__')"
     code = "\n".join(["import runpy, sys, torch", change, f"sys.argv = [{module!r}, *{argv!r}]", run])
+    token = tmp / "run-token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    env[contracts_env.RUN_TOKEN_FILE] = str(token)
     for name in ("KIT_HEARTBEAT_DIR", internals.UNTESTED_WARNED_ENV, "LOCAL_RANK"):
         env.pop(name, None)
     return subprocess.run(

@@ -6,9 +6,10 @@ writer (fsdpkit.resilience.checkpoint.writer) stores each record as one torch zi
 whose storage holds exactly its bytes, uncompressed: so a chunk's bytes can be read in place, piece by
 piece, once the archive says where its storage record starts and that the tensor is contiguous.
 
-Two reads of torch-serialized bytes, each in one function so that another loader can replace it:
-`read_metadata` (the `.metadata` pickle, with torch's own reader) and `_archive_tensor` (a record's tensor
-description, with torch's allowlisted `weights_only` loader onto the meta device: no data is read).
+Two reads of torch-serialized bytes, each in one function and neither a general unpickler: `read_metadata`
+(the `.metadata` pickle, through the kit's allowlisted unpickler, fsdpkit.resilience.checkpoint.untrusted)
+and `_archive_tensor` (a record's tensor description, with torch's allowlisted `weights_only` loader onto
+the meta device: no data is read).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from fsdpkit.export.errors import ExportError
 from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.untrusted import Refused, read_metadata_file
 from fsdpkit.resilience.session import STATE_KEY
 
 MODEL_KEY = "model"
@@ -77,11 +78,13 @@ class StoredTensor:
 
 
 def read_metadata(folder: Path) -> Metadata:
-    """The step's DCP `.metadata`, read with torch's own reader. This unpickles: the only place that does,
-    so a loader of a plain format can take its place."""
+    """The step's DCP `.metadata`, through the allowlisted unpickler (DCP's metadata classes and plain
+    values only: a checkpoint folder is shared storage another run could have written)."""
     try:
-        return FileSystemReader(folder).read_metadata()
-    except Exception as exc:  # a pickle raises anything: one line, whatever it is
+        return read_metadata_file(folder / ".metadata")
+    except Refused as exc:
+        raise ExportError(f"{exc}: not a checkpoint the kit wrote") from None
+    except OSError as exc:
         raise ExportError(f"{folder}/.metadata cannot be read ({one_line(exc)})") from None
 
 

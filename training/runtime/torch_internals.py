@@ -74,6 +74,13 @@ class Internal:
 
 
 DR = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+METADATA_PRIVATES = (
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+)
+"""Private names a DCP `.metadata` pickle imports besides DCP's public metadata classes (torch 2.13): the
+memory-format code of TensorProperties, an item's storage record, the function a layout is pickled as."""
 
 
 def _c10d(name: str, **fields: Any) -> Internal:
@@ -169,6 +176,35 @@ INTERNALS: tuple[Internal, ...] = (
         why="DCP's storage record of an item",
     ),
     Internal(module="torch.distributed.checkpoint.filesystem", name="_StoragePrefix", fields=("prefix",)),
+    # --- untrusted checkpoint bytes (training/resilience/checkpoint/untrusted.py) ---------------------------
+    Internal(
+        module="torch.distributed.checkpoint.filesystem",
+        name="FileSystemReader.read_metadata",
+        params=("self",),
+        why="SafeReader overrides it: `.metadata` through the allowlisted unpickler, not pickle.load",
+    ),
+    Internal(
+        module="torch.distributed.checkpoint.default_planner",
+        name="DefaultLoadPlanner.load_bytes",
+        params=("self", "read_item", "value"),
+        why="SafeLoadPlanner overrides it: byte items through weights_only=True, not weights_only=False",
+    ),
+    Internal(
+        module="torch.distributed.checkpoint.default_planner",
+        name="DefaultLoadPlanner",
+        fields=("flatten_state_dict", "original_state_dict", "mappings", "state_dict", "metadata"),
+        why="where load_bytes puts a loaded value",
+    ),
+    Internal(
+        module="torch.distributed.checkpoint._traverse",
+        name="set_element",
+        params=("root_dict", "path", "value"),
+        why="a loaded byte item into the nested state, as DCP's own load_bytes does",
+    ),
+    *(
+        Internal(module=module, name=name, why="a class `.metadata` pickles: on the unpickler's allowlist")
+        for module, name in METADATA_PRIVATES
+    ),
     Internal(
         module="torch.distributed.tensor",
         name="DTensor",
@@ -409,6 +445,14 @@ RendezvousAction = _private(DR, "_Action")
 RendezvousContext = _private(DR, "_RendezvousContext")
 rendezvous_delay = _private(DR, "_delay", None)
 rendezvous_method_name = _private(DR, "get_method_name", None)
+set_element = _private("torch.distributed.checkpoint._traverse", "set_element", None)
+"""`set_element(root_dict, path, value)`: DCP's own way to put a value at a nested path."""
+
+
+def metadata_privates() -> dict[tuple[str, str], Any]:
+    """(module, name) -> object for each of METADATA_PRIVATES this torch has (`check()` names one gone)."""
+    found = {(module, name): _private(module, name) for module, name in METADATA_PRIVATES}
+    return {key: obj for key, obj in found.items() if obj is not _Gone}
 
 
 def state_holder(handler: Any) -> Any:

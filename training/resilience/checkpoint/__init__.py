@@ -7,7 +7,9 @@
   record), `retention`, `layout`;
 - restore: `restore`, `resume` (the newest commit that verifies), `reshard` (another world size),
   `shared_reads`, `compare`;
-- memory tiers: `tier_hook`, `memory_tiers`, `tier`, `blob`, `transfer`, `comm`.
+- memory tiers: `tier_hook`, `memory_tiers`, `tier`, `blob`, `transfer`, `comm`;
+- untrusted bytes: `untrusted` (`.metadata` through an allowlisted unpickler, byte items through
+  `weights_only=True`), `wire` (tagged JSON for blob headers and messages between ranks: never a pickle).
 
 Import from the submodules. This file imports nothing: the config check that `make train-job` and `k8s
 local` run needs only `config` and would otherwise import torch and DCP (~3 s of CPU) for nothing.

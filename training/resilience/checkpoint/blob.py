@@ -1,10 +1,15 @@
 """One rank's state as one file in memory: what the node-local and peer tiers keep (see `tier`).
 
 A blob is the tree a save staged (every tensor of the rank's state dict, DTensors as their local shard, the
-small Python leaves as they are), laid out so that a restore is a memory copy: a header (the tree with a
+small plain leaves as they are), laid out so that a restore is a memory copy: a header (the tree with a
 placeholder per tensor: dtype, shape, offset), then each tensor's raw bytes, 64-byte aligned. It is written
 through the checkpoint writer's `ChecksumFile`, so its CRC-32C is computed over the same memory as it goes
 out; the tier's record keeps (size, crc32c) and a restore verifies them exactly as resume verifies a shard.
+
+The header is the kit's tagged JSON (`wire`), never a pickle: a blob is read from node memory that other
+processes can write, and a peer's copy arrives with a checksum its sender computed, so nothing in it may be
+able to run code. A leaf other than a plain value (what `wire` encodes) fails the write: the tier keeps no
+copy of that step, and the shared tier serves it.
 
 Why not a copy of the DCP shard: DCP keeps one copy of each replicated value (the step, the schedule, a
 shared data position) in whichever rank's file its planner picks, so a rank's own shard file cannot restore
@@ -18,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-import pickle
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +33,12 @@ from torch.distributed.tensor import DTensor
 
 from fsdpkit.resilience.checkpoint.commit import FileEntry
 from fsdpkit.resilience.checkpoint.guard import SaveGuard
+from fsdpkit.resilience.checkpoint.wire import TensorRef, WireError, decode, encode
 from fsdpkit.resilience.checkpoint.writer import ChecksumFile
 
-FORMAT = "kit-tier-blob/1"
-MAGIC = b"KITBLOB1"
+FORMAT = "kit-tier-blob/2"
+MAGIC = b"KITBLOB2"
+"""/2: the header is tagged JSON (/1 was a pickle, and is refused like any other file that is not a blob)."""
 _PREFIX = struct.Struct("<8sQ")
 """Magic, then the header's length in bytes."""
 _ALIGN = 64
@@ -40,16 +46,6 @@ _ALIGN = 64
 
 class BlobError(ValueError):
     """A blob that cannot be read as one (truncated, another format, a bad header); one line."""
-
-
-@dataclass(frozen=True)
-class _TensorRef:
-    """A tensor's place in the blob."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -66,13 +62,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _layout(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
-    """The tree with each tensor replaced by its `_TensorRef` (offsets relative to the data section)."""
+    """The tree with each tensor replaced by its `TensorRef` (offsets relative to the data section)."""
     if isinstance(obj, torch.Tensor):
         local = _local(obj)
         start = -(-offset[0] // _ALIGN) * _ALIGN
         offset[0] = start + local.nbytes
         tensors.append(local)
-        return _TensorRef(_dtype_name(local.dtype), tuple(local.shape), start, local.nbytes)
+        return TensorRef(_dtype_name(local.dtype), tuple(local.shape), start, local.nbytes)
     if isinstance(obj, dict):
         return {k: _layout(v, tensors, offset) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -92,7 +88,7 @@ def write_blob(path: Path, tree: dict[str, Any], *, guard: SaveGuard | None = No
     SaveAbandoned (from `guard`) between tensors once the save is abandoned."""
     tensors: list[torch.Tensor] = []
     skeleton = _layout(tree, tensors, [0])
-    header = pickle.dumps({"format": FORMAT, "tree": skeleton}, protocol=pickle.HIGHEST_PROTOCOL)
+    header = encode({"format": FORMAT, "tree": skeleton})  # TypeError for a leaf the tier cannot keep
     out = ChecksumFile(path, direct=False)
     try:
         out.write(_PREFIX.pack(MAGIC, len(header)))
@@ -127,37 +123,46 @@ def open_blob(path: Path) -> Blob:
     with open(path, "rb") as fh:
         size = fh.seek(0, 2)
         if size < _PREFIX.size:
-            raise BlobError(f"{path.name}: {size} bytes, shorter than a blob's prefix")
+            raise BlobError(f"{_name(path)}: {size} bytes, shorter than a blob's prefix")
         mem = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
     try:
         magic, header_len = _PREFIX.unpack_from(mem, 0)
         if magic != MAGIC or _PREFIX.size + header_len > size:
-            raise BlobError(f"{path.name}: not a {FORMAT} file (magic {magic!r}, header {header_len} bytes)")
+            raise BlobError(
+                f"{_name(path)}: not a {FORMAT} file (magic {magic!r}, header {header_len} bytes)"
+            )
         try:
-            header = pickle.loads(mem[_PREFIX.size : _PREFIX.size + header_len])
-        except Exception as exc:  # any unpickling error: the header is damaged
-            raise BlobError(f"{path.name}: unreadable header ({type(exc).__name__})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise BlobError(f"{path.name}: header is not {FORMAT}")
+            header = decode(mem[_PREFIX.size : _PREFIX.size + header_len], tensors=True)
+        except WireError as exc:
+            raise BlobError(f"{_name(path)}: header {exc}") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT or "tree" not in header:
+            raise BlobError(f"{_name(path)}: header is not {FORMAT}")
         base = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
         try:
             tree = _materialise(header["tree"], mem, base, size)
         except BlobError as exc:
-            raise BlobError(f"{path.name}: {exc}") from None
+            raise BlobError(f"{_name(path)}: {exc}") from None
     except BaseException:
         mem.close()
         raise
     return Blob(tree=tree, _map=mem)
 
 
+def _name(path: Path) -> str:
+    """A tier file as its line names it: `step_<N>/rank_<R>.blob`."""
+    return f"{path.parent.name}/{path.name}"
+
+
 def _materialise(obj: Any, mem: mmap.mmap, base: int, size: int) -> Any:
-    if isinstance(obj, _TensorRef):
-        dtype = getattr(torch, obj.dtype, None)
-        if not isinstance(dtype, torch.dtype) or base + obj.offset + obj.nbytes > size:
+    if isinstance(obj, TensorRef):
+        dtype = getattr(torch, obj.dtype)  # a dtype name: `wire` checked it
+        if base + obj.offset + obj.nbytes > size:
             raise BlobError(f"a tensor entry ({obj.dtype}, {obj.shape}) lies outside the blob's {size} bytes")
         numel = 1
         for dim in obj.shape:
             numel *= dim
+        if numel * dtype.itemsize != obj.nbytes:
+            raise BlobError(f"a tensor entry ({obj.dtype}, {obj.shape}) says {obj.nbytes} bytes")
         if numel == 0:
             return torch.empty(obj.shape, dtype=dtype)
         return torch.frombuffer(mem, dtype=dtype, count=numel, offset=base + obj.offset).view(obj.shape)

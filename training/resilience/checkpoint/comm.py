@@ -4,6 +4,12 @@ Background saves must never share the training process group: their collectives 
 FSDP's and deadlock (reference: torch-on-cpu.md §2.5). Every collective here runs on this group, and once
 the group is closed or abandoned (in-process restart) every collective raises SaveAbandoned instead of
 falling back to whatever default group exists by then.
+
+Messages between ranks are the kit's tagged JSON (`wire`), carried as bytes in tensors: never
+`gather_object` / `broadcast_object_list`, which unpickle whatever a peer sends (a process that joined the
+group, not the kit, could run code on every rank). A message that is not the kit's plain values is refused
+(WireError, one line naming the sender) on every rank at the same point: a gathered message is sent to every
+rank and every rank reads all of them, so no rank waits in a collective the others left.
 """
 
 from __future__ import annotations
@@ -17,10 +23,16 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
+from fsdpkit.resilience.checkpoint.wire import WireError, decode, encode
 
 SAVE_ERRORS = (Exception, CheckpointException)
 """What a failed save or load can raise: DCP's CheckpointException derives from BaseException, not
 Exception, so a plain `except Exception` would let it kill the writer thread."""
+
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""Longest message a rank accepts: the kit's are verdicts and records (kilobytes, ~5 KB per rank for the
+tiers' plan); a forged length must not make every rank allocate without bound."""
 
 
 class CheckpointComm:
@@ -57,20 +69,35 @@ class CheckpointComm:
         self._group = None
 
     def gather_to_zero(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` on rank 0 (None elsewhere); without distributed, `obj` as it would arrive."""
+        data = encode(obj)
         group = self.group
         if not self.distributed:
-            return [obj]
-        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0), group=group)
-        return out
+            return [_receive(data, 0)]
+        width = torch.tensor([len(data)], dtype=torch.int64)
+        widths = [torch.empty(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(widths, width, group=group)
+        longest = max(_width(int(w.item()), r) for r, w in enumerate(widths))
+        parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(parts, _padded(data, longest), group=group)
+        got = [
+            _receive(p[: int(w.item())].numpy().tobytes(), r)
+            for r, (p, w) in enumerate(zip(parts, widths, strict=True))
+        ]
+        return got if self.rank == 0 else None
 
     def broadcast_from_zero(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (the others' `obj` is ignored)."""
+        data = encode(obj) if self.rank == 0 else b""
         group = self.group
         if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        return box[0]
+            return _receive(data, 0)
+        src = dist.get_global_rank(group, 0)
+        width = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(width, src=src, group=group)
+        buf = _padded(data, _width(int(width.item()), 0))
+        dist.broadcast(buf, src=src, group=group)
+        return _receive(buf.numpy().tobytes(), 0)
 
     def all_true(self, flag: bool) -> bool:
         group = self.group
@@ -92,3 +119,28 @@ class CheckpointComm:
             with contextlib.suppress(RuntimeError, ValueError):
                 dist.destroy_process_group(self._group)
             self._group = None
+
+
+def _width(width: int, sender: int) -> int:
+    """A message's announced length, refused (the same on every rank: all see it) past MAX_MESSAGE_BYTES."""
+    if not 0 <= width <= MAX_MESSAGE_BYTES:
+        raise WireError(
+            f"a message from rank {sender} of the checkpoint group refused: {width} bytes announced"
+        )
+    return width
+
+
+def _padded(data: bytes, width: int) -> torch.Tensor:
+    """`data` in a uint8 tensor of `width` bytes (zeros after it)."""
+    out = torch.zeros(width, dtype=torch.uint8)
+    if data:
+        out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out
+
+
+def _receive(data: bytes, sender: int) -> Any:
+    """A message as the kit's plain values; WireError naming the sender if it is anything else."""
+    try:
+        return decode(data)
+    except WireError as exc:
+        raise WireError(f"a message from rank {sender} of the checkpoint group refused: {exc}") from None

@@ -3,23 +3,26 @@
 The kit's guarantee (a fault changes nothing but time) is proven on what a later resume would see: the
 persisted final checkpoint, verified like resume verifies it (the record lists exactly the files of its
 world size; every file's size and CRC32 match), loaded without any process group into full (unsharded)
-tensors, and compared with a fault-free run's: model, optimizer, scheduler, data position, step and each
-rank's RNG. Used by the tests and by `make demo`.
+tensors through the same allowlisted loaders as resume (fsdpkit.resilience.checkpoint.untrusted), and
+compared with a fault-free run's: model, optimizer, scheduler, data position, step and each rank's RNG.
+Used by the tests and by `make demo`.
 """
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from fsdpkit.resilience.checkpoint.commit import read_commit, verify_file
+from fsdpkit.resilience.checkpoint.commit import METADATA_FILE, read_commit, verify_file
 from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps, step_dir
 from fsdpkit.resilience.checkpoint.resume import CheckpointError, one_line, record_problem
+from fsdpkit.resilience.checkpoint.untrusted import Refused, SafeLoadPlanner, SafeReader, read_metadata_file
 
 
 def final_checkpoint(run_dir: str | Path) -> Path:
@@ -43,10 +46,28 @@ def load_committed(folder: str | Path) -> dict[str, Any]:
     problems += [verify_file(folder, name, e, checksum=True) for name, e in sorted(record.files.items())]
     if found := [p for p in problems if p]:
         raise CheckpointError(f"{folder}: {'; '.join(found)}")
-    with tempfile.TemporaryDirectory(prefix="kit-ckpt-") as scratch:
-        out = Path(scratch) / "state.pt"
-        dcp_to_torch_save(folder, out)  # DCP's own reader, one process, no group
-        return _flat(torch.load(out, map_location="cpu", weights_only=False))
+    try:
+        return _read_all(folder)
+    except (Refused, CheckpointException) as exc:
+        raise CheckpointError(f"{folder}: {one_line(exc)}") from None
+
+
+def _read_all(folder: Path) -> dict[str, Any]:
+    """Every item of a step folder (one process, no group): each tensor whole, from every rank's chunks."""
+    metadata = read_metadata_file(folder / METADATA_FILE)
+    state: dict[str, Any] = {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype)
+        if isinstance(entry, TensorStorageMetadata)
+        else None
+        for key, entry in metadata.state_dict_metadata.items()
+    }
+    dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(folder), no_dist=True)
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        path = paths.get(key)
+        out.update(_flat(value, "/".join(map(str, path)) if isinstance(path, tuple) else key))
+    return out
 
 
 def _flat(obj: Any, path: str = "") -> dict[str, Any]:

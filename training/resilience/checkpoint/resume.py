@@ -7,6 +7,14 @@ checksum; the files are verified in parallel (file i by rank i % world_size), an
 verdict before anyone loads. A damaged newest step falls back to the one before it; if steps are committed
 but none verifies, resume fails loudly instead of starting again from step 0.
 
+A commit record proves integrity, not origin (another run's pod can plant a step folder with correct CRCs),
+so nothing of a step is loaded by a general unpickler (fsdpkit.resilience.checkpoint.untrusted): rank 0 reads
+`.metadata` through the allowlisted unpickler while it verifies, and DCP's load reads it and every byte item
+the same way. A refused file is damage like a bad checksum: one line naming the file and the refused type,
+and the step before serves. A step that verifies but does not load into this state (another model or
+optimizer) is passed over the same way; only when no committed step loads does resume fail, naming the
+newest step's reason.
+
 A checkpoint written by another world size is resharded (DCP splits the model and optimizer anew) when
 its record and this job's `ReshardPolicy` allow it (checkpoint/reshard.py: the same global batch, no
 per-rank state); otherwise it is refused (CheckpointError naming both sizes and why): `check_world_size`
@@ -29,7 +37,7 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from fsdpkit.resilience.checkpoint.commit import (
@@ -43,6 +51,7 @@ from fsdpkit.resilience.checkpoint.commit import (
 from fsdpkit.resilience.checkpoint.layout import COMMIT_FILE, is_committed, list_steps, step_dir
 from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy, refusal
 from fsdpkit.resilience.checkpoint.shared_reads import SHARED_READS, MeteredRaw
+from fsdpkit.resilience.checkpoint.untrusted import Refused, SafeLoadPlanner, SafeReader, read_metadata_file
 from fsdpkit.resilience.state import TrainState
 
 log = logging.getLogger("fsdpkit.resilience.checkpoint")
@@ -114,9 +123,22 @@ def _problems(
         for name in mine
         if (p := verify_file(folder, name, record.files[name], checksum=checksum, meter=SHARED_READS))
     ]
+    if comm.rank == 0 and not local:
+        local += _metadata_problem(folder)
     gathered = comm.gather_to_zero(local)
     verdict = "; ".join(p for ps in gathered for p in ps) if gathered is not None else None
     return comm.broadcast_from_zero(verdict) or None, record
+
+
+def _metadata_problem(folder: Path) -> list[str]:
+    """Rank 0, once `.metadata` verified: [] if it reads through the allowlisted unpickler, else why not."""
+    try:
+        read_metadata_file(folder / METADATA_FILE)
+    except Refused as exc:
+        return [str(exc)]
+    except OSError as exc:
+        return [f"{METADATA_FILE}: {one_line(exc)}"]
+    return []
 
 
 def verification_share(names: list[str], rank: int, world_size: int) -> list[str]:
@@ -139,9 +161,9 @@ class _MeteredFileSystem(FileSystem):
             yield stream
 
 
-class SharedReader(FileSystemReader):
-    """DCP's file system reader, with every byte it reads counted (and, for benchmarks, paced) by
-    SHARED_READS (fsdpkit.resilience.checkpoint.shared_reads)."""
+class SharedReader(SafeReader):
+    """DCP's file system reader, `.metadata` through the allowlisted unpickler (SafeReader), with every
+    byte it reads counted (and, for benchmarks, paced) by SHARED_READS (checkpoint/shared_reads.py)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
@@ -184,40 +206,32 @@ def resume(
     committed = comm.broadcast_from_zero(committed)
     SHARED_READS.forget_cached()
     result = Resumed(step=None)
+    unfit: str | None = None
+    """The newest step's reason it verifies but does not load into this state."""
     for step in committed:
         folder = step_dir(root, step)
         problem, record = _problems(comm, folder, step, checksum=checksum, policy=policy)
-        if problem:
-            _skip(comm, folder, f"damaged ({problem}); trying an older step")
-            result.rejected[step] = problem
-            continue
-        resharded = record is not None and record.world_size != comm.world_size
-        trainstates = [v for v in state.values() if isinstance(v, TrainState)]
-        for value in trainstates:
-            value.resharding = resharded
-        try:
-            dcp.load(
-                state,
-                checkpoint_id=folder,
-                storage_reader=SharedReader(folder),
-                process_group=comm.group,
-                no_dist=not comm.distributed,
-            )
-        except SAVE_ERRORS as exc:
-            raise CheckpointError(
-                f"checkpoint {folder} verifies but does not fit this model/optimizer ({one_line(exc)}): "
-                "resume with the config that wrote it, or use a new run.id"
-            ) from exc
-        finally:
-            for value in trainstates:
-                value.resharding = False
-        result.step = step
-        result.resharded_from = record.world_size if resharded else None
-        if step != committed[0]:
-            result.fallback_from = committed[0]
-        _report_uncommitted(comm, root, steps, step)
-        return result
+        if problem is None:
+            problem, unloadable = _load(comm, folder, record, state)
+            if problem is None:
+                result.step = step
+                result.resharded_from = record.world_size if record.world_size != comm.world_size else None
+                if step != committed[0]:
+                    result.fallback_from = committed[0]
+                _report_uncommitted(comm, root, steps, step)
+                return result
+            if unloadable:
+                unfit = (
+                    unfit or f"checkpoint {folder} verifies but does not fit this model/optimizer ({problem})"
+                )
+                _skip(comm, folder, f"does not load into this state ({problem}); trying an older step")
+                result.rejected[step] = f"does not fit ({problem})"
+                continue
+        _skip(comm, folder, f"damaged ({problem}); trying an older step")
+        result.rejected[step] = problem
     _report_uncommitted(comm, root, steps, None)
+    if unfit:
+        raise CheckpointError(f"{unfit}: resume with the config that wrote it, or use a new run.id")
     if committed:
         reasons = "; ".join(f"step {s}: {why}" for s, why in result.rejected.items())
         raise CheckpointError(
@@ -225,6 +239,39 @@ def resume(
             "restore them from a backup, or move the folder aside to start from step 0"
         )
     return result
+
+
+def _load(
+    comm: CheckpointComm, folder: Path, record: CommitRecord | None, state: dict[str, Any]
+) -> tuple[str | None, bool]:
+    """Collective: DCP's load of a verified step into `state` (its TrainStates resharding when the step's
+    world size is not this job's). (None, False) when it loaded; else (why, True) when the step does not
+    load into this state, (why, False) when a file holds a refused type (damage); every rank gets the same
+    answer (DCP agrees on a failure before it raises). CheckpointError for what is not the step's fault
+    (the group gone, a peer lost)."""
+    resharded = record is not None and record.world_size != comm.world_size
+    trainstates = [v for v in state.values() if isinstance(v, TrainState)]
+    for value in trainstates:
+        value.resharding = resharded
+    try:
+        dcp.load(
+            state,
+            checkpoint_id=folder,
+            storage_reader=SharedReader(folder),
+            planner=SafeLoadPlanner(folder),
+            process_group=comm.group,
+            no_dist=not comm.distributed,
+        )
+    except CheckpointException as exc:
+        failures = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+        refused = [str(f) for f in failures if isinstance(f, Refused)]
+        return (refused[0], False) if refused else (one_line(exc), True)
+    except SAVE_ERRORS as exc:
+        raise CheckpointError(f"checkpoint {folder} could not be loaded ({one_line(exc)})") from exc
+    finally:
+        for value in trainstates:
+            value.resharding = False
+    return None, False
 
 
 def one_line(exc: BaseException) -> str:
