@@ -16,6 +16,11 @@ surviving pods and a spare recover on, which a cluster never does.
 
 The kit's rendezvous store (a Deployment) runs first, as a pod of its own: its Service name and port are
 pointed at 127.0.0.1 and the same free port. It is stopped after the Job's pods.
+
+Nothing of a local run is on the machine's network: every listener binds 127.0.0.1 (the rendezvous store
+`--host 127.0.0.1`; the workers' and in-process stores through KIT_LOCAL_ADDR, the address the launchers
+advertise; gloo's pair sockets on the loopback interface, GLOO_SOCKET_IFNAME=lo), and each run has a fresh
+token (the run's Secret on EKS) in a 0600 file that KIT_RUN_TOKEN_FILE names in every pod.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -39,7 +45,7 @@ from typing import Any
 import psutil
 
 from fsdpkit.contracts import env as kit_env
-from fsdpkit.contracts.ports import free_port_run
+from fsdpkit.contracts.ports import LOCAL_HOST, free_port_run
 from fsdpkit.k8s.render import Manifest
 from fsdpkit.k8s.spec import INDEX_ANNOTATION
 
@@ -200,6 +206,7 @@ class LocalRunner:
         self.python = python
         self.on_line = on_line
         self.port = free_port()
+        self.token_file = self._write_token()
         self.paths = self._prepare_volumes()
         shm = kit_env.SHM if os.path.isdir(kit_env.SHM) else None
         self.memory_root = Path(tempfile.mkdtemp(prefix="kit-local-", dir=shm))
@@ -214,6 +221,16 @@ class LocalRunner:
         self._lock = threading.Lock()
 
     # -- volumes
+    def _write_token(self) -> Path:
+        """A fresh run token (32 random bytes as hex) in a file only this user can read: the run's Secret."""
+        folder = self.workdir / "run-token"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = folder / "token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        return path
+
     def _prepare_volumes(self) -> PathMap:
         mounts: dict[str, Path] = {}
         env = self._static_env()
@@ -224,6 +241,8 @@ class LocalRunner:
                 local = self.volume_root / vol["persistentVolumeClaim"]["claimName"]
             elif "configMap" in vol:
                 local = self.workdir / "configmaps" / vol["configMap"]["name"]
+            elif "secret" in vol:  # the run's token Secret, the only one the kit mounts: this run's file
+                local = self.token_file.parent
             elif "emptyDir" in vol:
                 if target == "/dev/shm":
                     continue  # this machine's own /dev/shm plays the memory-backed volume
@@ -289,6 +308,9 @@ class LocalRunner:
                 env[name] = fields[ref]
         if "MASTER_PORT" in env:
             env["MASTER_PORT"] = str(self.port)
+        env[kit_env.RUN_TOKEN_FILE] = str(self.token_file)
+        env[kit_env.LOCAL_ADDR] = LOCAL_HOST  # the address the launchers advertise and the stores bind
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's pair sockets on the loopback interface only
         return env
 
     def pod_argv(self, env: dict[str, str]) -> list[str]:
@@ -334,6 +356,7 @@ class LocalRunner:
         raw = list(self.job.store.get("command", [])) + list(self.job.store.get("args", []))
         argv = [re.sub(r"^--port=\d+$", f"--port={self.port}", a) for a in raw]
         argv[0] = self.python if argv[0] in ("python", "python3") else argv[0]
+        argv = [a for a in argv if not a.startswith("--host=")] + [f"--host={LOCAL_HOST}"]
         argv.append("--exit-with-parent")  # a runner killed outright must not leave its store serving
         self._store = self._popen(argv, self._host_env(), record)
 

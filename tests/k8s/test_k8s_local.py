@@ -3,6 +3,7 @@ and failure rules; the slow test trains 2 pods x 1 process through a SIGKILL fau
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -10,8 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
+import psutil
 import pytest
 
 from fsdpkit.k8s.local import LocalRunError, LocalRunner, PathMap, expand_vars, load_job, run_local
@@ -142,6 +146,37 @@ def test_k8s_local_replaces_a_lost_pod_after_the_delay_asked_for(tmp_path: Path)
     assert replacement - lost >= 1.5  # never before the delay (the runner kept polling pod 0 meanwhile)
 
 
+def _listeners_until_exit(proc: subprocess.Popen[str]) -> tuple[set[tuple[str, str, int]], str, str]:
+    """(role, address, port) of every TCP socket listening in `proc`'s process tree, sampled until it exits
+    (role "store": the rendezvous store pod, "pod": a launcher or its workers), and its stdout and stderr,
+    drained meanwhile (a full pipe would stall the run)."""
+    texts: dict[int, str] = {}
+
+    def drain(index: int, stream: IO[str]) -> None:
+        texts[index] = stream.read()
+
+    drained = [threading.Thread(target=drain, args=(i, s), daemon=True) for i, s in enumerate(
+        (proc.stdout, proc.stderr))]  # fmt: skip
+    for thread in drained:
+        thread.start()
+    seen: set[tuple[str, str, int]] = set()
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    cmd = " ".join(child.cmdline())
+                    role = "store" if "launcher.store" in cmd else "pod"
+                    for conn in child.net_connections(kind="tcp"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            seen.add((role, conn.laddr.ip, conn.laddr.port))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    for thread in drained:
+        thread.join(timeout=60)
+    return seen, texts.get(0, ""), texts.get(1, "")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path) -> None:
@@ -154,14 +189,21 @@ def test_k8s_local_job_survives_a_kill_fault_and_reports_goodput(tmp_path: Path)
     (With it off, a 2-pod group restart after a kill is the node-fault tests' and the demo's path.)"""
     inprocess = "true"
     metrics = pytest.importorskip("fsdpkit.analysis.metrics")
-    proc = subprocess.run(
+    runner = subprocess.Popen(
         [sys.executable, "-m", "fsdpkit.k8s", "local", "NODES=2", "STEPS=20", "CHECKPOINT_INTERVAL=5",
          f"INPROCESS={inprocess}", "FAULT_SPEC=kill:step=12:rank=1", "RUN_ID=kill-e2e",
          "--workdir", str(tmp_path), "--timeout", "300"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
-        capture_output=True, text=True, timeout=360,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    listeners, out, err = _listeners_until_exit(runner)
+    proc = subprocess.CompletedProcess(runner.args, runner.returncode, out, err)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Every TCP listener of the run (the rendezvous store pod, the workers' and in-process stores, gloo's
+    # pairs) was on the loopback address: nothing of a local run is on the machine's network.
+    assert any(role == "store" for role, _, _ in listeners), listeners
+    assert len({port for role, _, port in listeners if role == "pod"}) >= 2, listeners  # stores, gloo pairs
+    assert {ip for _, ip, _ in listeners} <= {"127.0.0.1", "::1"}, listeners
     assert "local job completed" in proc.stdout and "goodput" in proc.stdout
     run_dir = tmp_path / "kill-e2e" / "volumes" / "kit-local-runs" / "runs" / "kill-e2e"
     m = metrics.load_run_metrics(run_dir)

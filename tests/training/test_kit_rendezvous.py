@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
 from fsdpkit.contracts.ports import free_port_run
 from fsdpkit.launcher.rendezvous import Joined, KitRendezvous, Settings, StoreLink
-from fsdpkit.launcher.rendezvous.liveness import beat_value, parse_beat
+from fsdpkit.launcher.rendezvous.liveness import LEFT, beat_value, parse_beat
+from fsdpkit.runtime.run_token import NO_KEY, RunKey
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = Path(__file__).with_name("rdzv_node.py")
@@ -85,12 +87,22 @@ class Member:
     alive: list[Member] = []
 
     def __init__(
-        self, store: Store, nodes: int, run_id: str = "t", *, spare: bool = False, min_nodes: int = 0
+        self,
+        store: Store,
+        nodes: int,
+        run_id: str = "t",
+        *,
+        spare: bool = False,
+        min_nodes: int = 0,
+        key: RunKey = NO_KEY,
+        beat_s: float = Settings.beat_s,
     ) -> None:
-        """`min_nodes`: an elastic job's MIN (--nnodes MIN:nodes); 0: a fixed job of `nodes`."""
-        link = StoreLink("127.0.0.1", store.port, is_host=False)
+        """`min_nodes`: an elastic job's MIN (--nnodes MIN:nodes); 0: a fixed job of `nodes`. `key`: the
+        run's token key (none: the kit without a token)."""
+        link = StoreLink("127.0.0.1", store.port, is_host=False, key=key)
         low = min_nodes or nodes
-        self.handler = KitRendezvous(link, Settings(run_id, low, nodes, spare=spare, last_call_s=LAST_CALL_S))
+        settings = Settings(run_id, low, nodes, spare=spare, last_call_s=LAST_CALL_S, beat_s=beat_s)
+        self.handler = KitRendezvous(link, settings)
         self._out: queue.Queue[object] = queue.Queue()
         Member.alive.append(self)
 
@@ -300,3 +312,44 @@ def test_an_elastic_job_takes_the_spare_first_then_shrinks_then_grows_back(store
     grown = [m.result() for m in (a, b, late)]
     assert {r[0] for r in grown} == {4} and {r[2] for r in grown} == {3}
     assert sorted(r[1] for r in grown) == [0, 1, 2]
+
+
+def test_a_client_without_the_runs_token_cannot_join_mark_a_node_left_close_or_change_a_rounds_addresses(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's nodes hold its token; a stranger on the store's port finds every key (TCPStore lists them)
+    and writes what would steer the run: `left` on a live member's beat, a join record and a counter bump
+    for the next round, that round's result with its own endpoint, the closed mark; a client with a wrong
+    token does the same. Every forged record is ignored with one line; the run re-forms on its own nodes with
+    its own ranks and endpoints. (A beat interval of 60 s keeps the forged beat in place while it is read.)"""
+    key = RunKey(os.urandom(32))
+    a, b = Member(store, 2, key=key, beat_s=60.0).join(), Member(store, 2, key=key, beat_s=60.0).join()
+    assert a.result()[0] == b.result()[0] == 1
+    ranks = dict(a.handler.members)
+    stranger = dist.TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False)
+    beat_b = next(k for k in stranger.list_keys() if k.endswith(f"beat/{b.handler.node}"))
+    prefix = beat_b[: -len(f"beat/{b.handler.node}")]
+    assert prefix == a.handler.keys.prefix and prefix != "kit-rdzv/t/"  # the run's scope, from the token
+    wrong = StoreLink("127.0.0.1", store.port, is_host=False, key=RunKey(os.urandom(32)))
+    with caplog.at_level(logging.WARNING, logger="kit.launch"):
+        stranger.set(beat_b, LEFT)
+        assert a.handler.gone_neighbour() is None  # unsealed `left`: b is not gone
+        wrong.write(beat_b, LEFT)
+        assert a.handler.gone_neighbour() is None  # sealed with another token: b is not gone either
+        stranger.set(beat_b, b"\xff\xfe left")  # not even text
+        assert a.handler.gone_neighbour() is None
+        stranger.set(prefix + "closed", "1")
+        assert not a.handler.is_closed()
+        index = stranger.add(prefix + "r2/count", 1)  # a joiner of round 2, pointing rank 0 at its own store
+        stranger.set(prefix + f"r2/j{index}", json.dumps(["intruder", "10.9.9.9 29999"]))
+        forged = {"ranks": {"intruder": 0, **{n: r + 1 for n, r in ranks.items()}}, "addrs": {}}
+        stranger.set(prefix + "r2/result", json.dumps(forged))
+        a.handler._waiting_cache = b.handler._waiting_cache = (0.0, 0)
+        assert a.handler.num_nodes_waiting() == b.handler.num_nodes_waiting() == 0  # no restart for it
+        a.join(), b.join()  # the members re-form (a rank fault): round 2 is theirs alone
+        assert a.result() == (2, ranks[a.handler.node], 2) and b.result() == (2, ranks[b.handler.node], 2)
+    assert a.handler.members == ranks and "intruder" not in b.handler.members
+    assert all(not addr.startswith("10.9.9.9") for addr in a.handler.membership.addrs.values())
+    refused = [r.getMessage() for r in caplog.records if "does not carry the run's token" in r.getMessage()]
+    assert any(beat_b in line for line in refused) and any(prefix + "closed" in line for line in refused)
+    assert any(f"r2/j{index}" in line for line in refused) and any("r2/result" in line for line in refused)

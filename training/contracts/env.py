@@ -22,6 +22,13 @@ RUN_TOKEN_FILE = "KIT_RUN_TOKEN_FILE"
 """A file holding the run's secret token (64 hex characters, 32 random bytes; a trailing newline allowed),
 mounted from the run's own Secret into its pods only (k8s/spec.py), written per run by the local runner.
 The kit's stores and rendezvous refuse a client without it; unset or absent: no token."""
+LOCAL_ADDR = "KIT_LOCAL_ADDR"
+"""The address a launcher advertises for its workers' store and where the stores bind (the local runner sets
+127.0.0.1, so a local run listens on the loopback address only); unset: the host's FQDN, listening on every
+interface (a pod on EKS)."""
+NODE_AGENT_DIR = "KIT_NODE_AGENT_DIR"
+"""The folder a trainer pod's launcher shares with its node agent (the sidecar that alone holds an API token,
+fsdpkit.launcher.node_agent); unset: the launcher calls the API server itself."""
 GRACE_S = "KIT_TERMINATION_GRACE_S"
 """The Job's terminationGracePeriodSeconds: how long a drained pod has between SIGTERM and SIGKILL."""
 TIER_BASE = "KIT_TIER_BASE"

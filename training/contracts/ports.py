@@ -18,6 +18,31 @@ from collections.abc import Iterable, Iterator
 STORE_PORTS = 3
 """MASTER_PORT and the two after it (the NVRx backend's iteration store and Wrapper store)."""
 
+# -- what the kit listens on (the run's NetworkPolicy admits only the run's own pods to these) -------------
+# The fixed ports are the job's rendezvous port (the values' RDZV_PORT) and the two after it. Under the kit's
+# rendezvous, rank 0's workers' store and the in-process restart store take ports the kernel picks
+# (`free_port_run`, port 0), and gloo's and NCCL's pair sockets listen on kernel-picked ports too, so a
+# policy that names ports must admit the whole ephemeral range as well; admitting the run's own pods on
+# every TCP port is the simpler rule that covers the same. The kit serves no metrics endpoint: its metrics
+# are pushed to the CloudWatch agent (fsdpkit.runtime.telemetry), nothing listens for them in the pod.
+
+RDZV_PORT = 29500
+"""The default rendezvous port: the rendezvous store pod serves it (kit and c10d backends), and under the
+static and c10d backends rank 0's workers' store is MASTER_PORT = this port."""
+FIXED_PORTS = STORE_PORTS
+"""How many ports from the rendezvous port up the kit may listen on: RDZV_PORT .. RDZV_PORT + 2 (the NVRx
+backend's stores on MASTER_PORT + 1 and + 2)."""
+EPHEMERAL_PORTS = (32768, 60999)
+"""Linux's default `net.ipv4.ip_local_port_range` (first, last): where kernel-picked listening ports fall."""
+LOCAL_HOST = "127.0.0.1"
+"""Where every listener of a local run binds (the local runner): nothing of it is on the machine's network."""
+
+
+def listening_port_ranges(rdzv_port: int = RDZV_PORT) -> list[tuple[int, int]]:
+    """(first, last) TCP port ranges a run's pods listen on: the fixed run from the rendezvous port, and the
+    ephemeral range (kernel-picked stores, gloo and NCCL pairs)."""
+    return [(rdzv_port, rdzv_port + FIXED_PORTS - 1), EPHEMERAL_PORTS]
+
 
 def _kernel_picks(host: str) -> Iterator[int]:
     while True:

@@ -35,6 +35,7 @@ from fsdpkit.contracts import env, exitcodes
 from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from fsdpkit.launcher.args import LaunchArgs
 from fsdpkit.launcher.shim import ZYGOTE_SOCKET_NAME
+from fsdpkit.runtime.run_token import RunTokenError, run_key
 
 log = logging.getLogger("kit.launch")
 RDZV_DEFAULTS = {
@@ -653,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"kit-launch: error: {problem}", file=sys.stderr)
         return exitcodes.FATAL_CONFIG  # the same on every restart and every pod: fail the Job at once
+    try:
+        run_key()  # read once here: a bad token file fails the Job before any store is reached
+    except RunTokenError as exc:
+        print(f"kit-launch: error: {exc}", file=sys.stderr)
+        return exitcodes.FATAL_CONFIG
     parent = _workdir_parent()
     try:
         workdir = tempfile.mkdtemp(prefix="kit-launch-", dir=parent)

@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousPa
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.launcher.api import LaunchConfig
 
-from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts import env, exitcodes
 from fsdpkit.launcher import rendezvous
 from fsdpkit.launcher.agent import KitElasticAgent
 from fsdpkit.launcher.args import LaunchArgs
@@ -37,6 +37,7 @@ from fsdpkit.runtime import pod
 from fsdpkit.runtime import torch_internals as internals
 from fsdpkit.runtime.events import EventLog
 from fsdpkit.runtime.heartbeat import HEARTBEAT_DIR_ENV
+from fsdpkit.runtime.run_token import run_key
 from fsdpkit.runtime.stacks import STACKS_DIR_ENV
 from fsdpkit.runtime.telemetry.launcher import LauncherMetrics
 
@@ -126,10 +127,11 @@ def _run_agent(
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     try:  # hosts or joins the store now
         rdzv_handler = _rendezvous_handler(args, params, events)
-    except (RendezvousError, RuntimeError, ValueError) as exc:
+    except (RendezvousError, RuntimeError, ValueError, OSError) as exc:  # OSError: serve_store
         message = rendezvous_setup_error(args.rdzv_endpoint, exc)
         log.error("kit-launch: error: %s", message)
         return exitcodes.USAGE, message
+    run_key(say=True)  # the store is reached: no token is worth a line now, never before a refusal
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -161,6 +163,7 @@ def _launch_config(args: LaunchArgs) -> LaunchConfig:
         rdzv_configs=dict(args.rdzv_configs),
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
+        local_addr=os.environ.get(env.LOCAL_ADDR) or None,  # the local runner's 127.0.0.1; else the FQDN
     )  # no shutdown_timeout: torch 2.11's LaunchConfig has none (the agent takes it, where torch does)
 
 

@@ -9,6 +9,11 @@ If the store itself restarts, its state is gone; with the kit's rendezvous (trai
 every node reconnects and publishes its state again, and training goes on (the workers' own store lives in
 the group's rank-0 worker). With torch's c10d handler every agent's next call fails, the workers drain and
 the Job replaces the pods. See docs/launcher.md.
+
+`--host 127.0.0.1` (the local runner) listens on the loopback address only (TCPStore alone would listen on
+every interface: fsdpkit.runtime.distributed.serve_store); on EKS it listens on the pod's every interface,
+behind the run's NetworkPolicy. The store checks no client itself (TCPStore cannot): the kit's clients seal
+what they write with the run's token and ignore what they cannot check (fsdpkit.runtime.run_token).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ PARENT_POLL_S = 1.0
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m fsdpkit.launcher.store", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    p.add_argument(
+        "--host", default="0.0.0.0", help="address to listen on (default all; 127.0.0.1: this machine only)"
+    )
     p.add_argument("--port", type=int_arg(lo=1, hi=65535), required=True, help="TCP port")
     p.add_argument(
         "--exit-with-parent",
@@ -37,16 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         "killed outright must not leave its store serving)",
     )
     args: argparse.Namespace = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from torch.distributed import TCPStore
+    from fsdpkit.runtime.distributed import serve_store
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        store = TCPStore(
-            args.host, args.port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
-        )
-    except (RuntimeError, ValueError) as exc:
+        store = serve_store(args.host, args.port, timeout=timedelta(seconds=60))
+    except (OSError, RuntimeError, ValueError) as exc:
         print(f"kit-store: error: cannot serve {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     print(f"kit-store: serving the rendezvous on {args.host}:{args.port}", flush=True)

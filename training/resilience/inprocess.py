@@ -37,6 +37,7 @@ knows a model or a loop (public API: fsdpkit.resilience.run).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import time
@@ -54,7 +55,8 @@ from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, is_committed, 
 from fsdpkit.resilience.checkpoint.resume import one_line
 from fsdpkit.resilience.checkpoint.staging import flatten_state, restore_into
 from fsdpkit.runtime import hang_interrupt
-from fsdpkit.runtime.distributed import abort_groups, new_group, seed_everything
+from fsdpkit.runtime.distributed import abort_groups, new_group, seed_everything, serve_store
+from fsdpkit.runtime.run_token import run_key
 
 if TYPE_CHECKING:
     from fsdpkit.resilience.config import InprocessConfig
@@ -83,30 +85,28 @@ BARRIER_POLL = timedelta(seconds=0.1)
 
 
 class RestartStore:
-    """The barrier's own TCPStore: rank 0 hosts it on a free port published through the job store."""
+    """The barrier's own TCPStore: rank 0 hosts it on a free port published through the job store (sealed
+    with the run's key: a port a client without the run's token wrote is refused)."""
 
     def __init__(self, ctx: DistContext, timeout_s: float) -> None:
         self.ctx = ctx
         self.timeout = timedelta(seconds=timeout_s)
-        key = f"kit/{ctx.store_scope}/inprocess_store_port"
+        key = f"{run_key().scoped('kit/', 'inprocess')}{ctx.store_scope}/inprocess_store_port"
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         assert ctx.store is not None
         if ctx.rank == 0:
-            self.store = dist.TCPStore(
-                host,
-                0,
-                world_size=ctx.world_size,
-                is_master=True,
-                timeout=self.timeout,
-                wait_for_workers=False,
-            )
-            ctx.store.set(key, str(self.store.port))
+            self.store = serve_store(host, 0, world_size=ctx.world_size, timeout=self.timeout)
+            ctx.store.set(key, run_key().seal(key, str(self.store.port)))
             if ctx.world_size > 1:  # stay until every rank is connected: a run with nothing left to train
                 ctx.store.wait([f"{key}/all"], self.timeout)  # would otherwise end and take the store along
         else:
-            port = int(ctx.store.get(key).decode())
+            port = run_key().open(key, ctx.store.get(key).decode(errors="replace"))
+            if port is None:
+                raise RestartFailed(
+                    f"the in-process store's port at {key} is not the run's (forged); refused"
+                )
             self.store = dist.TCPStore(
-                host, port, world_size=ctx.world_size, is_master=False, timeout=self.timeout
+                host, int(port), world_size=ctx.world_size, is_master=False, timeout=self.timeout
             )
             if ctx.store.add(f"{key}/joined", 1) == ctx.world_size - 1:
                 ctx.store.set(f"{key}/all", "1")
@@ -114,7 +114,7 @@ class RestartStore:
     def barrier(self, generation: int, give_up: Callable[[], bool] = lambda: False) -> None:
         """Every rank arrives at `generation`'s barrier, or RestartFailed after the timeout, or at once when
         `give_up()` turns true (the launcher stops this worker: its group re-forms without the barrier)."""
-        prefix = f"{self.ctx.store_scope}/gen{generation}"
+        prefix = f"{run_key().scoped('', 'inprocess')}{self.ctx.store_scope}/gen{generation}"
         arrived = self.store.add(f"{prefix}/arrived", 1)
         if arrived == self.ctx.world_size:
             self.store.set(f"{prefix}/go", "1")
@@ -156,6 +156,50 @@ class Report:
     """The step its checkpointer holds in host memory; None if none."""
     committed: int | None = None
     """Rank 0 only: the newest committed step on disk (for the re-save after a live resume)."""
+
+
+REPORT_FIELDS: dict[str, type] = {"live": int, "why": str, "memory": int, "committed": int}
+"""A report's fields and their type (each may also be None): what `report_from_json` accepts, nothing else."""
+
+
+def report_to_json(report: Report) -> bytes:
+    return json.dumps(
+        {name: getattr(report, name) for name in REPORT_FIELDS}, sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+def report_from_json(data: bytes) -> Report:
+    """A peer's report from its JSON bytes: exactly the fields of a Report, each of its type or null (a
+    peer's bytes are never unpickled). ValueError naming what is wrong."""
+    obj = json.loads(data.decode("utf-8"))
+    if not isinstance(obj, dict) or set(obj) != set(REPORT_FIELDS):
+        raise ValueError(f"not a restore report: {data[:200]!r}")
+    for name, kind in REPORT_FIELDS.items():
+        value = obj[name]
+        if value is not None and (type(value) is not kind):  # bool is not an int here
+            raise ValueError(f"restore report field {name!r} is {value!r}, not {kind.__name__} or null")
+    return Report(**obj)
+
+
+def exchange_reports(mine: Report) -> list[Report]:
+    """Every rank's report, in rank order, over the current group as JSON in uint8 tensors (lengths first,
+    then the padded bytes): `all_gather_object` would unpickle what a peer sends."""
+    data = report_to_json(mine)
+    world = dist.get_world_size()
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(data)], dtype=torch.int64))
+    size = max(int(n.item()) for n in lengths)
+    mine_t = torch.zeros(size, dtype=torch.uint8)
+    mine_t[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(gathered, mine_t)
+    reports = []
+    for rank, (n, t) in enumerate(zip(lengths, gathered, strict=True)):
+        try:
+            reports.append(report_from_json(t[: int(n.item())].numpy().tobytes()))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise RestartFailed(f"rank {rank}'s restore report is refused: {one_line(exc)}") from None
+    return reports
 
 
 @dataclass(frozen=True)
@@ -236,9 +280,7 @@ def plan_restore(
         root = checkpoints_dir(job.cfg.run.run_dir)
         committed = max((s for s in list_steps(root) if is_committed(root, s)), default=None)
     mine = Report(live=live_step, why=why, memory=mem_step, committed=committed)
-    reports = [mine] * ctx.world_size
-    if ctx.world_size > 1:
-        dist.all_gather_object(reports, mine)
+    reports = exchange_reports(mine) if ctx.world_size > 1 else [mine]
     return agree(reports, interval=ckpt.interval if ckpt.mode != "off" and not ckpt.auto else None)
 
 

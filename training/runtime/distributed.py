@@ -7,11 +7,17 @@ The process group is built on a store the trainer holds itself (`DistContext.sto
 PrefixStore per launch round (`DistContext.store_scope`) and per in-process generation. Holding the store
 keeps it alive across `destroy_process_group` (in-process restart), and the prefixes keep a restarted group
 away from the keys of a dead one (the stale-key trap of torch's shared rendezvous store,
-pytorch/pytorch#135712).
+pytorch/pytorch#135712). With the run's token (fsdpkit.runtime.run_token) the prefix also carries a scope
+derived from it.
+
+A TCPStore server listens on every interface whatever host name it is given (torch's TCPServer binds the
+wildcard address); `serve_store` binds a loopback host's listening socket itself and hands it to torch
+(`master_listen_fd`), so a local run's stores are not reachable from the machine's network.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import socket
@@ -27,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from fsdpkit.contracts.ports import free_port_run
 from fsdpkit.runtime import stacks
 from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.run_token import run_key
 
 
 @dataclass
@@ -86,9 +93,46 @@ def connect_store(timeout: timedelta) -> dist.Store:
     hosts = rank == 0 and not agent_hosts
     if not hosts and not agent_hosts:
         wait_for_listener(host, port, deadline=time.monotonic() + timeout.total_seconds())
+    if hosts:
+        return serve_store(host, port, world_size=world, timeout=timeout)
     return dist.TCPStore(
-        host, port, world_size=world, is_master=hosts, timeout=timeout, wait_for_workers=False
+        host, port, world_size=world, is_master=False, timeout=timeout, wait_for_workers=False
     )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (or `localhost`): a store for this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_store(host: str, port: int, *, world_size: int | None = None, timeout: timedelta) -> dist.TCPStore:
+    """A TCPStore server for `host:port` (port 0: any free one). On a loopback host it listens on that
+    address only: the socket is bound here and handed to torch (`master_listen_fd`, libuv's
+    `uv_tcp_open` takes it over); elsewhere (a pod's IP) torch listens on every interface, as before.
+    OSError when the port cannot be bound."""
+    if not is_loopback(host):
+        return dist.TCPStore(
+            host, port, world_size=world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+    addr = "::1" if host == "::1" else "127.0.0.1" if host == "localhost" else host
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted store takes its port back
+        sock.bind((addr, port))
+        sock.listen(socket.SOMAXCONN)
+        bound = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(
+        host, bound, world_size=world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )  # fmt: skip
 
 
 def wait_for_listener(host: str, port: int, *, deadline: float) -> bool:
@@ -136,7 +180,7 @@ def init_distributed(
 
 def new_group(ctx: DistContext, generation: int) -> None:
     """(Re)create the default group on a fresh key prefix; used at start and after an in-process abort."""
-    prefix = f"kit/{ctx.store_scope}/gen{generation}"
+    prefix = f"{run_key().scoped('kit/', 'workers')}{ctx.store_scope}/gen{generation}"
     dist.init_process_group(
         backend=ctx.backend,
         store=dist.PrefixStore(prefix, ctx.store),

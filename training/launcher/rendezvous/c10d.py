@@ -49,6 +49,11 @@ Ranks are kept across rounds by `ranks.stable_ranks`, the rule the kit's own bac
 
 `first_round_complete`, the join op, the poll, the keep-alive test and the cache use torch's private
 rendezvous internals, only through training/runtime/torch_internals.py, which checks them at start-up.
+
+torch's rendezvous state is a pickle every agent reads: anyone who can write its key runs code in every
+agent. With the run's token (fsdpkit.runtime.run_token) the state lives under a key scoped by it and every
+value is sealed (`SealedC10dBackend`): a state a client without the token wrote is refused before torch
+decodes it, never unpickled.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ from datetime import UTC, datetime, timedelta
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import api as rendezvous_api
-from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
@@ -73,6 +79,7 @@ from fsdpkit.contracts.ports import free_port_run
 from fsdpkit.launcher.rendezvous import outcome
 from fsdpkit.launcher.rendezvous.ranks import stable_ranks
 from fsdpkit.runtime import torch_internals as internals
+from fsdpkit.runtime.run_token import RunKey, run_key
 
 log = logging.getLogger("kit.launch")
 
@@ -217,7 +224,7 @@ class C10dSparesHandler(DynamicRendezvousHandler):
     (a restart) skips torch's first-join skew (`_poll_delay`)."""
 
     _formed_a_round = False
-    outcome_store: Store | None = None
+    outcome_store: outcome.OutcomeStore | None = None
     """The store of the rendezvous state (`c10d_handler` sets it): the run's outcome is recorded beside it."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -257,10 +264,56 @@ class C10dSparesHandler(DynamicRendezvousHandler):
         return info
 
 
+class SealedC10dBackend(C10dRendezvousBackend):
+    """torch's c10d backend whose state is sealed with the run's key: written with its tag, and checked
+    before torch decodes (unpickles) it. A state without the run's tag is refused (RendezvousStateError)."""
+
+    def __init__(self, store: Store, run_id: str, key: RunKey) -> None:
+        self.run_key = key
+        super().__init__(store, key.scoped(f"{run_id}/", f"c10d/{run_id}").rstrip("/"))
+
+    def _call_store(self, store_op: str, *args, **kwargs) -> object:  # type: ignore[no-untyped-def]
+        if store_op == "compare_set":
+            name, expected, desired = args
+            sealed = self.run_key.seal(name, expected) if expected else expected
+            args = (name, sealed, self.run_key.seal(name, desired))
+        stored = super()._call_store(store_op, *args, **kwargs)
+        if store_op not in ("get", "compare_set"):
+            return stored
+        value = self.run_key.open(args[0], bytes(stored).decode(errors="replace"))
+        if value is None:
+            raise RendezvousStateError(
+                f"the rendezvous state at {args[0]} does not carry the run's token: refused, not decoded"
+            )
+        return value.encode()
+
+
+class SealedOutcomeStore:
+    """The run's outcome record on the c10d store, sealed like the state (outcome.OutcomeStore)."""
+
+    def __init__(self, store: Store, key: RunKey) -> None:
+        self.store, self.key = store, key
+
+    def compare_set(self, name: str, expected: str, desired: str) -> bytes:
+        old = self.key.seal(name, expected) if expected else expected
+        stood = bytes(self.store.compare_set(name, old, self.key.seal(name, desired)))
+        return (self.key.open(name, stood.decode(errors="replace")) or "").encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.store.check(keys))
+
+    def get(self, name: str) -> bytes:
+        return (self.key.open(name, bytes(self.store.get(name)).decode(errors="replace")) or "").encode()
+
+
 def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts: int) -> RendezvousHandler:
-    """torch's c10d dynamic rendezvous handler with a keep-alive in fractions of a second."""
+    """torch's c10d dynamic rendezvous handler with a keep-alive in fractions of a second; with the run's
+    token, on the sealed backend."""
     install_join_fix()
     backend, store = create_backend(params)
+    key = run_key()
+    if key.enabled:
+        backend = SealedC10dBackend(store, params.run_id, key)
 
     def seconds(key: str, default: int) -> timedelta:
         return timedelta(seconds=params.get_as_int(f"{key}_timeout", default) or default)
@@ -279,7 +332,7 @@ def c10d_handler(params: RendezvousParameters, *, keep_alive_s: float, attempts:
         keep_alive_interval=keep_alive_s,  # type: ignore[arg-type]  # used as timedelta(seconds=...)
         keep_alive_max_attempt=attempts,
     )
-    handler.outcome_store = store
+    handler.outcome_store = SealedOutcomeStore(store, key) if key.enabled else store
     return handler
 
 

@@ -35,10 +35,13 @@ from fsdpkit.launcher.rendezvous.rounds import WAITING_CACHE_S, Joiner, Membersh
 from fsdpkit.launcher.rendezvous.settings import Settings
 from fsdpkit.launcher.rendezvous.spare_pool import SparePool
 from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink, StoreReset, names_this_machine
+from fsdpkit.runtime.run_token import run_key
 
 log = logging.getLogger("kit.launch")
 
 BACKEND = "kit"
+MAX_JOINERS_READ = 4096
+"""The most join records the membership check reads (a bumped counter must not cost unbounded reads)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class KitRendezvous(RendezvousHandler):
     def __init__(self, link: StoreLink, settings: Settings, *, local_addr: str | None = None) -> None:
         self.link = link
         self.settings = settings
-        self.keys = Keys(settings.run_id)
+        self.keys = Keys(settings.run_id, link.key)
         self.addr = local_addr or socket.getfqdn()
         self.node = node_id(self.addr)
         self.beats = Beats(link, self.keys, self.node, settings)
@@ -120,10 +123,12 @@ class KitRendezvous(RendezvousHandler):
         return self.settings.run_id
 
     def is_closed(self) -> bool:
-        return bool(self.link.call("check", [self.keys.closed]))
+        if not self.link.key.enabled:
+            return bool(self.link.call("check", [self.keys.closed]))
+        return self.link.read(self.keys.closed) is not None  # a forged mark closes nothing
 
     def set_closed(self) -> None:
-        self.link.call("set", self.keys.closed, "1")
+        self.link.write(self.keys.closed, "1")
 
     def shutdown(self) -> bool:
         """Close the rendezvous (the job is over: spares exit 0) and stop beating."""
@@ -142,6 +147,8 @@ class KitRendezvous(RendezvousHandler):
         if now - at < WAITING_CACHE_S:
             return value
         value = self.link.counter(self.keys.round(self.round + 1, "count")) if self.round else 0
+        if value and self.link.key.enabled:  # only joiners whose records carry the run's token count
+            value = self._sealed_joiners(self.round + 1, value)
         self._waiting_cache = (now, value)
         return value
 
@@ -215,6 +222,12 @@ class KitRendezvous(RendezvousHandler):
         self.pool.republish()
         self.membership.republish()
 
+    def _sealed_joiners(self, t: int, count: int) -> int:
+        """How many of round t's first `count` join records are the run's (a counter anyone can bump must
+        not make the agents restart their workers): O(count) reads, only while nodes wait."""
+        keys = [self.keys.round(t, f"j{i}") for i in range(1, min(count, MAX_JOINERS_READ) + 1)]
+        return sum(1 for raw in self.link.read_many(keys) if raw is not None)
+
     def _raise_if_closed(self) -> None:
         if self.beats.departed:
             raise RendezvousClosedError("this node left the rendezvous")
@@ -248,7 +261,7 @@ def kit_handler(
     is_host = params.get_as_bool("is_host")
     if is_host is None:  # torchrun's rule: the node whose address the endpoint names hosts the store
         is_host = names_this_machine(host)
-    link = StoreLink(host or "localhost", int(port or 0), is_host=is_host)
+    link = StoreLink(host or "localhost", int(port or 0), is_host=is_host, key=run_key())
     settings = Settings(
         run_id=params.run_id,
         min_nodes=params.min_nodes,

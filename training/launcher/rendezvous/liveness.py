@@ -105,14 +105,14 @@ class Beats:
 
     def beat(self) -> None:
         if not self.departed:
-            self.link.call("set", self._key, lambda: beat_value(time.time(), self.stall()))
+            self.link.write(self._key, lambda: beat_value(time.time(), self.stall()))
 
     def depart(self) -> None:
         """Stop beating and say `left`: the next round does not wait for this node's expiry."""
         self.departed = True
         self._stop.set()
         with contextlib.suppress(RendezvousConnectionError, RuntimeError):
-            self.link.call("set", self._key, LEFT)  # else the beat expires
+            self.link.write(self._key, LEFT)  # else the beat expires
 
     def stall(self) -> float:
         """This node's longest gap between two beats over the last STALL_WINDOW_S (inf: too few yet)."""

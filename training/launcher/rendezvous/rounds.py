@@ -81,8 +81,8 @@ class Membership:
         """After the store restarted: as a member, the last round's number and result (first writer wins)."""
         if self.round and self.node in self.members:
             result = result_bytes(self.members, self.addrs)
-            self.link.store.compare_set(self.keys.round(self.round, "result"), "", result)
-            self.link.store.compare_set(self.keys.last, "", str(self.round))
+            self.link.claim(self.keys.round(self.round, "result"), None, result)
+            self.link.claim(self.keys.last, None, str(self.round))
 
 
 @dataclass
@@ -164,9 +164,9 @@ class RoundLeader:
         names = self.link.read_many([self.keys.round(f.t, f"j{i}") for i in fresh])
         for index, raw in zip(fresh, names, strict=True):
             if raw is None:  # written right after its index was taken: read it on the next poll, unless
-                since = f.missing_since.setdefault(f"j{index}", now)  # its node died in between
-                if now - since <= self.settings.expiry_s:
-                    break
+                since = f.missing_since.setdefault(f"j{index}", now)  # its node died in between, or the
+                if now - since <= self.settings.expiry_s and not self._forged(f.t, f"j{index}"):
+                    break  # record there is not the run's (skipped at once)
             else:
                 name, addr = json.loads(raw)
                 f.joined.setdefault(name, addr)
@@ -218,11 +218,15 @@ class RoundLeader:
                 f.passed_over.add(node)
                 log.warning("kit-launch: round %d: invited node %s did not join; passing it over", f.t, node)
         count = self.link.counter(self.keys.pool_count)
-        names = self.link.read_many([self.keys.pool(i) for i in range(f.pool_seen + 1, count + 1)])
-        for raw in names:
-            if raw is None:
-                break
-            f.pool.append(raw)
+        fresh = range(f.pool_seen + 1, count + 1)
+        names = self.link.read_many([self.keys.pool(i) for i in fresh])
+        for index, raw in zip(fresh, names, strict=True):
+            if raw is None:  # not written yet (skipped once its writer had time), or not the run's
+                since = f.missing_since.setdefault(f"p{index}", now)
+                if now - since <= self.settings.expiry_s and not self._forged(None, self.keys.pool(index)):
+                    break
+            else:
+                f.pool.append(raw)
             f.pool_seen += 1
         skip = set(f.previous) | set(f.joined) | set(f.invited) | f.passed_over | f.dead | f.dropped
         candidates = [n for n in f.pool if n not in skip]
@@ -233,16 +237,22 @@ class RoundLeader:
             if self.detector.beat_dead(node, beat, now, f.missing_since, self.detector.load([])):
                 f.passed_over.add(node)
                 continue
-            self.link.call("set", self.keys.invite(node), str(f.t))
+            self.link.write(self.keys.invite(node), str(f.t))
             f.invited[node] = now
             wanted -= 1
             log.info("kit-launch: round %d: inviting node %s to take a free place", f.t, node)
 
+    def _forged(self, t: int | None, name: str) -> bool:
+        """Whether the key (round t's `name`, or `name` itself), which read as no record, holds one that is
+        not the run's: skipped at once, not waited for."""
+        key = self.keys.round(t, name) if t is not None else name
+        return self.link.key.enabled and self.link.raw(key) is not None
+
     def publish(self, f: _Formation, chosen: list[str]) -> None:
         ranks = stable_ranks(f.previous, sorted(chosen))
         addrs = {n: f.joined[n] for n in chosen}
-        self.link.call("set", self.keys.round(f.t, "result"), result_bytes(ranks, addrs))
-        self.link.call("set", self.keys.last, str(f.t))
+        self.link.write(self.keys.round(f.t, "result"), result_bytes(ranks, addrs))
+        self.link.write(self.keys.last, str(f.t))
 
 
 class Joiner:
@@ -277,21 +287,24 @@ class Joiner:
         generation = self.link.generation
         index = self.link.call("add", self.keys.round(t, "count"), 1)
         endpoint = f"{self.addr} {free_port_run()}"  # the workers' store, should this node be rank 0
-        self.link.call("set", self.keys.round(t, f"j{index}"), json.dumps([self.node, endpoint]))
+        self.link.write(self.keys.round(t, f"j{index}"), json.dumps([self.node, endpoint]))
         leader_key = self.keys.round(t, "leader")
-        leader = bytes(self.link.call("compare_set", leader_key, "", self.node)).decode()
+        leader = self.link.claim(leader_key, None, self.node)
         formation: _Formation | None = None
         lost_leaders: set[str] = set()
         last_leader_check = time.monotonic()
         result_key = self.keys.round(t, "result")
         while True:
+            present = False
             if leader != self.node:  # a follower: polls the result key until its leader's next check
-                self.link.wait_for(result_key, self.settings.beat_s, FOLLOWER_POLL_S)
+                present = self.link.wait_for(result_key, self.settings.beat_s, FOLLOWER_POLL_S)
             raw = self.link.read(result_key)
             if self.link.generation != generation:
                 raise StoreReset  # the store restarted: round t's joiners and leader are gone
             if raw is not None:
                 return json.loads(raw)
+            if present:  # a result that is not the run's (forged): poll on, do not spin
+                time.sleep(FOLLOWER_POLL_S)
             now = time.monotonic()
             if leader == self.node:
                 if formation is None:
@@ -304,7 +317,7 @@ class Joiner:
                 last_leader_check = now
                 if self.detector.is_dead(leader, now, {}):
                     lost_leaders.add(leader)
-                    won = bytes(self.link.call("compare_set", leader_key, leader, self.node)).decode()
+                    won = self.link.claim(leader_key, leader, self.node)
                     if won == self.node:
                         log.warning("kit-launch: round %d's leader %s is gone; this node leads", t, leader)
                     leader = won

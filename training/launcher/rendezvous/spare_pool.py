@@ -51,7 +51,7 @@ class SparePool:
     def register(self) -> None:
         if self.index is None:
             index = self.link.call("add", self.keys.pool_count, 1)
-            self.link.call("set", self.keys.pool(index), self.node)
+            self.link.write(self.keys.pool(index), self.node)
             self.index = index
 
     def forget(self) -> None:
