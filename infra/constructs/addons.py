@@ -53,6 +53,15 @@ CLOUDWATCH_DROPPED_DEFAULTS = (
 )
 """Default entries the kit's `agent.config` drops: Application Signals metrics and traces (APM for
 instrumented services; a training Job is not one)."""
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+"""Network policy enforcement: the add-on starts its network policy agent (a second container in each
+`aws-node` pod, eBPF on the pods' host veths), and the EKS control plane's policy controller resolves the
+kit's per-run NetworkPolicy objects for it. Without it a NetworkPolicy is an object nothing enforces.
+Source: https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html (steps 2 and 4;
+the BPF file system and kernel >= 5.10 the agent needs come with the AL2023 EKS AMIs of Kubernetes >= 1.27).
+Left at their defaults: the agent's ports (8162 metrics, 8163 health; the kit listens on neither), and the
+`standard` mode (a new pod is open until its policies are applied): `strict` denies every new pod of the
+cluster that has no policy, CoreDNS and other teams' workloads included (docs/security.md)."""
 FSX_CSI_ACTIONS = ("fsx:DescribeFileSystems",)
 """The controller only serves a static PV (no CreateFileSystem/DeleteFileSystem): describe is all it calls."""
 
@@ -104,7 +113,8 @@ class NetworkingAddons(Construct):
     """vpc-cni, kube-proxy and the Pod Identity agent: DaemonSets the nodes need before they are Ready.
 
     The VPC CNI gets its policy through Pod Identity on `aws-node`, not from the node role (the agent runs on
-    the host network, so it serves credentials before any pod has an address).
+    the host network, so it serves credentials before any pod has an address), and enforces NetworkPolicy
+    (`VPC_CNI_CONFIGURATION`).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster) -> None:
@@ -120,6 +130,7 @@ class NetworkingAddons(Construct):
             cluster=cluster,
             name="vpc-cni",
             after=[self.pod_identity_agent],
+            configuration=VPC_CNI_CONFIGURATION,
             service_account="aws-node",
             role=self.cni_role,
         )

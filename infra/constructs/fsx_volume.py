@@ -12,6 +12,8 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_fsx as fsx
 from constructs import Construct, IConstruct
 
+from fsdpkit.contracts.labels import MANAGED_BY, MANAGED_BY_LABEL
+
 PV_PREFIX = "fsx-pv"
 PVC_PREFIX = "fsx-claim"
 
@@ -94,7 +96,8 @@ class FsxVolume(Construct):
             references_digest=references_digest,
         )
         if namespace != "default":
-            manifests.insert(0, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            meta = {"name": namespace, "labels": {MANAGED_BY_LABEL: MANAGED_BY}}
+            manifests.insert(0, {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
         self.manifest = eks.KubernetesManifest(
             self, "Manifest", cluster=cluster, manifest=manifests, overwrite=True
         )

@@ -10,7 +10,8 @@ from fsdpkit.infra.config import RegistryConfig
 
 
 class Registry(Construct):
-    """Private repository `<prefix>/<repository>`: scan on push, lifecycle expiry, kept on stack deletion."""
+    """Private repository `<prefix>/<repository>`: immutable tags, scan on push, lifecycle expiry, kept on
+    stack deletion."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: RegistryConfig, prefix: str) -> None:
         super().__init__(scope, construct_id)
@@ -20,8 +21,9 @@ class Registry(Construct):
             "Repository",
             repository_name=self.repository_name,
             image_scan_on_push=True,
-            # Mutable so `make image` can move a tag; jobs should pin the image digest for reproducibility.
-            image_tag_mutability=ecr.TagMutability.MUTABLE,
+            # Immutable: a tag names one image for good, so cached nodes and a newly scheduled spare of one
+            # job never run different code under the same tag (a re-push is refused: a new tag per build).
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
             encryption=ecr.RepositoryEncryption.KMS,  # the AWS-managed `aws/ecr` key
             # Retained so `cdk destroy` never drops images by surprise; `make teardown` deletes it.
             removal_policy=RemovalPolicy.RETAIN,

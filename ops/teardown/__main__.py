@@ -48,7 +48,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
     p.add_argument("--yes", action="store_true", help="really delete (still needs the typed confirmation)")
     p.add_argument("--confirm", metavar="PREFIX/ACCOUNT", help="the confirmation, typed: prefix/account id")
-    p.add_argument("--delete-data", action="store_true", help="also empty and delete kit-tagged S3 buckets")
+    p.add_argument(
+        "--delete-data",
+        action="store_true",
+        help="also empty and delete kit-tagged S3 buckets, and delete the EBS volumes a user kept (a PV's "
+        "Retain, a claim outside the kit's namespaces, kit:keep-data)",
+    )
     p.add_argument(
         "--fsx-backup",
         action=argparse.BooleanOptionalAction,

@@ -106,6 +106,8 @@ def kind_keeps(resource: Resource, scope: Scope) -> str | None:
 
 def data_kept(resource: Resource, scope: Scope) -> str | None:
     if resource.detail.get("is_data") and not scope.options.delete_data:
+        if why := resource.detail.get("data_reason"):
+            return f"{why}: kept as data; pass --delete-data to delete it"
         return "data is kept by default; pass --delete-data to empty and delete it"
     return None
 

@@ -37,7 +37,8 @@ class Options:
     """What the user asked for on the command line (validated by the CLI)."""
 
     delete_data: bool = False
-    """Also empty and delete kit-tagged S3 buckets (data is kept by default)."""
+    """Also empty and delete kit-tagged S3 buckets, and delete the EBS volumes kept as data (a PV's `Retain`,
+    a claim outside the kit's namespaces, an unknown reclaim policy, `kit:keep-data`); kept by default."""
     fsx_backup: bool = True
     """Take a final backup of persistent FSx file systems before deleting them (kept, billed as backup)."""
     timeout_s: float = 1800.0
@@ -52,6 +53,30 @@ class Options:
     """Only these kinds (empty = all)."""
     kubectl: str = "kubectl"
     """kubectl binary for the Kubernetes step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PvFacts:
+    """A PersistentVolume backed by an EBS volume, as a live kit cluster reports it."""
+
+    name: str
+    reclaim: str
+    """`Retain`, `Delete` (or `Recycle`): `Retain` means a user keeps the volume after its claim."""
+    claim_namespace: str = ""
+    claim: str = ""
+    """`namespace/name` of the claim it is bound to; empty when unbound."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterFacts:
+    """What teardown read from a live kit cluster before deleting anything (fsdpkit.ops.teardown.kube)."""
+
+    context: str
+    """The kubeconfig context whose server is the cluster's endpoint."""
+    namespaces: frozenset[str] = frozenset()
+    """The kit's own namespaces: labelled `app.kubernetes.io/managed-by=kit`, never a shared one."""
+    volumes: Mapping[str, PvFacts] = field(default_factory=dict)
+    """EBS volume id -> the PersistentVolume that uses it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +105,10 @@ class Scope:
     """Physical ids of the resources in the kit's stacks (owned even if a tag is missing)."""
     stack_contents: Mapping[str, str] = field(default_factory=dict)
     """Stack name -> the resources it deletes with it, by type (for the plan)."""
+    kube: Mapping[str, ClusterFacts] = field(default_factory=dict)
+    """Live kit cluster -> its namespaces and PersistentVolumes, read through kubectl at the start."""
+    kube_unread: Mapping[str, str] = field(default_factory=dict)
+    """Live kit cluster -> why it could not be read (kubectl missing, no context, no answer)."""
     options: Options = field(default_factory=Options)
 
     @property

@@ -5,7 +5,8 @@ even when a tag did not propagate or was removed). Cluster names the kit's stack
 cluster resource, the `ClusterName` output) are read from deleted stacks' outputs too, so ownership of what a
 cluster's controllers made does not depend on the cluster itself, which teardown deletes. A deleted stack's
 deletion time bounds that evidence: a later cluster that reuses the name (not the kit's) made what it made
-after it (filters.former_owner).
+after it (filters.former_owner). What a user kept inside each live kit cluster (its namespaces, its
+PersistentVolumes' reclaim policies) is read here too, through kubectl, before step 1 deletes any claim.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import botocore.exceptions
 
 from fsdpkit.ops.aws import Aws
 from fsdpkit.ops.tags import PROJECT_TAG
+from fsdpkit.ops.teardown.kube import read_clusters
 from fsdpkit.ops.teardown.model import Options, Scope
 
 STACK_CLUSTER_TYPES = ("AWS::EKS::Cluster", "Custom::AWSCDK-EKS-Cluster")
@@ -117,6 +119,8 @@ def discover(aws: Aws, prefix: str, options: Options) -> Scope:
     if vpcs:
         pages = ec2.get_paginator("describe_subnets").paginate(Filters=[{"Name": "vpc-id", "Values": vpcs}])
         subnets = [s["SubnetId"] for page in pages for s in page["Subnets"]]
+    # what a user kept inside each live kit cluster, read before step 1 deletes claims (kube.py)
+    kube, kube_unread = read_clusters(options.kubectl, endpoints)
     return Scope(
         prefix=prefix,
         region=aws.region,
@@ -130,5 +134,7 @@ def discover(aws: Aws, prefix: str, options: Options) -> Scope:
         subnets=tuple(sorted(subnets)),
         stack_resources=frozenset(in_stacks),
         stack_contents=records.contents,
+        kube=kube,
+        kube_unread=kube_unread,
         options=options,
     )

@@ -21,6 +21,7 @@ from fsdpkit.infra.constructs.addons import (
     CLOUDWATCH_DROPPED_DEFAULTS,
 )
 from fsdpkit.infra.constructs.device_plugins import efa_plugin_repository
+from fsdpkit.infra.constructs.fsx_volume import MANAGED_BY, MANAGED_BY_LABEL
 from fsdpkit.infra.constructs.gpu_nodegroup import REFERENCES_TAG
 from fsdpkit.infra.constructs.storage import LUSTRE_CLIENT_PORTS
 from fsdpkit.infra.errors import ConfigError
@@ -107,10 +108,26 @@ def test_synth_says_what_gpu_capacity_the_user_gets() -> None:
 @pytest.mark.parametrize("variant", ALL)
 def test_addon_configuration_uses_only_published_schema_keys(synth: Synth, variant: str) -> None:
     configured = {n: p for n, p in addons(synth, variant).items() if "ConfigurationValues" in p}
-    assert set(configured) == {"amazon-cloudwatch-observability"}
+    assert set(configured) == {"amazon-cloudwatch-observability", "vpc-cni"}
     for name, props in configured.items():
         schema = json.loads((SCHEMAS / f"{name}.json").read_text(encoding="utf-8"))
         jsonschema.validate(json.loads(props["ConfigurationValues"]), schema)
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_the_cluster_enforces_network_policy(synth: Synth, variant: str) -> None:
+    """vpc-cni's network policy agent is on (else a run's NetworkPolicy is an object nothing enforces), in the
+    default standard mode: strict would deny every new pod of a shared cluster that has no policy."""
+    cni = json.loads(addons(synth, variant)["vpc-cni"]["ConfigurationValues"])
+    assert cni == {"enableNetworkPolicy": "true"}
+    assert "NETWORK_POLICY_ENFORCING_MODE" not in json.dumps(cni)
+
+
+def test_the_claims_namespace_carries_the_label_teardown_deletes_by() -> None:
+    """Teardown deletes Kubernetes objects only in namespaces labelled as the kit's (ops/teardown/kube.py)."""
+    from fsdpkit.k8s.spec import MANAGED_BY as RENDERED
+
+    assert (MANAGED_BY_LABEL, MANAGED_BY) == ("app.kubernetes.io/managed-by", RENDERED)
 
 
 def _cloudwatch_agent_schema() -> dict[str, Any]:

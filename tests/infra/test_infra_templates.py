@@ -285,7 +285,7 @@ def test_encryption_at_rest_everywhere(synth: Synth, variant: str) -> None:
     (flow_logs,) = resources(network, "AWS::Logs::LogGroup").values()
     key_id = flow_logs["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]
     assert network["Resources"][key_id]["Properties"]["EnableKeyRotation"] is True
-    assert repo["ImageTagMutability"] == "MUTABLE"
+    assert repo["ImageTagMutability"] == "IMMUTABLE"  # a re-push never changes what a tag runs
     assert repo["ImageScanningConfiguration"] == {"ScanOnPush": True}
 
 
@@ -393,6 +393,10 @@ def test_fsx_pv_and_pvc_follow_the_file_system(synth: Synth) -> None:
     assert "fsx.csi.aws.com" in text
     assert '\\"namespace\\":\\"training\\"' in text
     assert "4800Gi" in text
+    # the namespace is the kit's to teardown: it deletes Kubernetes objects only in namespaces with this label
+    namespace = text.split('\\"kind\\":\\"PersistentVolume\\"')[0]
+    assert '\\"kind\\":\\"Namespace\\"' in namespace
+    assert '\\"app.kubernetes.io/managed-by\\":\\"kit\\"' in namespace
 
 
 def test_kubectl_lambdas_run_in_the_vpc_with_a_private_endpoint(synth: Synth) -> None:

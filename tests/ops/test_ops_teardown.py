@@ -31,11 +31,14 @@ def test_dry_run_plans_owned_and_changes_nothing(world: World, capsys: pytest.Ca
     assert doc["clusters"] == [CLUSTER] and doc["vpcs"] == [world.ids["vpc"]]
     planned = {(s["kind"], p["id"]) for s in doc["steps"] for p in s["plan"] if p["action"] == "delete"}
     node = world.ids["node"]  # its node group still exists: it goes with it, after which it is swept
+    ebs = world.ids["ebs"]  # no kubeconfig context for the cluster: its PV's reclaim policy is unknown
     for kind, ids in world.owned().items():
-        for i in ids - {node}:
+        for i in ids - {node, ebs}:
             assert (kind, i) in planned, (kind, i)
     assert plan_of(doc)[node]["action"] == "keep"
     assert plan_of(doc)[node]["reason"] == f"a node of node group {CLUSTER}/gpu: it goes with the node group"
+    assert plan_of(doc)[ebs]["action"] == "keep"
+    assert plan_of(doc)[ebs]["reason"].startswith("the reclaim policy of its PersistentVolume is unknown")
     for kind, ids in world.decoys().items():
         for i in ids:
             assert (kind, i) not in planned, (kind, i)
@@ -67,14 +70,16 @@ def test_confirmed_run_deletes_owned_keeps_decoys_and_data_then_rerun_is_noop(
 ) -> None:
     world.full()
     code, doc = run(capsys, "--yes", "--confirm", CONFIRM)
-    assert code == 3, doc  # finished, but the data bucket was kept on purpose
+    assert code == 3, doc  # finished, but the data bucket and the claim's volume were kept on purpose
     now = world.inventory()
+    ebs = world.ids["ebs"]  # its cluster could not be read: the PV's reclaim policy is unknown, so it stays
     for kind, ids in world.owned().items():
-        assert not (ids & now[kind]), (kind, ids & now[kind])
+        assert not (ids - {ebs}) & now[kind], (kind, ids & now[kind])
     assert_decoys_survive(world)
-    assert "kit1-data" in now["s3"]
-    kept = results_by_id(doc)["kit1-data"]
-    assert kept["status"] == "kept" and "--delete-data" in kept["reason"]
+    assert "kit1-data" in now["s3"] and ebs in now["ebs-volume"]
+    for rid in ("kit1-data", ebs):
+        kept = results_by_id(doc)[rid]
+        assert kept["status"] == "kept" and "--delete-data" in kept["reason"], kept
     assert world.ids["vpc"] not in now["vpc"]  # the network stack went last, with its VPC
     # second run: nothing is deleted, the kept bucket is reported again
     code2, doc2 = run(capsys, "--yes", "--confirm", CONFIRM)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -86,9 +87,19 @@ def test_tag_keys_match_infra() -> None:
     assert (ns["PROJECT_TAG"], ns["STACK_TAG"]) == (PROJECT_TAG, STACK_TAG)
 
 
-def fake_kubectl(tmp_path: Path, server: str, objects: list[dict]) -> tuple[Path, Path]:
+KIT_NAMESPACE = {"name": "kit-training", "labels": {"app.kubernetes.io/managed-by": "kit"}}
+
+
+def fake_kubectl(
+    tmp_path: Path,
+    server: str,
+    objects: list[dict],
+    namespaces: Sequence[dict] = (KIT_NAMESPACE,),
+    pvs: Sequence[dict] = (),
+) -> tuple[Path, Path]:
     state = tmp_path / "kubectl.json"
-    state.write_text(json.dumps({"server": server, "objects": objects, "deleted": [], "calls": []}))
+    doc = {"server": server, "objects": objects, "namespaces": list(namespaces), "pvs": list(pvs)}
+    state.write_text(json.dumps({**doc, "deleted": [], "calls": []}))
     exe = tmp_path / "kubectl"
     script = Path(__file__).parent / "fixtures" / "fake_kubectl.py"
     exe.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
@@ -103,10 +114,10 @@ def test_kubernetes_objects_go_first_through_kubectl(
     world.eks()
     server = world.client("eks").describe_cluster(name=CLUSTER)["cluster"]["endpoint"]
     objects = [
-        {"kind": "Job", "name": "train", "namespace": "default"},
-        {"kind": "Service", "name": "web", "namespace": "default", "spec": {"type": "LoadBalancer"}},
+        {"kind": "Job", "name": "train", "namespace": "kit-training"},
+        {"kind": "Service", "name": "web", "namespace": "kit-training", "spec": {"type": "LoadBalancer"}},
         {"kind": "Service", "name": "kube-dns", "namespace": "kube-system", "spec": {"type": "ClusterIP"}},
-        {"kind": "PersistentVolumeClaim", "name": "data", "namespace": "default"},
+        {"kind": "PersistentVolumeClaim", "name": "data", "namespace": "kit-training"},
     ]
     exe, state = fake_kubectl(tmp_path, server, objects)
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))

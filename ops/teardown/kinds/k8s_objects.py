@@ -2,68 +2,53 @@
 
 Jobs (the trainer gets SIGTERM and its grace period to finish a checkpoint), Services of type LoadBalancer and
 Ingresses (the Load Balancer Controller then deletes its LBs, target groups and SGs), and PVCs (the CSI
-drivers delete EBS volumes / FSx file systems whose reclaim policy is Delete). The cluster carries the kit
-tag and is about to be deleted, so every such object in it is the kit's. The kubeconfig context is the one
-whose server is the cluster's endpoint (`aws eks update-kubeconfig --name <cluster>` creates it).
+drivers delete EBS volumes / FSx file systems whose reclaim policy is Delete). Only in the kit's own
+namespaces (labelled `app.kubernetes.io/managed-by=kit`, never `default` or `kube-*`; ops/teardown/kube.py):
+on a shared cluster the other namespaces hold other teams' work, listed as kept with the reason. The
+kubeconfig context is the one whose server is the cluster's endpoint (`aws eks update-kubeconfig --name
+<cluster>` creates it), found once at the start.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 from fsdpkit.ops.aws import Aws
-from fsdpkit.ops.teardown.model import DeleteFailed, Kind, Resource, Scope, State, Unavailable
+from fsdpkit.ops.teardown.kube import MANAGED_BY, MANAGED_BY_LABEL, SHARED_NAMESPACES, kubectl
+from fsdpkit.ops.teardown.model import ClusterFacts, DeleteFailed, Kind, Resource, Scope, State, Unavailable
 
-KUBECTL_TIMEOUT_S = 30
 OBJECT_KINDS = "jobs.batch,services,ingresses.networking.k8s.io,persistentvolumeclaims"
 
 
-def _kubectl(scope: Scope, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [scope.options.kubectl, *args, f"--request-timeout={KUBECTL_TIMEOUT_S}s"],
-        capture_output=True,
-        text=True,
-        timeout=KUBECTL_TIMEOUT_S + 10,
-        check=False,
+def foreign_namespace(namespace: str, facts: ClusterFacts) -> str | None:
+    """Why an object in `namespace` is not teardown's to delete, or None when the namespace is the kit's."""
+    if namespace in facts.namespaces:
+        return None
+    if namespace in SHARED_NAMESPACES:
+        return f"namespace {namespace} is shared, never the kit's alone: not deleted (goes with its cluster)"
+    return (
+        f"namespace {namespace} is not the kit's (no label {MANAGED_BY_LABEL}={MANAGED_BY}): not deleted "
+        "(it goes with its cluster)"
     )
-
-
-def _contexts(scope: Scope) -> dict[str, str]:
-    """cluster name -> kubeconfig context whose server is that cluster's endpoint."""
-    out = _kubectl(scope, "config", "view", "--raw", "-o", "json")
-    if out.returncode != 0:
-        raise Unavailable(f"kubectl config view failed: {out.stderr.strip()[:200]}")
-    cfg = json.loads(out.stdout or "{}")
-    servers = {c["name"]: c["cluster"].get("server", "") for c in cfg.get("clusters") or []}
-    by_server = {ctx["context"].get("cluster"): ctx["name"] for ctx in cfg.get("contexts") or []}
-    result = {}
-    for name, endpoint in scope.cluster_endpoints.items():
-        for kc_cluster, server in servers.items():
-            if endpoint and server.rstrip("/") == endpoint.rstrip("/") and kc_cluster in by_server:
-                result[name] = by_server[kc_cluster]
-    return result
 
 
 def list_objects(aws: Aws, scope: Scope) -> list[Resource]:
     if not scope.clusters:
         return []
-    if shutil.which(scope.options.kubectl) is None:
+    unread = sorted((c, why) for c, why in scope.kube_unread.items() if c in scope.clusters)
+    if unread:
+        cluster, why = unread[0]
         raise Unavailable(
-            f"{scope.options.kubectl} not found; Kubernetes objects are not deleted first "
+            f"cluster {cluster}: {why}; Kubernetes objects are not deleted first "
             "(the AWS sweep below still removes what their controllers left)"
         )
-    contexts = _contexts(scope)
-    missing = [c for c in scope.clusters if c not in contexts]
-    if missing:
-        raise Unavailable(
-            f"no kubeconfig context for cluster(s) {', '.join(missing)}; "
-            f"run `aws eks update-kubeconfig --name {missing[0]}` to delete Kubernetes objects first"
-        )
     found = []
-    for cluster, ctx in contexts.items():
-        out = _kubectl(scope, "--context", ctx, "get", OBJECT_KINDS, "--all-namespaces", "-o", "json")
+    for cluster in scope.clusters:
+        facts = scope.kube.get(cluster)
+        if facts is None:  # discovered without being read (a Scope built elsewhere): nothing is known of it
+            raise Unavailable(f"cluster {cluster} was not read at the start: Kubernetes objects not deleted")
+        args = ("--context", facts.context, "get", OBJECT_KINDS, "--all-namespaces", "-o", "json")
+        out = kubectl(scope.options.kubectl, *args)
         if out.returncode != 0:
             raise Unavailable(f"cluster {cluster} does not answer: {out.stderr.strip()[:200]}")
         for item in json.loads(out.stdout).get("items", []):
@@ -72,18 +57,20 @@ def list_objects(aws: Aws, scope: Scope) -> list[Resource]:
                 continue
             meta = item["metadata"]
             ref = f"{kind.lower()}/{meta['name']}"
+            namespace = meta.get("namespace", "")
             found.append(
                 Resource(
                     kind="k8s",
-                    id=f"{cluster}:{meta.get('namespace', '')}:{ref}",
+                    id=f"{cluster}:{namespace}:{ref}",
                     name=ref,
                     tags=meta.get("labels") or {},
                     detail={
                         "k8s_cluster": cluster,
-                        "context": ctx,
+                        "context": facts.context,
                         "kubectl": scope.options.kubectl,
-                        "namespace": meta.get("namespace", ""),
+                        "namespace": namespace,
                         "ref": ref,
+                        "keep_reason": foreign_namespace(namespace, facts),
                     },
                 )
             )
@@ -95,19 +82,15 @@ def _args(r: Resource) -> list[str]:
 
 
 def delete_object(aws: Aws, r: Resource, scope: Scope) -> None:
-    out = _kubectl(scope, "delete", *_args(r), "--wait=false", "--ignore-not-found")
+    if r.detail.get("keep_reason"):  # never reached through plan(); a guard should a caller skip it
+        raise DeleteFailed(str(r.detail["keep_reason"]))
+    out = kubectl(scope.options.kubectl, "delete", *_args(r), "--wait=false", "--ignore-not-found")
     if out.returncode != 0:
         raise DeleteFailed(f"kubectl delete {r.detail['ref']}: {out.stderr.strip()[:200]}")
 
 
 def object_state(aws: Aws, r: Resource) -> tuple[State, str]:
-    out = subprocess.run(
-        [r.detail["kubectl"], "get", *_args(r), "-o", "name", "--ignore-not-found"],
-        capture_output=True,
-        text=True,
-        timeout=KUBECTL_TIMEOUT_S,
-        check=False,
-    )
+    out = kubectl(r.detail["kubectl"], "get", *_args(r), "-o", "name", "--ignore-not-found")
     if out.returncode == 0 and not out.stdout.strip():
         return "gone", ""
     return "deleting", out.stderr.strip()[:200] or "finalizers pending"
