@@ -126,11 +126,17 @@ train-job-delete: $(STAMP) ## drain and delete the run's Job, pods, rendezvous s
 train-local: $(STAMP) ## run the rendered local-profile Job here as processes, then print the goodput report
 	$(PY) -m fsdpkit.k8s local --make-pid=$$PPID $(MAKEOVERRIDES)
 
-image: $(STAMP) ## build the trainer image and push it to the ECR output (IMAGE_TAG=; needs Docker + AWS credentials)
+# ECR's tags are immutable (infra): each build gets its own tag, the commit (plus the time when the tree has
+# uncommitted changes), unless IMAGE_TAG= is given.
+BUILD_TAG = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo build)$(shell git diff --quiet HEAD 2>/dev/null || date -u +-dirty-%Y%m%d%H%M%S)
+image: $(STAMP) ## build the trainer image, push it to the ECR output and print its digest: train-job IMAGE=<that> (IMAGE_TAG=; needs Docker + AWS credentials)
 	@command -v docker >/dev/null || { echo "error: docker not found; install Docker to build the trainer image" >&2; exit 1; }
-	@set -euo pipefail; ref=$$($(PY) -m fsdpkit.k8s image-ref --make-pid=$$PPID $(MAKEOVERRIDES)); region=$$($(PY) -m fsdpkit.k8s image-ref --region --make-pid=$$PPID $(MAKEOVERRIDES)); \
+	@set -euo pipefail; ref=$$($(PY) -m fsdpkit.k8s image-ref --make-pid=$$PPID $(MAKEOVERRIDES) $(if $(filter IMAGE_TAG=%,$(MAKEOVERRIDES)),,IMAGE_TAG=$(BUILD_TAG))); region=$$($(PY) -m fsdpkit.k8s image-ref --region --make-pid=$$PPID $(MAKEOVERRIDES)); \
 	  aws ecr get-login-password --region "$$region" | docker login --username AWS --password-stdin "$${ref%%/*}"; \
-	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"
+	  docker build -f training/Dockerfile -t "$$ref" . && docker push "$$ref"; \
+	  digest=$$(docker image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$$ref" | grep -m1 -F "$${ref%:*}@sha256:"); \
+	  test -n "$$digest" || { echo "error: docker reports no digest for $$ref after the push; run docker push $$ref again" >&2; exit 1; }; \
+	  echo "pushed $$digest"; echo "run exactly this image: make train-job IMAGE=$$digest"
 
 # --- operations (ops/) ------------------------------------------------------------------------------------
 PREFIX ?= fsdp-kit

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import re
+import secrets
 import subprocess
 import sys
 import typing
@@ -23,11 +24,12 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from fsdpkit.contracts.cliargs import float_arg, output_folder_problem, parse_bool, parse_float, program
-from fsdpkit.k8s import docs
+from fsdpkit.k8s import docs, security
 from fsdpkit.k8s.derived import procs_per_node, world_size
 from fsdpkit.k8s.kubectl import Kubectl, KubectlError, follow
 from fsdpkit.k8s.local import LocalRunError, run_local
 from fsdpkit.k8s.make_args import MakeLineError, check_make
+from fsdpkit.k8s.model import JobValues
 from fsdpkit.k8s.outputs import OutputsError, load_stack_outputs
 from fsdpkit.k8s.overrides import field_names, key_label
 from fsdpkit.k8s.plan_summary import plan_lines
@@ -318,6 +320,7 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
         console.print(f"DRY_RUN: nothing applied. Manifests: {out}/  (apply: drop DRY_RUN)")
         return 0
     kubectl = Kubectl()
+    _ensure_run_token(kubectl, values, out, console)
     console.print(kubectl.apply(out).rstrip())
     spec = job_spec(values)
     console.print(
@@ -334,6 +337,21 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
             f"stopped following; the Job keeps running (make train-job-status RUN_ID={values.run_id})"
         )
         return 130
+
+
+def _ensure_run_token(kubectl: Kubectl, values: JobValues, out: Path, console: Console) -> None:
+    """The run's token Secret, created once: the namespace first, then the Secret only if absent, so no pod
+    starts without it and a re-apply never replaces a running job's token. It exists only in memory here
+    (32 random bytes as 64 hex) and in the cluster, never in the rendered files."""
+    if not security.on_cluster(values):
+        return
+    console.print(kubectl.apply(out / "00-namespace.yaml").rstrip())
+    secret = security.run_token_secret(values, job_spec(values).labels, secrets.token_hex(32))
+    name = f"secret/{secret['metadata']['name']}"
+    if kubectl.create_if_absent(secret):
+        console.print(f"{name} created: the run's token, mounted read-only at {security.RUN_TOKEN_PATH}")
+    else:
+        console.print(f"{name} kept: it exists already (a running job's token is never replaced)")
 
 
 def _timeout_s(raw: str | None) -> float | None:

@@ -23,6 +23,11 @@ from rich.markup import escape
 from fsdpkit.k8s.spec import INDEX_ANNOTATION, MANAGED_BY, RUN_ID_LABEL
 
 FIELD_MANAGER = "kit"
+NAMESPACED_KINDS = "job,deployment,service,configmap,networkpolicy,secret"
+"""What `delete` removes in the run's namespace, by the run's label."""
+CLUSTER_KINDS = "clusterrolebinding,validatingadmissionpolicybinding,validatingadmissionpolicy"
+"""The run's cluster-scoped objects (the node-cordon grant), by the run's label; the shared ClusterRole
+stays (it grants nothing unbound)."""
 _STEP = re.compile(r"step (\d+)/(\d+)")
 
 
@@ -72,8 +77,26 @@ class Kubectl:
 
     # -- commands
     def apply(self, folder: Path) -> str:
-        """Server-side apply of every manifest in `folder`, in file-name order (namespace first)."""
+        """Server-side apply of every manifest in `folder` (a file or a folder, in file-name order)."""
         return self.run("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", str(folder))
+
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        """Create `obj` from stdin (never argv or a file: it may hold a secret); False when it exists already,
+        which is kept as it is (a running job's token is never replaced)."""
+        try:
+            proc = subprocess.run(
+                self.argv("create", "-f", "-"), input=json.dumps(obj), capture_output=True, text=True,
+                check=False,
+            )  # fmt: skip
+        except OSError as exc:
+            raise KubectlError(f"cannot run {self.binary}: {exc}") from None
+        if proc.returncode == 0:
+            return True
+        lines = (proc.stderr or "").strip().splitlines()
+        if any("AlreadyExists" in line or "already exists" in line for line in lines):
+            return False
+        detail = lines[-1] if lines else f"exit code {proc.returncode}"
+        raise KubectlError(f"kubectl create {obj.get('kind', '?')} failed: {detail}")
 
     def status(self, namespace: str, run_id: str | None) -> str:
         selector = f"{RUN_ID_LABEL}={run_id}" if run_id else f"app.kubernetes.io/managed-by={MANAGED_BY}"
@@ -82,11 +105,19 @@ class Kubectl:
 
     def delete(self, namespace: str, run_id: str) -> str:
         """Delete the run's Job (its pods cascade: each drains within its grace period), rendezvous store,
-        Services and ConfigMap; never the namespace or storage."""
-        return self.run(
-            "delete", "job,deployment,service,configmap", "-n", namespace, "-l", f"{RUN_ID_LABEL}={run_id}",
-            "--ignore-not-found", "--wait=false",
+        Services, ConfigMap, NetworkPolicy and token Secret, then its cluster-scoped node-cordon grant (a
+        namespaced Job cannot own those); never the namespace or storage."""
+        selector = f"{RUN_ID_LABEL}={run_id}"
+        namespaced = self.run(
+            "delete", NAMESPACED_KINDS, "-n", namespace, "-l", selector, "--ignore-not-found", "--wait=false",
         )  # fmt: skip
+        try:
+            return namespaced + self.run("delete", CLUSTER_KINDS, "-l", selector, "--ignore-not-found")
+        except KubectlError as exc:
+            # Kubernetes < 1.30 may serve no ValidatingAdmissionPolicy: then there is none to delete.
+            if "doesn't have a resource type" not in str(exc):
+                raise
+            return namespaced + self.run("delete", "clusterrolebinding", "-l", selector, "--ignore-not-found")
 
 
 @dataclass

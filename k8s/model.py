@@ -85,6 +85,8 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "POD_IP",
         "POD_NAMESPACE",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        kit_env.RUN_TOKEN_FILE,
+        "KIT_NODE_AGENT_DIR",
     }
 )
 RESERVED_ENV_PREFIXES: tuple[str, ...] = ("TORCHELASTIC_", "PET_")
@@ -156,18 +158,20 @@ class JobValues:
     efa_per_node: int | None = None
     """EFA devices each pod requests. None: all of the instance's; any other number is an error."""
     image: str = ""
-    """Container image of the trainer pods and the rendezvous store: the kit's, or your own built FROM it
-    (it must keep the kit's training/ package: the launcher and the store run from it), written
+    """Container image of the trainer pods and the rendezvous store: the kit's, or your own with the kit's
+    wheel installed (the launcher and the store run from it: docs/own-model.md), written
     [REGISTRY[:PORT]/]PATH[:TAG][@sha256:DIGEST] with a lower-case path, e.g.
     123456789012.dkr.ecr.us-east-2.amazonaws.com/my-train:v1. Empty: <EcrRepositoryUri>:<image_tag> from the
     stack outputs. Required on EKS."""
     image_tag: str = "latest"
-    """Tag appended to the ECR repository when `image` is empty (`make image` pushes this tag)."""
-    image_pull_policy: PullPolicy = "IfNotPresent"
-    """Kubernetes imagePullPolicy; use Always with a moving tag such as latest."""
+    """Tag appended to the ECR repository when `image` is empty. The repository's tags are immutable: `make
+    image` pushes a tag of its own per build (the commit) and prints the digest to pass as IMAGE."""
+    image_pull_policy: PullPolicy | None = None
+    """Kubernetes imagePullPolicy. None: IfNotPresent for an image by digest (@sha256:..., what `make image`
+    prints), Always for a tag (a tag may be pushed again: cached nodes would run old code beside new)."""
     service_account: str = "kit-trainer"
     """Service account of the pods (created; no API token is mounted, except with STRAGGLER_POLICY=replace
-    and SPARES: the slow pod's launcher then cordons its node, docs/runbook.md)."""
+    and SPARES into the node agent sidecar alone, which cordons the slow pod's own node: docs/k8s.md)."""
     kueue_queue: str = ""
     """Kueue LocalQueue for gang admission (label kueue.x-k8s.io/queue-name on the Job): Kueue then admits
     all NODES pods at once or none, so a job never holds half its GPUs idle while it waits. Empty: no

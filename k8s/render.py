@@ -2,8 +2,9 @@
 
 Two filters do the placing: `json` for one scalar (a JSON string is a valid YAML scalar) and `toyaml(n)` for
 a block, indented to column n (Helm's `toYaml | nindent`). Which objects exist is decided here, not in
-templates: the FSx PV/PVC only when CDK did not create a claim, the node-cordon ClusterRole and binding only
-when a straggler's launcher may cordon its node.
+templates: the FSx PV/PVC only when CDK did not create a claim, the node-cordon ClusterRole, binding and
+admission policy only when a straggler's node agent may cordon its node. The run's token Secret is never
+rendered to a file: `apply` builds it in memory (fsdpkit.k8s.security.run_token_secret).
 """
 
 from __future__ import annotations
@@ -88,12 +89,15 @@ class Manifest:
 # (file name, template, JobSpec field that must be set for the object to exist or None)
 OBJECTS: tuple[tuple[str, str, str | None], ...] = (
     ("00-namespace.yaml", "namespace.yaml.j2", None),
+    ("01-node-cordon-0-policy.yaml", "node-cordon-policy.yaml.j2", "node_access"),
+    ("01-node-cordon-1-policybinding.yaml", "node-cordon-policybinding.yaml.j2", "node_access"),
     ("01-node-cordon-clusterrole.yaml", "node-cordon-clusterrole.yaml.j2", "node_access"),
     ("01-node-cordon-clusterrolebinding.yaml", "node-cordon-clusterrolebinding.yaml.j2", "node_access"),
     ("01-serviceaccount.yaml", "serviceaccount.yaml.j2", None),
     ("02-fsx-pv.yaml", "fsx-pv.yaml.j2", "pv"),
     ("03-fsx-pvc.yaml", "fsx-pvc.yaml.j2", "pvc"),
     ("04-configmap.yaml", "configmap.yaml.j2", None),
+    ("05-networkpolicy.yaml", "networkpolicy.yaml.j2", None),
     ("05-rdzv-service.yaml", "rdzv-service.yaml.j2", "rdzv_store"),
     ("05-rdzv-store.yaml", "rdzv-store.yaml.j2", "rdzv_store"),
     ("05-service.yaml", "service.yaml.j2", None),

@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from fsdpkit.contracts.cliargs import parse_float
-from fsdpkit.k8s import elastic, names
+from fsdpkit.k8s import elastic, names, security
 from fsdpkit.k8s.derived import (
     TIER_COPIES,
     grace_needed_s,
@@ -249,6 +249,13 @@ def _check_data_path(v: JobValues) -> None:
             )
         if (v.data_path + "/").startswith(RUNS_ROOT + "/"):
             _fail("DATA_PATH", v.data_path, f"must be outside {RUNS_ROOT}/ (run folders are never shared)")
+        inputs = [f"{FSX_MOUNT}/{f}/" for f in security.INPUT_FOLDERS]
+        if security.on_cluster(v) and not any(v.data_path.startswith(i) for i in inputs):
+            _fail(
+                "DATA_PATH", v.data_path,
+                f"must be under one of {', '.join(inputs)}: the pods mount only those (read-only) and their "
+                "own run folder",
+            )  # fmt: skip
     elif v.data_path:
         _fail(
             "DATA_PATH", v.data_path, "is only used with DATA_KIND=shards; remove it or set DATA_KIND=shards"
@@ -375,7 +382,10 @@ _SECRET_VALUE = re.compile(
 
 
 def looks_secret(name: str, value: str) -> bool:
-    """True for a literal value that is, or is named like, a credential (shared with the policy checks)."""
+    """True for a literal value that is, or is named like, a credential (shared with the policy checks). A
+    `*_FILE` name with an absolute path names where a mounted secret is (KIT_RUN_TOKEN_FILE), not one."""
+    if name.endswith("_FILE") and value.startswith("/") and not contains_credential(value):
+        return False
     return bool(value and (_SECRET_NAME.search(name) or contains_credential(value)))
 
 
@@ -518,6 +528,18 @@ def _check_spares_launcher(v: JobValues, given: _Given) -> None:
             f"hot spares need LAUNCHER=kit ({v.launcher} is a baseline and keeps its own set-up); "
             "use SPARES=0 or LAUNCHER=kit",
         )
+
+
+def _check_cordon_version(v: JobValues, given: _Given) -> None:
+    """The node agent's grant is narrowed by a ValidatingAdmissionPolicy on the token's node-name claim."""
+    minimum = security.CORDON_MIN_VERSION
+    if security.cordon_allowed(v) and tuple(int(x) for x in v.kubernetes_version.split(".")) < minimum:
+        _fail(
+            "STRAGGLER_POLICY", v.straggler_policy,
+            f"with SPARES cordons a node, which needs Kubernetes {minimum[0]}.{minimum[1]} or newer "
+            f"(KUBERNETES_VERSION={v.kubernetes_version}: no ValidatingAdmissionPolicy v1 or node-name claim "
+            "to keep the grant to the pod's own node); use STRAGGLER_POLICY=report or a newer cluster",
+        )  # fmt: skip
 
 
 def _check_termination_grace(v: JobValues, given: _Given) -> None:
@@ -710,6 +732,7 @@ _CROSS_CHECKS: tuple[_CrossCheck, ...] = (
     _check_claim_namespace,
     _check_elastic,
     _check_spares_launcher,
+    _check_cordon_version,
     _check_termination_grace,
     _check_fault_targets,
     _check_fault_schedule,

@@ -16,7 +16,8 @@ from fsdpkit.contracts import env as kit_env
 from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts import metrics_settings as telemetry
 from fsdpkit.contracts.cliargs import parse_int
-from fsdpkit.k8s import elastic
+from fsdpkit.contracts.labels import MANAGED_BY, RUN_ID_LABEL
+from fsdpkit.k8s import elastic, security
 from fsdpkit.k8s.derived import (
     checkpoint_interval,
     heartbeat_seconds,
@@ -29,7 +30,6 @@ from fsdpkit.k8s.derived import (
 )
 from fsdpkit.k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
 from fsdpkit.k8s.model import (
-    FSX_MOUNT,
     RESILIENCE_SECTIONS,
     RUNS_ROOT,
     SYSTEM_NODE_LABELS,
@@ -49,12 +49,10 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXIT78_MARK_ENV = "KIT_EXIT78_MARK"
 """Env the exit-78 wrappers share: the file a worker creates when the trainer exits 78 (reserved)."""
 CHECKSUM_ANNOTATION = "kit.io/config-sha256"
-RUN_ID_LABEL = "kit.io/run-id"
-MANAGED_BY = "kit"
-NODE_CORDON_ROLE = "kit-node-cordon"
-"""The ClusterRole that lets the kit launcher in a trainer pod cordon and label its own node
-(STRAGGLER_POLICY=replace with spares; training/launcher/node_actions.py). Cluster-scoped and the same for
-every run, so runs share it."""
+NODE_CORDON_ROLE = security.NODE_CORDON_ROLE
+"""The ClusterRole that lets the node agent in a trainer pod cordon and label its own node
+(STRAGGLER_POLICY=replace with spares; training/launcher/node_agent.py). Cluster-scoped and the same for
+every run, so runs share it; each run binds it for itself (`security.node_access`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,11 +109,18 @@ class JobSpec:
     rdzv_store: dict[str, Any] | None
     """The rendezvous store's Deployment and Service (kit launcher only; the baselines keep pod 0)."""
     node_access: dict[str, Any] | None
-    """The ClusterRole and its binding to the job's ServiceAccount that let the slow node's launcher cordon
-    its node (`cordons_nodes`); None otherwise."""
+    """The ClusterRole, this run's binding of it to the job's ServiceAccount and the admission policy that
+    narrows it to the pod's own node (`security.node_access`); None unless the node agent renders."""
     automount_token: bool
-    """Mount the ServiceAccount's API token in the pods: only when their launcher calls the API
-    (`cordons_nodes`)."""
+    """Mount the ServiceAccount's API token in every container: never (only the node agent mounts one)."""
+    init_containers: list[dict[str, Any]]
+    """The node agent as a native sidecar when the cordon is on (`security.node_agent_container`), else []."""
+    added_capabilities: list[str]
+    """Capabilities the trainer container adds: IPC_LOCK where EFA pins memory, else none."""
+    network_policy: dict[str, Any]
+    """The run's NetworkPolicy: ingress only from the run's own pods (`security.network_policy`)."""
+    psa_labels: dict[str, str]
+    """Pod Security Admission labels of the namespace (`security.psa_labels`)."""
 
 
 FAIL_JOB_EXIT_CODES = sorted((exitcodes.FATAL_CONFIG, exitcodes.RUN_FAILED))
@@ -209,22 +214,6 @@ def cordons_nodes(v: JobValues) -> bool:
     node only when a hot spare takes its place, and then cordons it, so that the Job's replacement pod goes
     elsewhere."""
     return v.straggler_policy == "replace" and v.spares > 0
-
-
-def node_access(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
-    """The ClusterRole (patch on nodes: cordon, label, annotate) and the ClusterRoleBinding that grants it to
-    the job's ServiceAccount; None unless `cordons_nodes`. Both outlive the run, as the namespace does: the
-    binding is named after the namespace and the ServiceAccount, so the runs that share them share it."""
-    if not cordons_nodes(v):
-        return None
-    return {
-        "role": NODE_CORDON_ROLE,
-        "binding": f"{NODE_CORDON_ROLE}.{v.namespace}.{v.service_account}",
-        "labels": {
-            "app.kubernetes.io/managed-by": labels["app.kubernetes.io/managed-by"],
-            "app.kubernetes.io/component": "straggler-cordon",
-        },
-    }
 
 
 def node_failure_limit(v: JobValues) -> int:
@@ -399,6 +388,10 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
     ]
     if cordons_nodes(v):  # the node a straggler's launcher cordons (training/launcher/node_actions.py)
         owned.append(_field_env(kit_env.NODE_NAME, "spec.nodeName"))
+    if security.cordon_allowed(v):  # the launcher hands the cordon to the node agent, which holds the token
+        owned.append({"name": security.NODE_AGENT_DIR_ENV, "value": security.NODE_AGENT_DIR})
+    if security.on_cluster(v):  # the run's token (the local runner writes its own file and sets it)
+        owned.append(security.run_token_env())
     if v.launcher in ("kit", "torchrun"):
         # torch >= 2.5 shares the agent's store with workers: restarts read stale keys (torch-on-cpu 3.2).
         owned.append({"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"})
@@ -407,7 +400,7 @@ def container_env(v: JobValues, *, addr: str, run_dir: str, config_path: str) ->
         "PYTHONUNBUFFERED": "1",
         "TORCH_CPP_LOG_LEVEL": "error",
         "NCCL_NVLS_ENABLE": "0",
-        "HF_HOME": f"{FSX_MOUNT}/cache/huggingface",
+        "HF_HOME": f"{run_dir}/cache/huggingface",  # /fsx/cache is read-only: a shared cache is an input
         **profile.env,
     }
     if profile.gpus:
@@ -502,7 +495,7 @@ def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
         return None
     name = f"{v.run_id}{RDZV_STORE_SUFFIX}"
     selector = {"app.kubernetes.io/name": "kit-rdzv-store", RUN_ID_LABEL: v.run_id}
-    local = not get_profile(v.profile).requires_image
+    local = not security.on_cluster(v)
     return {
         "name": name,
         "labels": {**labels, **selector, "app.kubernetes.io/component": RDZV_STORE_COMPONENT},
@@ -511,6 +504,9 @@ def rdzv_store(v: JobValues, labels: dict[str, str]) -> dict[str, Any] | None:
         "command": ["python", "-m", "fsdpkit.launcher.store", f"--port={v.rdzv_port}"],
         "node_selector": {} if local else dict(SYSTEM_NODE_LABELS),
         "resources": {"cpu": "500m", "memory": "1Gi"},
+        "env": [] if local else [security.run_token_env()],
+        "volumes": [] if local else [security.run_token_volume(v)],
+        "volume_mounts": [] if local else [security.run_token_mount()],
     }
 
 
@@ -553,21 +549,33 @@ def _affinity(v: JobValues) -> dict[str, Any] | None:
 
 
 def _volumes(v: JobValues, claim: str) -> list[dict[str, Any]]:
-    """The shared file system, the memory-backed /dev/shm and the trainer config (`_volume_mounts`)."""
-    return [
+    """The shared file system, the memory-backed /dev/shm, the trainer config, and on EKS the run's token
+    and the node agent's folder and token (`_volume_mounts`)."""
+    volumes = [
         {"name": "fsx", "persistentVolumeClaim": {"claimName": claim}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(v)}Gi"}},
         {"name": "config", "configMap": {"name": f"{v.run_id}-config"}},
     ]
+    if security.on_cluster(v):
+        volumes.append(security.run_token_volume(v))
+    if security.cordon_allowed(v):
+        volumes.extend(security.node_agent_volumes())
+    return volumes
 
 
-def _volume_mounts() -> list[dict[str, Any]]:
-    """Where `_volumes` appear in the trainer container (a new list each time: a spec is plain data)."""
-    return [
-        {"name": "fsx", "mountPath": FSX_MOUNT},
+def _volume_mounts(v: JobValues) -> list[dict[str, Any]]:
+    """Where `_volumes` appear in the trainer container: the run's folder read-write and the inputs
+    read-only (`security.storage_mounts`); never the node agent's token."""
+    mounts = [
+        *security.storage_mounts(v),
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
     ]
+    if security.on_cluster(v):
+        mounts.append(security.run_token_mount())
+    if security.cordon_allowed(v):
+        mounts.append({"name": "node-agent", "mountPath": security.NODE_AGENT_DIR})
+    return mounts
 
 
 def job_spec(v: JobValues) -> JobSpec:
@@ -583,6 +591,9 @@ def job_spec(v: JobValues) -> JobSpec:
     claim, pv, pvc = _storage(v)
     port = v.rdzv_port
     affinity = _affinity(v)
+    image = v.image or "kit-trainer:local"
+    pull = security.pull_policy(v, image)
+    agent = security.node_agent_container(v, image=image, pull=pull) if security.cordon_allowed(v) else None
     return JobSpec(
         values={k: getattr(v, k) for k in v.__dataclass_fields__},
         namespace=v.namespace,
@@ -602,8 +613,8 @@ def job_spec(v: JobValues) -> JobSpec:
         ports=_ports(port),
         rdzv_endpoint=f"{addr}:{port}",
         run_dir=run_dir,
-        image=v.image or "kit-trainer:local",
-        image_pull_policy=v.image_pull_policy,
+        image=image,
+        image_pull_policy=pull,
         command=launcher_command(v, endpoint_host=addr, config_path=config_path, run_dir=run_dir),
         env=container_env(v, addr=addr, run_dir=run_dir, config_path=config_path),
         resources=_resources(v),
@@ -616,7 +627,7 @@ def job_spec(v: JobValues) -> JobSpec:
         if v.launcher == "kit"
         else f"{v.launcher} runs inside the kit's sh wrappers, which keep the trainer's 78",
         volumes=_volumes(v, claim),
-        volume_mounts=_volume_mounts(),
+        volume_mounts=_volume_mounts(v),
         config_yaml=config_yaml,
         config_sha256=digest,
         config_comment=CONFIG_COMMENTS[bool(v.entrypoint)],
@@ -630,6 +641,10 @@ def job_spec(v: JobValues) -> JobSpec:
         kubernetes_version=v.kubernetes_version,
         pods=v.nodes + v.spares,
         rdzv_store=rdzv_store(v, labels),
-        node_access=node_access(v, labels),
-        automount_token=cordons_nodes(v),
+        node_access=security.node_access(v),
+        automount_token=False,
+        init_containers=[agent] if agent else [],
+        added_capabilities=["IPC_LOCK"] if get_profile(v.profile).efa else [],
+        network_policy=security.network_policy(v),
+        psa_labels=security.psa_labels(v.kubernetes_version),
     )

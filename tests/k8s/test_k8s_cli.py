@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -232,7 +233,16 @@ args = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as fh:
     fh.write(json.dumps(args) + "\\n")
 state = os.environ.get("FAKE_STATE", "Complete")
-if args[0] == "apply":
+if args[0] == "create":  # create-if-absent of the run's token Secret: the first one is kept
+    obj = json.loads(sys.stdin.read())
+    store = os.environ["FAKE_LOG"] + ".secret"
+    if os.path.exists(store):
+        print('Error from server (AlreadyExists): secrets "%s" already exists' % obj["metadata"]["name"], file=sys.stderr)
+        sys.exit(1)
+    with open(store, "w") as fh:
+        json.dump(obj, fh)
+    print("secret/%s created" % obj["metadata"]["name"])
+elif args[0] == "apply":
     print("job.batch/r3 serverside-applied")
 elif args[:2] == ["get", "job"]:
     print(json.dumps({{"status": {{"conditions": [{{"type": state, "status": "True", "message": "BackoffLimitExceeded"}}]}}}}))
@@ -245,6 +255,9 @@ elif args[0] == "logs":
     print("[trainer] done at step 10")
 elif args[0] == "get":
     print("NAME   COMPLETIONS   AGE\\nr3     2/2           1m")
+elif args[0] == "delete" and "validatingadmissionpolicy" in args[1] and os.environ.get("FAKE_NO_VAP"):
+    print("error: the server doesn't have a resource type validatingadmissionpolicybinding", file=sys.stderr)
+    sys.exit(1)
 elif args[0] == "delete":
     print('job.batch "r3" deleted')
 '''
@@ -273,7 +286,16 @@ def test_k8s_cli_apply_follows_the_job(
                    extra_env={"FAKE_LOG": str(log), "FAKE_STATE": state})  # fmt: skip
     assert proc.returncode == code, proc.stderr
     calls = _calls(log)
-    assert calls[0] == ["apply", "--server-side", "--field-manager=kit", "-f", str(Path("build/k8s/r3"))]
+    folder = Path("build/k8s/r3")
+    assert calls[:3] == [
+        ["apply", "--server-side", "--field-manager=kit", "-f", str(folder / "00-namespace.yaml")],
+        ["create", "-f", "-"],  # the run's token, from stdin: never argv, never a file
+        ["apply", "--server-side", "--field-manager=kit", "-f", str(folder)],
+    ]
+    secret = json.loads(Path(f"{log}.secret").read_text())
+    assert secret["metadata"]["name"] == "r3-run-token" and secret["immutable"] is True
+    assert re.fullmatch(r"[0-9a-f]{64}", secret["stringData"]["token"])
+    assert "secret/r3-run-token created" in proc.stdout
     assert ["get", "pods", "-n", "kit-training", "-l", "kit.io/run-id=r3", "-o", "json"] in calls
     assert (
         "4 pods x 8 processes = world size 32" in proc.stdout
@@ -298,7 +320,7 @@ def test_k8s_cli_status_and_delete(tmp_path: Path, fake_kubectl) -> None:
         ["get", "jobs", "-n", "kit-training", "-l", "app.kubernetes.io/managed-by=kit", "-o", "wide"],
         [
             "delete",
-            "job,deployment,service,configmap",
+            "job,deployment,service,configmap,networkpolicy,secret",
             "-n",
             "ml",
             "-l",
@@ -306,7 +328,40 @@ def test_k8s_cli_status_and_delete(tmp_path: Path, fake_kubectl) -> None:
             "--ignore-not-found",
             "--wait=false",
         ],
+        [
+            "delete",
+            "clusterrolebinding,validatingadmissionpolicybinding,validatingadmissionpolicy",
+            "-l",
+            "kit.io/run-id=r3",
+            "--ignore-not-found",
+        ],
     ]
+
+
+def test_k8s_cli_delete_on_a_cluster_without_admission_policies(tmp_path: Path, fake_kubectl) -> None:
+    """Kubernetes < 1.30 may serve no ValidatingAdmissionPolicy: the run's binding is deleted all the same."""
+    path, log = fake_kubectl
+    proc = run_cli(
+        "delete", "RUN_ID=r3", cwd=tmp_path, path=path, extra_env={"FAKE_LOG": str(log), "FAKE_NO_VAP": "1"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(log)[-1] == ["delete", "clusterrolebinding", "-l", "kit.io/run-id=r3", "--ignore-not-found"]
+
+
+def test_k8s_cli_reapply_keeps_the_running_jobs_token(
+    tmp_path: Path, outputs_file: Path, fake_kubectl
+) -> None:
+    """A second apply of the same run (a re-render draws a new token) leaves the first Secret alone."""
+    path, log = fake_kubectl
+    env = {"FAKE_LOG": str(log)}
+    for _ in range(2):
+        proc = run_cli("apply", "RUN_ID=r3", f"OUTPUTS={outputs_file}", "--no-follow", cwd=tmp_path, path=path,
+                       extra_env=env)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    first = json.loads(Path(f"{log}.secret").read_text())["stringData"]["token"]
+    assert "secret/r3-run-token kept: it exists already" in proc.stdout
+    assert json.loads(Path(f"{log}.secret").read_text())["stringData"]["token"] == first
+    assert not any(first in p.read_text() for p in (tmp_path / "build" / "k8s" / "r3").glob("*.yaml"))
 
 
 def test_k8s_docs_are_current(tmp_path: Path) -> None:

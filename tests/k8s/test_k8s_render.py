@@ -498,7 +498,7 @@ def test_k8s_job_failure_policy_and_security() -> None:
 def test_k8s_pv_only_when_cdk_has_no_claim() -> None:
     kinds = [m.obj["kind"] for m in _render(["RUN_ID=t"])]
     assert kinds == ["Namespace", "ServiceAccount", "PersistentVolume", "PersistentVolumeClaim", "ConfigMap",
-                     "Service", "Deployment", "Service", "Job"]  # fmt: skip
+                     "NetworkPolicy", "Service", "Deployment", "Service", "Job"]  # fmt: skip
     assert "PersistentVolume" not in [m.obj["kind"] for m in _render(["RUN_ID=t", "FSX_PVC=from-cdk"])]
 
 
@@ -545,7 +545,7 @@ POLICY = [
                 {"name": "h", "hostPath": {"path": "/dev/shm"}}
             )
         ),
-        "volumes[3]: hostPath is not allowed",
+        "volumes[4]: hostPath is not allowed",
     ),
     (
         lambda o: o["kind"] == "Job" and o["spec"]["template"]["spec"].update(hostNetwork=True),
@@ -776,41 +776,3 @@ def test_k8s_memory_tiers_take_what_fits_in_the_pods_memory(
 def test_k8s_memory_tiers_that_cannot_work_are_refused(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         _render(["RUN_ID=t", *overrides])
-
-
-CORDON_KINDS = ("ClusterRole", "ClusterRoleBinding")
-
-
-def test_k8s_straggler_replace_lets_the_pods_cordon_their_node() -> None:
-    """STRAGGLER_POLICY=replace with a spare: the pods get their node's name and an API token, and the job's
-    ServiceAccount may patch nodes (cordon, label), nothing more (training/launcher/node_actions.py)."""
-    replace = ["STRAGGLER_POLICY=replace", "SPARES=1"]
-    manifests = _render(["RUN_ID=t", "NAMESPACE=team-a", "SERVICE_ACCOUNT=trainer", *replace])
-    role, binding = (_obj(manifests, kind) for kind in CORDON_KINDS)
-    assert role["metadata"]["name"] == "kit-node-cordon" and "namespace" not in role["metadata"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
-    assert binding["metadata"]["name"] == "kit-node-cordon.team-a.trainer"
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "kit-node-cordon"}  # fmt: skip
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": "team-a"}]
-    assert _env(manifests)["KIT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert _obj(manifests, "Job")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-    validate(manifests, versions=SCHEMA_VERSIONS, allow_placeholders=True)
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [[], ["STRAGGLER_POLICY=report", "SPARES=1"], ["STRAGGLER_POLICY=off"], ["STRAGGLER_POLICY=replace"]],
-    ids=["default", "report-with-spare", "off", "replace-without-spare"],
-)
-def test_k8s_no_node_access_unless_a_straggler_can_be_replaced(overrides: list[str]) -> None:
-    """Without a spare, `replace` evicts nothing (only reports): no token, no node name, no ClusterRole."""
-    manifests = _render(["RUN_ID=t", *overrides])
-    assert not [m for m in manifests if m.obj["kind"] in CORDON_KINDS]
-    assert "KIT_NODE_NAME" not in _env(manifests)
-    assert _obj(manifests, "Job")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-
-
-def test_k8s_the_node_name_env_is_the_kits() -> None:
-    with pytest.raises(ValueError, match=r"^ENV\.KIT_NODE_NAME=x: is set by the kit or the launcher"):
-        _render(["RUN_ID=t", "ENV.KIT_NODE_NAME=x"])

@@ -1,9 +1,9 @@
 """training/launcher/node_actions.py: a rank's eviction request taken from the launcher's channel and acted on
-once (the cordon, the event, the drain); the cordon against a real HTTPS server on 127.0.0.1 that plays the
-Kubernetes API server: it checks what a real one checks (method, path, content type, bearer token, a
-merge-patch body) and answers 200 or 403 as RBAC would. The pod's service-account folder (token, ca.crt) is a
-temporary one whose CA signed the server's certificate, so the client's TLS verification is the real one,
-with no test hook in the code."""
+once (the cordon, the event, the drain), directly or through the pod's node agent (node_agent.py); the
+cordon against a real HTTPS server on 127.0.0.1 that plays the Kubernetes API server: it checks what a real
+one checks (method, path, content type, bearer token, a merge-patch body) and answers 200 or 403 as RBAC
+would. The pod's service-account folder (token, ca.crt) is a temporary one whose CA signed the server's
+certificate, so the client's TLS verification is the real one, with no test hook in the code."""
 
 from __future__ import annotations
 
@@ -21,13 +21,18 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.launcher.node_actions import (
+    AGENT_DIR_ENV,
     FIELD_MANAGER,
     NODE_NAME_ENV,
     REASON_ANNOTATION,
+    REQUEST_PREFIX,
+    RESULT_PREFIX,
     STRAGGLER_LABEL,
     NodeActions,
+    ask_node_agent,
     mark_straggler_node,
 )
+from fsdpkit.launcher.node_agent import handle_pending, serve
 from fsdpkit.runtime.events import EventLog, read_events
 from fsdpkit.runtime.eviction import REQUEST_FILE, EvictionRequest, request_eviction
 
@@ -266,3 +271,68 @@ def test_a_file_that_is_not_a_request_is_set_aside_with_one_line(tmp_path: Path,
         line.startswith(f"kit-launch: {folder / REQUEST_FILE} is not an eviction request (")
         and "ignored" in line
     )
+
+
+# -- the node agent: the launcher holds no token; the sidecar does the patch --------------------------------
+@pytest.fixture
+def agent(tmp_path: Path, api: FakeApiServer, sa_dir: Path) -> Iterator[Path]:
+    """A real node agent (fsdpkit.launcher.node_agent.serve) on a shared folder, in a thread."""
+    folder = tmp_path / "agent"
+    folder.mkdir()
+    stop = threading.Event()
+    env = _env(api.port)  # only the agent knows the API server and holds the token
+    thread = threading.Thread(
+        target=serve, kwargs={"folder": folder, "env": env, "stop": stop, "sa_dir": sa_dir, "poll_s": 0.02},
+        daemon=True,
+    )  # fmt: skip
+    thread.start()
+    yield folder
+    stop.set()
+    thread.join()
+
+
+def test_with_a_node_agent_the_launcher_cordons_without_a_token(
+    tmp_path: Path, api: FakeApiServer, agent: Path
+) -> None:
+    folder, drains = tmp_path / "hb", []
+    folder.mkdir()
+    launcher_env = {AGENT_DIR_ENV: str(agent), NODE_NAME_ENV: NODE}  # no API server, no token path
+    actions = NodeActions(
+        events=EventLog(tmp_path / "run", role="launcher", rank=None), env=launcher_env,
+        folder=lambda: str(folder), drain=lambda: drains.append(1), sa_dir=tmp_path / "no-token-here",
+    )  # fmt: skip
+    _request(folder)
+    actions.poll()
+    assert drains == [1]
+    (request,) = api.requests
+    assert request["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    assert request["body"]["metadata"]["annotations"] == {REASON_ANNOTATION: REASON}
+    (event,) = [e for e in read_events(tmp_path / "run") if e["kind"] == "straggler_node"]
+    assert (event["cordoned"], event["node_name"]) == (True, NODE)
+    assert list(agent.iterdir()) == []  # request and answer both gone
+
+
+def test_the_agents_refusal_reaches_the_launcher_as_one_line(api: FakeApiServer, agent: Path) -> None:
+    api.forbid = True  # e.g. the admission policy refused a node that is not the pod's own
+    mark = ask_node_agent(REASON, env={AGENT_DIR_ENV: str(agent), NODE_NAME_ENV: NODE})
+    assert not mark.cordoned
+    assert mark.line.startswith(f"node {NODE} not cordoned: the API server answered 403 Forbidden ")
+
+
+def test_no_agent_answer_is_one_line_too(tmp_path: Path) -> None:
+    mark = ask_node_agent(REASON, env={AGENT_DIR_ENV: str(tmp_path), NODE_NAME_ENV: NODE}, wait_s=0.1)
+    assert not mark.cordoned
+    assert mark.line.startswith(f"node {NODE} not cordoned: the node agent did not answer within 0.1 s ")
+    assert f"kubectl cordon {NODE}" in mark.line
+    missing = ask_node_agent(REASON, env={AGENT_DIR_ENV: str(tmp_path / "absent"), NODE_NAME_ENV: NODE})
+    assert missing.line.startswith(f"node {NODE} not cordoned: cannot leave the request for the node agent ")
+
+
+def test_the_agent_answers_a_request_that_is_not_one(tmp_path: Path, sa_dir: Path) -> None:
+    (tmp_path / f"{REQUEST_PREFIX}x.json").write_text("[1, 2", encoding="utf-8")
+    assert handle_pending(tmp_path, env={NODE_NAME_ENV: NODE}, sa_dir=sa_dir) == 1
+    answer = json.loads((tmp_path / f"{RESULT_PREFIX}x.json").read_text(encoding="utf-8"))
+    assert answer["cordoned"] is False and answer["line"].startswith(
+        "node not cordoned: cordon-x.json is not "
+    )
+    assert not (tmp_path / f"{REQUEST_PREFIX}x.json").exists()

@@ -9,9 +9,14 @@ its launcher (`NodeActions.poll`, every monitor tick) patches its own Node objec
     {"metadata": {"labels": {"kit.io/straggler": "true"}, "annotations": {"kit.io/straggler-reason": ...}},
      "spec": {"unschedulable": true}}
 
-It calls the API server the way any in-cluster client does: KUBERNETES_SERVICE_HOST/PORT (the kubelet sets
-them in every container), the pod's service-account token and the cluster CA under SA_DIR (mounted only when
-the Job renders `replace` with spares, with the ClusterRole that allows `patch` on nodes: k8s/spec.py), and
+On EKS the launcher holds no API token: the Job renders a node agent (a native sidecar, node_agent.py)
+that alone mounts a pod-bound service-account token, and KIT_NODE_AGENT_DIR names the folder both share.
+The launcher leaves the request there and logs the agent's answer (`ask_node_agent`), so no process of the
+ranks' container can read the token. Without KIT_NODE_AGENT_DIR (a launcher started by hand, the local
+runner) the launcher calls the API itself as before (`mark_straggler_node`).
+
+`mark_straggler_node` calls the API server the way any in-cluster client does: KUBERNETES_SERVICE_HOST/PORT
+(the kubelet sets them in every container), the service-account token and the cluster CA under SA_DIR, and
 the node name from the downward API (`spec.nodeName` in KIT_NODE_NAME). Standard library only.
 
 `mark_straggler_node` never raises and never blocks the drain for long: outside Kubernetes (the local runner
@@ -25,9 +30,11 @@ import http.client
 import json
 import logging
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +57,15 @@ FIELD_MANAGER = "kit-launcher"
 """The patch's field manager (shown in the Node's managedFields)."""
 TIMEOUT_S = 3.0
 """Seconds per socket operation (connect, read): a slow or absent API server delays the drain this much."""
+AGENT_DIR_ENV = env.NODE_AGENT_DIR
+"""The folder shared with the pod's node agent; unset: the launcher calls the API server itself."""
+REQUEST_PREFIX = "cordon-"
+"""A request in that folder: `cordon-<id>.json`, {"reason": ...}."""
+RESULT_PREFIX = "answer-"
+"""The agent's answer: `answer-<id>.json`, {"cordoned": bool, "node": str | null, "line": str}."""
+AGENT_WAIT_S = 2 * TIMEOUT_S + 2.0
+"""How long the launcher waits for the agent: its connect and read, plus its poll and a margin."""
+AGENT_POLL_S = 0.05
 
 log = logging.getLogger("kit.launch")
 
@@ -135,8 +151,9 @@ def _patch_node(
     except urllib.error.HTTPError as exc:
         hint = (
             " (the ServiceAccount needs `patch` on nodes: the kit-node-cordon ClusterRole, rendered with "
-            "STRAGGLER_POLICY=replace and SPARES)"
-            if exc.code == 403
+            "STRAGGLER_POLICY=replace and SPARES; its admission policy allows only the pod's own node and "
+            "the kit's label, annotation and cordon)"
+            if exc.code in (403, 422)
             else ""
         )
         return NodeMark(
@@ -156,9 +173,51 @@ def _patch_node(
     )
 
 
+def write_json(path: Path, data: dict[str, object]) -> None:
+    """Write `path` whole or not at all (a reader never sees half a file): a temporary name, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+def ask_node_agent(reason: str, *, env: Mapping[str, str], wait_s: float = AGENT_WAIT_S) -> NodeMark:
+    """Hand the cordon to the pod's node agent (AGENT_DIR_ENV) and return its answer; never raises."""
+    folder, node = Path(env[AGENT_DIR_ENV]), env.get(NODE_NAME_ENV) or None
+    ident = uuid.uuid4().hex
+    answer = folder / f"{RESULT_PREFIX}{ident}.json"
+    try:
+        write_json(folder / f"{REQUEST_PREFIX}{ident}.json", {"reason": reason})
+    except OSError as exc:
+        return NodeMark(
+            False, node,
+            f"node {node} not cordoned: cannot leave the request for the node agent in {folder} "
+            f"({exc.strerror or exc}); by hand: {_kubectl(node or '<node>')}",
+        )  # fmt: skip
+    deadline = time.monotonic() + wait_s
+    while not answer.exists():
+        if time.monotonic() >= deadline:
+            return NodeMark(
+                False, node,
+                f"node {node} not cordoned: the node agent did not answer within {wait_s:g} s (kubectl logs "
+                f"<pod> -c node-agent); by hand: {_kubectl(node or '<node>')}",
+            )  # fmt: skip
+        time.sleep(AGENT_POLL_S)
+    try:
+        data = json.loads(answer.read_text(encoding="utf-8"))
+        answer.unlink()
+        return NodeMark(bool(data["cordoned"]), data.get("node") or node, str(data["line"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return NodeMark(
+            False, node,
+            f"node {node} not cordoned: the node agent's answer {answer} is unreadable ({exc}); by hand: "
+            f"{_kubectl(node or '<node>')}",
+        )  # fmt: skip
+
+
 class NodeActions:
     """The launcher's side of an eviction: takes a rank's request from the heartbeat folder, cordons the
-    node (one line either way), records the `straggler_node` event and drains this pod, once."""
+    node through the node agent when the pod has one, else itself (one line either way), records the
+    `straggler_node` event and drains this pod, once."""
 
     def __init__(
         self,
@@ -188,7 +247,10 @@ class NodeActions:
         if isinstance(request, str):
             log.warning("kit-launch: %s", request)
             return
-        mark = mark_straggler_node(request.reason, env=self.env, sa_dir=self.sa_dir)
+        if self.env.get(AGENT_DIR_ENV):
+            mark = ask_node_agent(request.reason, env=self.env)
+        else:
+            mark = mark_straggler_node(request.reason, env=self.env, sa_dir=self.sa_dir)
         log.warning("kit-launch: %s", mark.line)
         self.events.emit(
             "straggler_node", step=request.step, target_rank=request.rank, pod=request.pod, evict=True,
