@@ -398,7 +398,7 @@ def test_locally_there_is_nothing_to_cordon() -> None:
     assert "initContainers" not in _trainer(manifests)
 
 
-# -- the policy's CEL evaluated on sample requests (cel-python, when installed: it is not a dependency) ---
+# -- the policy's CEL evaluated on sample requests (cel-python: a dev dependency, in requirements/dev.txt) ---
 def _node(name: str) -> dict[str, Any]:
     meta = {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": {"ttl": "0"}}
     return {"metadata": meta, "spec": {"providerID": "aws:///us-east-2a/i-0abc", "podCIDR": "10.0.0.0/24"}}
@@ -451,7 +451,7 @@ CEL_CASES: dict[str, tuple[dict[str, Any], str | None, list[str]]] = {
 def test_the_cordon_policy_on_sample_requests(case: str) -> None:
     """Each rule of the ValidatingAdmissionPolicy evaluated by a CEL interpreter on a node update."""
     celpy = pytest.importorskip(
-        "celpy", reason="cel-python evaluates the policy's CEL (not a kit dependency)"
+        "celpy", reason="cel-python evaluates the policy's CEL (make setup installs it)"
     )
     new, claim, refused_by = CEL_CASES[case]
     extra = {security.NODE_NAME_CLAIM: [claim]} if claim else {}
