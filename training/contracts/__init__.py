@@ -7,5 +7,7 @@ without torch (and nothing else of `training`).
 - `metrics_catalog`, `metrics_settings`: every live metric and where a process sends it;
 - `shapes`, `hf_config`, `throughput`: model shapes by name or from a Hugging Face config.json, FLOPs, peaks;
 - `global_batch`, `defaults`, `seeds`, `ports`: the global-batch rule, the trainer defaults k8s plans with,
-  the seed mixer, free store ports.
+  the seed mixer, free store ports;
+- `labels`: the Kubernetes labels k8s renders, infra puts on its own objects and teardown deletes by;
+- `cliargs`, `fielddocs`, `extras`: one-line command-line errors, docs from typed fields, a missing extra.
 """
