@@ -26,7 +26,7 @@ from rich.console import Console
 from fsdpkit.contracts.cliargs import float_arg, output_folder_problem, parse_bool, parse_float, program
 from fsdpkit.k8s import docs, security
 from fsdpkit.k8s.derived import procs_per_node, world_size
-from fsdpkit.k8s.kubectl import Kubectl, KubectlError, follow
+from fsdpkit.k8s.kubectl import KINDS, Kubectl, KubectlError, follow, missing_crd_line
 from fsdpkit.k8s.local import LocalRunError, run_local
 from fsdpkit.k8s.make_args import MakeLineError, check_make
 from fsdpkit.k8s.model import JobValues
@@ -165,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a lost pod's replacement (the node fault) after SECONDS instead of at once, as a "
         "cluster does (0 to 3600; default 0)",
     )
-    for name, help_text in (("status", "show the run's Job and pods"), ("delete", "delete the run's Job")):
+    for name, help_text in (
+        ("status", "show the run's Job, JobSet or TrainJob and its pods"),
+        ("delete", "delete the run's Job, JobSet or TrainJob"),
+    ):
         with_pairs(name, help_text, "RUN_ID=<id> [NAMESPACE=<ns>]")
     ref_p = with_pairs(
         "image-ref",
@@ -319,24 +322,37 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     if dry_run:
         console.print(f"DRY_RUN: nothing applied. Manifests: {out}/  (apply: drop DRY_RUN)")
         return 0
+    kind = values.kind
     kubectl = Kubectl()
+    _require_crds(kubectl, kind)
     _ensure_run_token(kubectl, values, out, console)
     console.print(kubectl.apply(out).rstrip())
     spec = job_spec(values)
+    name = spec.job_name  # the run id: the Job's, JobSet's and TrainJob's name alike
+    noun = "job" if kind == "job" else KINDS[kind].label
     console.print(
-        f"job {spec.job_name}: {spec.nodes} pods x {spec.procs_per_node} processes = world size "
+        f"{noun} {name}: {spec.nodes} pods x {spec.procs_per_node} processes = world size "
         f"{spec.world_size}; rank 0 at {spec.rdzv_endpoint}"
     )
     if args.no_follow:
         return 0
     try:
-        return follow(kubectl, namespace=values.namespace, job_name=spec.job_name, run_id=values.run_id,
-                      console=console)  # fmt: skip
+        return follow(kubectl, namespace=values.namespace, job_name=name, run_id=values.run_id,
+                      console=console, kind=kind)  # fmt: skip
     except KeyboardInterrupt:
         console.print(
-            f"stopped following; the Job keeps running (make train-job-status RUN_ID={values.run_id})"
+            f"stopped following; the {KINDS[kind].label} keeps running "
+            f"(make train-job-status RUN_ID={values.run_id})"
         )
         return 130
+
+
+def _require_crds(kubectl: Kubectl, kind: str) -> None:
+    """KIND=jobset/trainjob on a cluster without the controller's CRDs: one line before anything is applied
+    (the namespace and token Secret included), naming how to install them."""
+    crds = KINDS[kind].crds
+    if crds and (problem := missing_crd_line(kind, kubectl.served_crds(crds))):
+        raise KubectlError(problem)
 
 
 def _ensure_run_token(kubectl: Kubectl, values: JobValues, out: Path, console: Console) -> None:

@@ -25,6 +25,7 @@ CheckpointTiers = Literal["auto", "peer", "local", "off"]
 InprocessBackend = Literal["kit", "nvrx"]
 PullPolicy = Literal["Always", "IfNotPresent"]
 MetricsSink = Literal["auto", "agent", "file", "off"]
+Kind = Literal["job", "jobset", "trainjob"]
 
 FSX_MOUNT = "/fsx"
 """Where the FSx volume is mounted in every pod."""
@@ -127,6 +128,11 @@ class JobValues:
     time (kit-YYYYMMDD-HHMMSS). Reuse an id only to resume that run."""
     namespace: str = "kit-training"
     """Kubernetes namespace of the Job (created if missing)."""
+    kind: Kind = "job"
+    """Which object runs the pods: job (an Indexed Job and the store's Deployment: no controller needed),
+    jobset (a JobSet, jobset.x-k8s.io/v1alpha2: needs JobSet v0.12) or trainjob (a Kubeflow Trainer v2.3
+    TrainJob on the run's own ClusterTrainingRuntime fsdpkit-<run_id>: needs Trainer). The pods, their
+    command and the kit's recovery are the same in each (docs/k8s.md, "Three kinds")."""
     profile: ProfileName = "p5"
     """Node profile: p5, p4d, g5 or local (CPU processes on this machine). Taken from the stack output
     GpuInstanceType when the outputs file is read."""

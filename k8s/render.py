@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from fsdpkit.k8s.kinds import jobset, runtime_name, trainjob
 from fsdpkit.k8s.spec import JobSpec, job_spec
 from fsdpkit.k8s.values import JobValues
 
@@ -105,6 +106,45 @@ OBJECTS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
+JOB_FILE = "06-job.yaml"
+STORE_FILE = "05-rdzv-store.yaml"
+"""What KIND=jobset and KIND=trainjob take into their own object instead of applying alone."""
+KIND_FILES = {
+    "jobset": (("06-jobset.yaml", "jobset.yaml.j2"),),
+    "trainjob": (
+        ("06-clustertrainingruntime.yaml", "clustertrainingruntime.yaml.j2"),
+        ("07-trainjob.yaml", "trainjob.yaml.j2"),
+    ),
+}
+"""The files of each kind beyond the shared ones (apply order by prefix: the runtime before its TrainJob)."""
+
+
+def _kind_manifests(env: jinja2.Environment, spec: JobSpec, manifests: list[Manifest]) -> list[Manifest]:
+    """KIND=jobset/trainjob: the rendered Job and the store's Deployment move into a JobSet
+    (fsdpkit.k8s.kinds), so the pods are the Job's, byte for byte; the other objects stay as they are."""
+    by_file = {m.filename: m for m in manifests}
+    store = by_file.get(STORE_FILE)
+    js = jobset.jobset_object(
+        job=by_file[JOB_FILE].obj,
+        store=store.obj if store else None,
+        subdomain=spec.service_name,
+        suspend=spec.suspend,
+    )
+    if spec.kind == "jobset":
+        objects = [(jobset.API_VERSION, js)]
+    else:
+        runtime = runtime_name(spec.job_name)
+        objects = [
+            (trainjob.API_VERSION, trainjob.runtime_object(name=runtime, labels=spec.labels, jobset=js)),
+            (trainjob.API_VERSION, trainjob.trainjob_object(jobset=js, runtime=runtime)),
+        ]
+    kept = [m for m in manifests if m.filename not in (JOB_FILE, STORE_FILE)]
+    for (filename, template), (api, obj) in zip(KIND_FILES[spec.kind], objects, strict=True):
+        text = env.get_template(template).render(api_version=api, obj=obj)
+        kept.append(Manifest(filename, text, yaml.safe_load(text)))
+    return kept
+
+
 def render_spec(spec: JobSpec) -> list[Manifest]:
     env = environment()
     context = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
@@ -114,7 +154,7 @@ def render_spec(spec: JobSpec) -> list[Manifest]:
             continue
         text = env.get_template(template).render(**context)
         manifests.append(Manifest(filename, text, yaml.safe_load(text)))
-    return manifests
+    return manifests if spec.kind == "job" else _kind_manifests(env, spec, manifests)
 
 
 def render(values: JobValues) -> list[Manifest]:

@@ -29,6 +29,7 @@ from fsdpkit.k8s.derived import (
     world_size,
 )
 from fsdpkit.k8s.entrypoint import KIT_TRAINER_MODULE, Entrypoint, parse_entrypoint
+from fsdpkit.k8s.kinds import trainer_job_name
 from fsdpkit.k8s.model import (
     RESILIENCE_SECTIONS,
     RUNS_ROOT,
@@ -121,6 +122,8 @@ class JobSpec:
     """The run's NetworkPolicy: ingress only from the run's own pods (`security.network_policy`)."""
     psa_labels: dict[str, str]
     """Pod Security Admission labels of the namespace (`security.psa_labels`)."""
+    kind: str
+    """KIND (fsdpkit.k8s.kinds): the Job alone, or inside a JobSet, or a TrainJob's runtime."""
 
 
 FAIL_JOB_EXIT_CODES = sorted((exitcodes.FATAL_CONFIG, exitcodes.RUN_FAILED))
@@ -581,7 +584,7 @@ def _volume_mounts(v: JobValues) -> list[dict[str, Any]]:
 def job_spec(v: JobValues) -> JobSpec:
     """Derive the template context from validated values."""
     job = service = v.run_id
-    addr = master_addr(job, service, v.namespace)
+    addr = master_addr(trainer_job_name(v.kind, v.run_id), service, v.namespace)
     run_dir = f"{RUNS_ROOT}/{v.run_id}"
     config_path = f"{CONFIG_DIR}/{CONFIG_FILE}"
     config = trainer_config(v)
@@ -647,4 +650,5 @@ def job_spec(v: JobValues) -> JobSpec:
         added_capabilities=["IPC_LOCK"] if get_profile(v.profile).efa else [],
         network_policy=security.network_policy(v),
         psa_labels=security.psa_labels(v.kubernetes_version),
+        kind=v.kind,
     )

@@ -17,6 +17,8 @@ from typing import Any
 import kubernetes_validate
 
 from fsdpkit.k8s import names
+from fsdpkit.k8s.kinds import checks as kind_checks
+from fsdpkit.k8s.kinds.crds import crd_problems, is_crd_object
 from fsdpkit.k8s.model import PLACEHOLDER
 from fsdpkit.k8s.render import Manifest
 from fsdpkit.k8s.rules import contains_credential, looks_secret
@@ -50,6 +52,9 @@ def schema_problems(manifests: Iterable[Manifest], version: str) -> list[str]:
         raise ValueError(f"KUBERNETES_VERSION={version}: {problem}")
     problems = []
     for m in manifests:
+        if is_crd_object(m.obj):  # JobSet, TrainJob, ClusterTrainingRuntime: their CRDs' vendored schemas
+            problems.extend(crd_problems(_where(m), m.obj, version))
+            continue
         try:
             kubernetes_validate.validate(m.obj, f"{version}.0", strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -169,6 +174,47 @@ def _selector_problems(where: str, pod: dict[str, Any]) -> Iterator[str]:
             yield f"{where}: spec.template.spec.nodeSelector[{key}]: value {value!r} {problem}"
 
 
+def _template_problems(where: str, path: str, template: dict[str, Any]) -> Iterator[str]:
+    """The Job's pod rules for a pod template embedded in a JobSet or a runtime (fsdpkit.k8s.kinds)."""
+    yield from _label_problems(where, f"{path}.metadata.", template.get("metadata") or {})
+    yield from _selector_problems(where, template.get("spec") or {})
+    yield from _pod_spec_problems(where, template.get("spec") or {})
+
+
+def _kind_problems(
+    where: str, obj: dict[str, Any], manifests: list[Manifest], services: Any
+) -> Iterator[str]:
+    """JobSet, ClusterTrainingRuntime and TrainJob: the kit's rules beyond their schemas."""
+    kind = obj.get("kind")
+    if kind == "TrainJob":
+        runtimes = {
+            m.obj["metadata"]["name"]: m.obj
+            for m in manifests
+            if m.obj.get("kind") == "ClusterTrainingRuntime"
+        }
+        yield from kind_checks.trainjob_problems(where, obj, runtimes)
+    elif kind in ("JobSet", "ClusterTrainingRuntime"):
+        # a runtime's JobSet is its TrainJob's: named after it, in its namespace
+        meta = obj.get("metadata") or {}
+        owner = next(
+            (
+                m.obj["metadata"]
+                for m in manifests
+                if m.obj.get("kind") == "TrainJob"
+                and (m.obj.get("spec") or {}).get("runtimeRef", {}).get("name") == meta.get("name")
+            ),
+            meta,
+        )
+        yield from kind_checks.jobset_problems(
+            where,
+            obj,
+            services,
+            _template_problems,
+            namespace=owner.get("namespace", "default"),
+            set_name=owner.get("name", ""),
+        )
+
+
 def policy_problems(manifests: Iterable[Manifest], *, allow_placeholders: bool = False) -> list[str]:
     """The kit's own rules over the whole set of manifests."""
     manifests = list(manifests)
@@ -202,6 +248,7 @@ def policy_problems(manifests: Iterable[Manifest], *, allow_placeholders: bool =
             problems.extend(_selector_problems(where, template.get("spec", {})))
             problems.extend(_pod_spec_problems(where, template.get("spec", {})))
             problems.extend(_job_problems(where, obj, services))
+        problems.extend(_kind_problems(where, obj, manifests, services))
         if obj.get("kind") == "Deployment":  # the rendezvous store: the same pod rules as the trainers
             template = obj.get("spec", {}).get("template", {})
             problems.extend(_label_problems(where, "spec.template.metadata.", template.get("metadata", {})))
