@@ -117,10 +117,10 @@ lock: $(STAMP) ## regenerate the hashed locks in requirements/ from pyproject.to
 train-job: $(STAMP) ## render, validate, apply and follow the training Job (NODES=, SPARES=, MODEL=, RUN_ID=, DRY_RUN=1, OUTPUTS=)
 	$(PY) -m fsdpkit.k8s apply --make-pid=$$PPID $(MAKEOVERRIDES)
 
-train-job-status: $(STAMP) ## the run's Job and pods (RUN_ID=; all kit jobs without it)
+train-job-status: $(STAMP) ## the run's Job, JobSet or TrainJob and pods (RUN_ID=; all kit jobs without it)
 	$(PY) -m fsdpkit.k8s status --make-pid=$$PPID $(MAKEOVERRIDES)
 
-train-job-delete: $(STAMP) ## drain and delete the run's Job, pods, rendezvous store, Services, ConfigMap (RUN_ID= required; the run folder stays)
+train-job-delete: $(STAMP) ## drain and delete the run's Job (or JobSet, TrainJob and its runtime), pods, rendezvous store, Services, ConfigMap (RUN_ID= required; the run folder stays)
 	$(PY) -m fsdpkit.k8s delete --make-pid=$$PPID $(MAKEOVERRIDES)
 
 train-local: $(STAMP) ## run the rendered local-profile Job here as processes, then print the goodput report

@@ -520,7 +520,8 @@ class RegistryConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KubernetesConfig:
-    """Kubernetes objects CDK can install: NVIDIA and EFA device plugins (Helm) and the FSx PV/PVC."""
+    """Kubernetes objects CDK can install: NVIDIA and EFA device plugins (Helm), the FSx PV/PVC, and (off by
+    default) the JobSet and Kubeflow Trainer controllers (Helm)."""
 
     deploy_objects: bool = True
     """Install the device plugins and the FSx PV/PVC with CDK (adds the kubectl provider: two Lambdas,
@@ -532,6 +533,15 @@ class KubernetesConfig:
     efa_device_plugin_version: str = "v0.5.32"
     """Pinned `aws-efa-k8s-device-plugin` chart version (https://aws.github.io/eks-charts); 0.5.10 or
     newer."""
+    job_controllers: bool = False
+    """Install JobSet and Kubeflow Trainer (Helm charts pinned by the two versions that follow), the
+    controllers of the training job's `KIND=jobset` and `KIND=trainjob` (docs/k8s.md); needs
+    `kubernetes.deploy_objects`. Off: `KIND=job` needs no controller."""
+    jobset_chart_version: str = "0.12.0"
+    """Pinned `jobset` chart version (oci://registry.k8s.io/jobset/charts/jobset; JobSet v0.12.0)."""
+    trainer_chart_version: str = "2.3.0"
+    """Pinned `kubeflow-trainer` chart version (oci://ghcr.io/kubeflow/charts/kubeflow-trainer; Kubeflow
+    Trainer v2.3.0, whose chart depends on jobset 0.12.0)."""
 
     def __post_init__(self) -> None:
         require(
@@ -542,10 +552,18 @@ class KubernetesConfig:
         for key, value in (
             ("kubernetes.nvidia_device_plugin_version", self.nvidia_device_plugin_version),
             ("kubernetes.efa_device_plugin_version", self.efa_device_plugin_version),
+            ("kubernetes.jobset_chart_version", self.jobset_chart_version),
+            ("kubernetes.trainer_chart_version", self.trainer_chart_version),
         ):
             require(
                 bool(_CHART_VERSION_RE.match(value)), key, f"{value!r} is not a chart version like '1.2.3'"
             )
+        require(
+            self.deploy_objects or not self.job_controllers,
+            "kubernetes.job_controllers",
+            "the JobSet and Trainer charts are installed through the kubectl provider; set "
+            "kubernetes.deploy_objects=true too, or install the controllers yourself (docs/k8s.md)",
+        )
 
 
 _ALARMS = AlarmThresholds()

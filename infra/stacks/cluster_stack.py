@@ -13,6 +13,7 @@ from fsdpkit.infra.constructs.cluster import Cluster
 from fsdpkit.infra.constructs.device_plugins import DevicePlugins
 from fsdpkit.infra.constructs.fsx_volume import FsxVolume, volume_names
 from fsdpkit.infra.constructs.gpu_nodegroup import GPU_TAINT, GpuNodeGroup, gpu_node_labels_json
+from fsdpkit.infra.constructs.job_controllers import JobControllers
 from fsdpkit.infra.constructs.monitoring import TrainingMonitoring
 from fsdpkit.infra.constructs.network import Network
 from fsdpkit.infra.constructs.storage import Storage, allow_lustre_callbacks
@@ -132,7 +133,8 @@ class ClusterStack(KitStack):
     def _add_kubernetes_objects(
         self, cfg: KitConfig, *, file_system: fsx.LustreFileSystem, fsx_digest: str
     ) -> None:
-        """The device plugins and the FSx PV/PVC (kubernetes.deploy_objects)."""
+        """The device plugins and the FSx PV/PVC (kubernetes.deploy_objects), and the JobSet and Trainer
+        controllers (kubernetes.job_controllers)."""
         cluster = self.control_plane.cluster
         DevicePlugins(
             self,
@@ -151,6 +153,14 @@ class ClusterStack(KitStack):
             references_digest=fsx_digest,
             after=[self.addons.fsx_csi],
         )
+        if cfg.kubernetes.job_controllers:
+            JobControllers(
+                self,
+                "JobControllers",
+                cfg=cfg.kubernetes,
+                cluster=cluster,
+                after=[self.control_plane.system_nodegroup],
+            )
 
     def _outputs(
         self,

@@ -82,7 +82,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     # Plain on-demand p5en in a cluster placement group, SCRATCH_2, PVC in its own namespace, private
     # endpoint with Kubernetes objects (the kubectl Lambdas must then run in the VPC), in a region whose EKS
-    # images come from another account than 602401143452.
+    # images come from another account than 602401143452; the JobSet and Trainer controllers on.
     "placed": {
         "prefix": "kit-placed",
         "region": "ap-southeast-3",
@@ -94,6 +94,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "storage.deployment_type": "SCRATCH_2",
         "storage.storage_gib": "4800",
         "kubernetes.namespace": "training",
+        "kubernetes.job_controllers": "true",
     },
 }
 
