@@ -127,8 +127,12 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
     assert _launcher_events(run_dir, "spare_waiting")
     assert _launcher_events(run_dir, "spare_exit")  # 3 pods were left for 2 places: one exited 0 unused
     # The lost or drained node's state came from its buddy's memory, the survivor's from its own: nothing
-    # was read from the shared checkpoint folder.
-    assert (m.faults[0].resume_source, m.faults[0].shared_bytes) == ("peer", 0)
+    # was read from the shared checkpoint folder. With the store lost just before the node (node-1), the
+    # replacement pod and the spare can reach the restarted store and form its first round before the
+    # survivor is back (a known race of the store's restart, docs/launcher.md): two fresh nodes hold no
+    # memory copy, so that round reads shared storage; the model is still bitwise equal (above).
+    source = (m.faults[0].resume_source, m.faults[0].shared_bytes)
+    assert source == ("peer", 0) or (store_lost and source[0] == "shared"), source
     logs = tmp_path / run_id / "logs"
     lost = (logs / f"{run_id}-{node}-local.log").read_text()
     if kind == "node":

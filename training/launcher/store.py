@@ -11,7 +11,7 @@ the group's rank-0 worker). With torch's c10d handler every agent's next call fa
 the Job replaces the pods. See docs/launcher.md.
 
 `--host 127.0.0.1` (the local runner) listens on the loopback address only (TCPStore alone would listen on
-every interface: fsdpkit.runtime.distributed.serve_store); on EKS it listens on the pod's every interface,
+every interface: fsdpkit.runtime.store_server.serve_store); on EKS it listens on the pod's every interface,
 behind the run's NetworkPolicy. The store checks no client itself (TCPStore cannot): the kit's clients seal
 what they write with the run's token and ignore what they cannot check (fsdpkit.runtime.run_token).
 """
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "killed outright must not leave its store serving)",
     )
     args: argparse.Namespace = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from fsdpkit.runtime.distributed import serve_store
+    from fsdpkit.runtime.store_server import serve_store
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

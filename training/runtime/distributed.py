@@ -17,7 +17,6 @@ wildcard address); `serve_store` binds a loopback host's listening socket itself
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import random
 import socket
@@ -34,6 +33,7 @@ from fsdpkit.contracts.ports import free_port_run
 from fsdpkit.runtime import stacks
 from fsdpkit.runtime import torch_internals as internals
 from fsdpkit.runtime.run_token import run_key
+from fsdpkit.runtime.store_server import serve_store
 
 
 @dataclass
@@ -98,41 +98,6 @@ def connect_store(timeout: timedelta) -> dist.Store:
     return dist.TCPStore(
         host, port, world_size=world, is_master=False, timeout=timeout, wait_for_workers=False
     )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (or `localhost`): a store for this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def serve_store(host: str, port: int, *, world_size: int | None = None, timeout: timedelta) -> dist.TCPStore:
-    """A TCPStore server for `host:port` (port 0: any free one). On a loopback host it listens on that
-    address only: the socket is bound here and handed to torch (`master_listen_fd`, libuv's
-    `uv_tcp_open` takes it over); elsewhere (a pod's IP) torch listens on every interface, as before.
-    OSError when the port cannot be bound."""
-    if not is_loopback(host):
-        return dist.TCPStore(
-            host, port, world_size=world_size, is_master=True, timeout=timeout, wait_for_workers=False
-        )
-    addr = "::1" if host == "::1" else "127.0.0.1" if host == "localhost" else host
-    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted store takes its port back
-        sock.bind((addr, port))
-        sock.listen(socket.SOMAXCONN)
-        bound = sock.getsockname()[1]
-    except OSError:
-        sock.close()
-        raise
-    return dist.TCPStore(
-        host, bound, world_size=world_size, is_master=True, timeout=timeout, wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )  # fmt: skip
 
 
 def wait_for_listener(host: str, port: int, *, deadline: float) -> bool:
