@@ -17,6 +17,12 @@ surviving pods and a spare recover on, which a cluster never does.
 The kit's rendezvous store (a Deployment) runs first, as a pod of its own: its Service name and port are
 pointed at 127.0.0.1 and the same free port. It is stopped after the Job's pods.
 
+KIND=jobset and KIND=trainjob run the same way from their own objects (fsdpkit.k8s.local_kinds): the
+JobSet's `node` Job is the trainers' Job (hostnames `<set>-node-0-<index>`, which MASTER_ADDR names), its
+`rdzv` Job the store, started first and waited for until Ready (`dependsOn`), replaced up to its
+`backoffLimit`; a failed child Job (FailJob, an index or the store out of retries) fails the run through the
+JobSet's failurePolicy rules, and nothing restarts the set (maxRestarts 0).
+
 Nothing of a local run is on the machine's network: every listener binds 127.0.0.1 (the rendezvous store
 `--host 127.0.0.1`; the workers' and in-process stores through KIT_LOCAL_ADDR, the address the launchers
 advertise; gloo's pair sockets on the loopback interface, GLOO_SOCKET_IFNAME=lo), and each run has a fresh
@@ -46,6 +52,8 @@ import psutil
 
 from fsdpkit.contracts import env as kit_env
 from fsdpkit.contracts.ports import LOCAL_HOST, free_port_run
+from fsdpkit.k8s.kinds import NODE_JOB, STORE_JOB
+from fsdpkit.k8s.local_kinds import LocalRunError, SetPolicy, workload
 from fsdpkit.k8s.render import Manifest
 from fsdpkit.k8s.spec import INDEX_ANNOTATION
 
@@ -61,8 +69,8 @@ PUMP_DRAIN_S = 5.0
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
-class LocalRunError(ValueError):
-    """Manifests the local runner cannot run (wrong profile, missing objects); one line."""
+class _Failed(Exception):
+    """The run failed (the Job's rules, or a JobSet's); its message is the run's one-line reason."""
 
 
 @dataclass
@@ -138,14 +146,22 @@ class LocalJob:
     """The rendezvous store's container (from its Deployment), or None (the baselines: pod 0 hosts it)."""
     store_host: str = ""
     """The store Service's DNS name, as the pods' command line names it."""
+    store_pod: str = ""
+    """The store pod's name without its attempt suffix."""
+    store_backoff_limit: int | None = None
+    """Store pods its Job may replace (KIND=jobset/trainjob); None: a Deployment recreates it every time."""
+    store_first: bool = False
+    """The trainers start once the store's pod is Ready (a JobSet's `dependsOn: rdzv Ready`)."""
+    max_failed_indexes: int | None = None
+    """The Job's maxFailedIndexes: whether an index out of retries fails it at once (its failure reason)."""
+    set_policy: SetPolicy | None = None
+    """The JobSet's failure rules (KIND=jobset/trainjob); None for a plain Job."""
 
 
 def load_job(manifests: list[Manifest]) -> LocalJob:
-    """Pick the Job and its ConfigMaps; LocalRunError unless this is a `local`-profile Job."""
-    jobs = [m.obj for m in manifests if m.obj.get("kind") == "Job"]
-    if len(jobs) != 1:
-        raise LocalRunError(f"expected one Job in the manifests, found {len(jobs)}")
-    job = jobs[0]
+    """The trainers' Job of any KIND, its store and ConfigMaps; LocalRunError unless `local`-profile."""
+    work = workload([m.obj for m in manifests])
+    job = work.job
     labels = job["metadata"].get("labels", {})
     if labels.get("kit.io/profile") != "local":
         raise LocalRunError(
@@ -159,16 +175,14 @@ def load_job(manifests: list[Manifest]) -> LocalJob:
         codes = rule.get("onExitCodes", {})
         if rule["action"] == "FailJob" and codes.get("operator") == "In":
             fail_codes.update(codes["values"])
-    deployments = [m.obj for m in manifests if m.obj.get("kind") == "Deployment"]
-    store, store_host = None, ""
-    if deployments:
-        deployment = deployments[0]
-        store = deployment["spec"]["template"]["spec"]["containers"][0]
-        meta = deployment["metadata"]
-        store_host = f"{meta['name']}.{meta.get('namespace', 'default')}.svc.cluster.local"
     return LocalJob(
-        store=store,
-        store_host=store_host,
+        store=work.store,
+        store_host=work.store_host,
+        store_pod=work.store_pod,
+        store_backoff_limit=work.store_backoff_limit,
+        store_first=work.store_first,
+        max_failed_indexes=spec.get("maxFailedIndexes"),
+        set_policy=work.policy,
         name=job["metadata"]["name"],
         completions=int(spec["completions"]),
         backoff_limit_per_index=int(spec.get("backoffLimitPerIndex", 0)),
@@ -218,6 +232,8 @@ class LocalRunner:
         """Pod name -> the thread copying its output to its log (done once the pod's pipe is drained)."""
         self._store: subprocess.Popen[bytes] | None = None
         self._store_starts = 0
+        self._failures: dict[int, int] = {}
+        """Index -> its failed pods, counted against backoffLimitPerIndex."""
         self._lock = threading.Lock()
 
     # -- volumes
@@ -350,7 +366,7 @@ class LocalRunner:
             return
         attempt = self._store_starts
         self._store_starts += 1
-        name = f"{self.job.name}-rdzv-local" + (f"-r{attempt}" if attempt else "")
+        name = f"{self.job.store_pod}-local" + (f"-r{attempt}" if attempt else "")
         record = PodRecord(name=name, index=-1, attempt=attempt, log=self.workdir / "logs" / f"{name}.log")
         record.log.parent.mkdir(parents=True, exist_ok=True)
         raw = list(self.job.store.get("command", [])) + list(self.job.store.get("args", []))
@@ -361,12 +377,43 @@ class LocalRunner:
         self._store = self._popen(argv, self._host_env(), record)
 
     def _restart_store_if_gone(self) -> bool:
-        """The store's Deployment recreates its pod when it ends (same Service: here, the same port)."""
+        """The store's Deployment recreates its pod when it ends (same Service: here, the same port); a
+        JobSet's `rdzv` Job replaces a failed one up to its backoffLimit, then fails (_Failed)."""
         if self._store is None or (code := self._store.poll()) is None:
             return False
-        print(f"rendezvous store pod exited (code {code}); its Deployment recreates it", flush=True)
+        limit = self.job.store_backoff_limit
+        if limit is None:
+            print(f"rendezvous store pod exited (code {code}); its Deployment recreates it", flush=True)
+        elif code == 0:  # its Job completed: nothing replaces it (the store only exits 0 when stopped)
+            print("rendezvous store pod exited (code 0); its Job completed", flush=True)
+            self._store = None
+            return True
+        elif self._store_starts > limit:
+            raise _Failed(
+                f"the rendezvous store's Job failed {self._store_starts} times (backoffLimit {limit}); "
+                f"last exit code {code}" + self._set_outcome(STORE_JOB, "BackoffLimitExceeded")
+            )
+        else:
+            print(f"rendezvous store pod exited (code {code}); its Job replaces it", flush=True)
         self._start_store()
         return True
+
+    def _await_store(self, deadline: float | None) -> None:
+        """`dependsOn: rdzv Ready`: the trainers' Job is created once the store's pod is Ready, which its
+        readinessProbe (a TCP connect to its port, here this run's port) says."""
+        if self._store is None or not self.job.store_first:
+            return
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((LOCAL_HOST, self.port), timeout=1):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise _Failed("timed out waiting for the rendezvous store's pod to be Ready (dependsOn)")
+            if not self._restart_store_if_gone():
+                time.sleep(0.1)
+
+    def _set_outcome(self, rjob: str, reason: str) -> str:
+        """What the JobSet's failurePolicy makes of its child Job's failure ('' for a plain Job)."""
+        return "" if self.job.set_policy is None else self.job.set_policy.outcome(rjob, reason)
 
     def _popen(self, argv: list[str], env: dict[str, str], record: PodRecord) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -456,14 +503,15 @@ class LocalRunner:
                 member.kill()
 
     def run(self, *, timeout_s: float | None = None, run_dir: Path) -> LocalResult:
-        """Run every index to completion under the Job's failure rules."""
-        failures = dict.fromkeys(range(self.job.completions), 0)
-        self._start_store()
-        records = {i: self._start(i, 0) for i in range(self.job.completions)}
-        done: set[int] = set()
-        replace_at: dict[int, float] = {}  # lost pods whose replacement is due at a monotonic time
+        """Run every index to completion under the Job's failure rules (and a JobSet's, whose kinds)."""
+        self._failures = dict.fromkeys(range(self.job.completions), 0)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
+            self._start_store()
+            self._await_store(deadline)
+            records = {i: self._start(i, 0) for i in range(self.job.completions)}
+            done: set[int] = set()
+            replace_at: dict[int, float] = {}  # lost pods whose replacement is due at a monotonic time
             while len(done) < self.job.completions:
                 if deadline is not None and time.monotonic() > deadline:
                     return self._finish(False, f"timed out after {timeout_s:g} s", run_dir)
@@ -471,7 +519,7 @@ class LocalRunner:
                 for index, due in list(replace_at.items()):
                     if time.monotonic() >= due:
                         del replace_at[index]
-                        records[index] = self._start(index, failures[index])
+                        records[index] = self._start(index, self._failures[index])
                         progressed = True
                 for index, proc in list(self._procs.items()):
                     if index in done or index in replace_at or (code := proc.poll()) is None:
@@ -481,30 +529,36 @@ class LocalRunner:
                     self._free_pod_memory(records[index])
                     if code == 0:
                         done.add(index)
-                    elif code in self.job.fail_job_codes:
-                        said = self._launcher_said(records[index])
-                        return self._finish(
-                            False, f"pod {records[index].name} exited {code} (FailJob){said}", run_dir
-                        )
+                    elif code == -signal.SIGKILL and self.lost_pod_replace_after_s > 0:
+                        self._count_failure(records[index], code)
+                        replace_at[index] = time.monotonic() + self.lost_pod_replace_after_s
                     else:
-                        failures[index] += 1
-                        if failures[index] > self.job.backoff_limit_per_index:
-                            return self._finish(
-                                False,
-                                f"index {index} failed {failures[index]} times (backoffLimitPerIndex "
-                                f"{self.job.backoff_limit_per_index}); last exit code {code}",
-                                run_dir,
-                            )
-                        if code == -signal.SIGKILL and self.lost_pod_replace_after_s > 0:
-                            replace_at[index] = time.monotonic() + self.lost_pod_replace_after_s
-                        else:
-                            records[index] = self._start(index, failures[index])
+                        self._count_failure(records[index], code)
+                        records[index] = self._start(index, self._failures[index])
                 if not progressed:
                     self._wait_any(0.2)
+        except _Failed as failed:
+            return self._finish(False, str(failed), run_dir)
         except KeyboardInterrupt:
             self._finish(False, "interrupted", run_dir)
             raise
         return self._finish(True, "all indexes succeeded", run_dir)
+
+    def _count_failure(self, record: PodRecord, code: int) -> None:
+        """A failed pod under the Job's podFailurePolicy: FailJob codes fail the Job at once, others spend
+        one of the index's retries; either failure of the Job is the run's (_Failed)."""
+        if code in self.job.fail_job_codes:
+            said = self._launcher_said(record)
+            outcome = self._set_outcome(NODE_JOB, "PodFailurePolicy")
+            raise _Failed(f"pod {record.name} exited {code} (FailJob){said}{outcome}")
+        self._failures[record.index] += 1
+        if (failed := self._failures[record.index]) > self.job.backoff_limit_per_index:
+            reason = "FailedIndexes" if self.job.max_failed_indexes is None else "MaxFailedIndexesExceeded"
+            raise _Failed(
+                f"index {record.index} failed {failed} times (backoffLimitPerIndex "
+                f"{self.job.backoff_limit_per_index}); last exit code {code}"
+                + self._set_outcome(NODE_JOB, reason)
+            )
 
     def _launcher_said(self, record: PodRecord) -> str:
         """': <the last kit-launch line of the pod's log>' (why its launcher failed the Job), or ''."""

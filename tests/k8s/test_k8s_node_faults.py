@@ -7,12 +7,16 @@ Each run must finish with its final checkpoint, verified and loaded back from di
 (training/resilience/checkpoint/compare.py), bitwise equal to a fault-free run's, and a drain must lose no
 step.
 Without spares the lost pod is recreated, as the Job controller would, and the job still finishes.
+The runs are spread over the three renderings (KIND): the reference and most faults on the Job, a node loss
+with a spare and a drain under NVRx on the JobSet, a drain with a spare, a given-up node (a kill) and a
+node loss without a spare on the TrainJob; each still equals the Job's fault-free run bitwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,6 +30,7 @@ import pytest
 
 from fsdpkit.analysis import metrics
 from fsdpkit.analysis.report import straggler_lines, world_line
+from fsdpkit.k8s.kinds import trainer_job_name
 from fsdpkit.ops.cost.faults import fault_cost
 from fsdpkit.resilience.checkpoint.compare import compare_checkpoints, final_checkpoint
 
@@ -99,21 +104,32 @@ def _launcher_events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in metrics.load_events(run_dir) if e["kind"] == kind and e.get("role") == "launcher"]
 
 
+def _replaced_indexes(logs: Path, pods: str) -> set[int]:
+    """The trainer indexes that got a second pod (the runner's logs `<pods>-<index>-local-r<n>.log`)."""
+    pattern = re.compile(rf"{re.escape(pods)}-(\d+)-local-r\d+\.log")
+    return {int(m.group(1)) for f in logs.iterdir() if (m := pattern.fullmatch(f.name))}
+
+
 # A drain is the same per-pod SIGTERM on pod 0 as on pod 1 (the rendezvous lives in its own pod, and every
-# rank agrees on the step through the loss all-reduce), so it runs on pod 1 only; a lost node on both.
-@pytest.mark.parametrize(("kind", "node"), [("node", 1), ("node", 0), ("drain", 1)])
+# rank agrees on the step through the loss all-reduce), so it runs on pod 1 only; a lost node on both. Each
+# runs on another KIND, compared with the Job's fault-free run.
+@pytest.mark.parametrize(
+    ("owner", "kind", "node"), [("job", "node", 1), ("jobset", "node", 0), ("trainjob", "drain", 1)]
+)
 def test_node_fault_with_a_spare_finishes_bitwise_equal(
-    tmp_path: Path, fault_free: Path, kind: str, node: int
+    tmp_path: Path, fault_free: Path, owner: str, kind: str, node: int
 ) -> None:
     run_id = f"{kind}{node}"
+    pods = trainer_job_name(owner, run_id)  # the trainers' Job: <run id>, or the JobSet's <run id>-node-0
     # The node-1 run also loses the rendezvous store at step 2 (its pod rescheduled): training goes on with
     # no restart, the agents reach the new store, and the node loss's membership change works through it.
     store_lost = (kind, node) == ("node", 1)
     proc, run_dir = run_job(
-        tmp_path, run_id, "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}",
+        tmp_path, run_id, f"KIND={owner}", "SPARES=1", f"FAULT_SPEC={kind}:step={FAULT_STEP}:node={node}",
         during=kill_the_store_at(2) if store_lost else None,
     )  # fmt: skip
     assert_same_model(run_dir, fault_free)
+    assert "local job completed" in proc.stdout
     if store_lost:
         assert "rendezvous store pod exited" in proc.stdout
         assert _launcher_events(run_dir, "rdzv_store_reconnected")
@@ -134,12 +150,14 @@ def test_node_fault_with_a_spare_finishes_bitwise_equal(
     source = (m.faults[0].resume_source, m.faults[0].shared_bytes)
     assert source == ("peer", 0) or (store_lost and source[0] == "shared"), source
     logs = tmp_path / run_id / "logs"
-    lost = (logs / f"{run_id}-{node}-local.log").read_text()
+    lost = (logs / f"{pods}-{node}-local.log").read_text()
+    # only the lost or drained index got a new pod: the healthy pods (and the spare) were never restarted
+    assert _replaced_indexes(logs, pods) == {node}, sorted(f.name for f in logs.iterdir())
     if kind == "node":
-        assert f"pod {run_id}-{node}-local: exit code -9" in proc.stdout  # every process of it at once
+        assert f"pod {pods}-{node}-local: exit code -9" in proc.stdout  # every process of it at once
     else:
         assert "drained: step" in (lost + "".join(p.read_text() for p in logs.glob("*.log")))
-        assert f"pod {run_id}-{node}-local: exit code 143" in proc.stdout  # left inside its grace period
+        assert f"pod {pods}-{node}-local: exit code 143" in proc.stdout  # left inside its grace period
         assert m.faults[0].lost_steps == 0
         assert m.faults[0].resume_step == FAULT_STEP  # saved and committed at the agreed step
 
@@ -179,14 +197,16 @@ def test_a_straggler_is_evicted_for_the_spare_with_no_lost_step(tmp_path: Path, 
 def test_node_loss_without_spares_waits_for_the_recreated_pod(
     tmp_path: Path, fault_free: Path, node: int
 ) -> None:
-    run_id = f"nospare{node}"
-    proc, run_dir = run_job(tmp_path, run_id, f"FAULT_SPEC=node:step={FAULT_STEP}:node={node}")
-    assert f"pod {run_id}-{node}-local: exit code -9" in proc.stdout
-    assert (
-        f"pod {run_id}-{node}-local-r1: exit code 0" in proc.stdout
-    )  # recreated, as the Job controller does
+    run_id = f"nospare{node}"  # on the TrainJob: its JobSet's `node` Job recreates the pod
+    pods = trainer_job_name("trainjob", run_id)
+    proc, run_dir = run_job(
+        tmp_path, run_id, "KIND=trainjob", f"FAULT_SPEC=node:step={FAULT_STEP}:node={node}"
+    )
+    assert f"pod {pods}-{node}-local: exit code -9" in proc.stdout
+    assert f"pod {pods}-{node}-local-r1: exit code 0" in proc.stdout  # recreated, as the Job controller does
+    assert _replaced_indexes(tmp_path / run_id / "logs", pods) == {node}
     assert_same_model(run_dir, fault_free)
-    survivor = (tmp_path / run_id / "logs" / f"{run_id}-{1 - node}-local.log").read_text()
+    survivor = (tmp_path / run_id / "logs" / f"{pods}-{1 - node}-local.log").read_text()
     assert "the group re-forms: waiting up to 600 s" in survivor
     [fault] = metrics.load_run_metrics(run_dir).faults  # the buddy ring needs no spare
     assert (fault.takeover, fault.resume_source, fault.shared_bytes) == ("replacement", "peer", 0)
@@ -224,11 +244,13 @@ def test_rank_faults_keep_every_node_in_place_and_restore_from_memory(tmp_path: 
 def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
     tmp_path: Path, fault_free: Path
 ) -> None:
-    """NODE_FAILURE_LIMIT=1: the first failure of the node's own (its worker SIGKILLed) gives it up."""
+    """NODE_FAILURE_LIMIT=1: the first failure of the node's own (its worker SIGKILLed) gives it up. On the
+    TrainJob: exit 75 spends one of the index's retries in its JobSet's `node` Job, which fails nothing."""
     run_id = "giveup"
     proc, run_dir = run_job(
-        tmp_path, run_id, "SPARES=1", "NODE_FAILURE_LIMIT=1", f"FAULT_SPEC=kill:step={FAULT_STEP}:rank=1"
-    )
+        tmp_path, run_id, "KIND=trainjob", "SPARES=1", "NODE_FAILURE_LIMIT=1",
+        f"FAULT_SPEC=kill:step={FAULT_STEP}:rank=1",
+    )  # fmt: skip
     given_up = _launcher_events(run_dir, "node_given_up")
     assert len(given_up) == 1 and given_up[0]["failures"] == 1
     assert "signal SIGKILL" in given_up[0]["reason"]
@@ -238,17 +260,20 @@ def test_a_node_that_keeps_failing_is_given_up_and_the_spare_takes_over(
 
 def test_drain_under_the_nvrx_wrapper_loses_no_step(tmp_path: Path, fault_free: Path) -> None:
     """The trainer inside NVRx's inprocess.Wrapper: SIGTERM to pod 1 still commits the step on every rank
-    and the spare resumes from it (the Wrapper leaves SIGTERM to the trainer's drain handler)."""
+    and the spare resumes from it (the Wrapper leaves SIGTERM to the trainer's drain handler). On the
+    JobSet: the drained pod is replaced inside its `node` Job, the set goes on."""
     pytest.importorskip("nvidia_resiliency_ext", reason="NVRx is not installed")
     run_id = "drainnvrx"
+    pods = trainer_job_name("jobset", run_id)
     proc, run_dir = run_job(
-        tmp_path, run_id, "SPARES=1", "INPROCESS=true", "INPROCESS_BACKEND=nvrx",
+        tmp_path, run_id, "KIND=jobset", "SPARES=1", "INPROCESS=true", "INPROCESS_BACKEND=nvrx",
         f"FAULT_SPEC=drain:step={FAULT_STEP}:node=1",
     )  # fmt: skip
     assert_same_model(run_dir, fault_free)
     config = next((tmp_path / run_id / "configmaps").glob("*/train.yaml")).read_text()
     assert "backend: nvrx" in config  # the Wrapper ran, not the kit's own loop
-    assert f"pod {run_id}-1-local: exit code 143" in proc.stdout  # left inside its grace period
+    assert f"pod {pods}-1-local: exit code 143" in proc.stdout  # left inside its grace period
+    assert _replaced_indexes(tmp_path / run_id / "logs", pods) == {1}
     m = metrics.load_run_metrics(run_dir)
     assert [(f.kind, f.lost_steps, f.resume_step, f.takeover) for f in m.faults] == [
         ("drain", 0, FAULT_STEP, "spare")
