@@ -33,12 +33,12 @@ def _sigterm_restored():
 
 
 def test_the_public_surface_is_small_and_every_name_resolves() -> None:
-    """12 names (API 2.1: 2.0's eleven and TokenDataset); a name added bumps the minor version, one removed
-    the major (docs/own-model.md)."""
-    assert len(resilience.__all__) == 12
+    """14 names (API 2.2: 2.1's twelve, ParallelConfig and MeshLayout); a name added bumps the minor version,
+    one removed the major (docs/own-model.md)."""
+    assert len(resilience.__all__) == 14
     for name in resilience.__all__:
         assert getattr(resilience, name) is not None
-    assert resilience.API_VERSION == "2.1"
+    assert resilience.API_VERSION == "2.2"
     with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
         resilience.Trainer  # noqa: B018
 

@@ -35,10 +35,11 @@ Event = Mapping[str, Any]
 DETECTION_KINDS = ("worker_failed", "hang_detected", "peer_gone")
 """Launcher events that mean "the launcher noticed a fault"."""
 RESUME_KINDS = ("resume", "inprocess_restart")
-RESTORE_SOURCES = ("none", "live", "memory", "peer", "shared")
+RESTORE_SOURCES = ("none", "live", "replica", "memory", "peer", "shared")
 """Where a resume found its state, from the cheapest to the dearest: none (from the seed), live (the failed
-session's own tensors), memory (the node's memory: a host copy or the node tier), peer (another node's
-memory), shared (the shared checkpoint folder)."""
+session's own tensors), replica (a live replica's, sent over the network: HSDP), memory (the node's
+memory: a host copy or the node tier), peer (another node's memory), shared (the shared checkpoint
+folder)."""
 
 
 def restore_source(sources: Iterable[Any]) -> str | None:

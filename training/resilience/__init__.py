@@ -24,8 +24,8 @@ guarantees. Everything else under `training/` is private and may change between 
     resilience.leave(resilience.run(plan.config, build=build, train=train))
 
 The public names:
-- `load_config`, `ResilienceConfig`, `ConfigError`: the typed, frozen config (run, training, checkpoint,
-  fault, inprocess, straggler), from `$KIT_CONFIG` (the Job's ConfigMap) or `--config`, with
+- `load_config`, `ResilienceConfig`, `ConfigError`: the typed, frozen config (run, training, parallel,
+  checkpoint, fault, inprocess, straggler), from `$KIT_CONFIG` (the Job's ConfigMap) or `--config`, with
   `--section.field` overrides. Your own sections: subclass `ResilienceConfig` with frozen dataclass fields
   and load it with `load_config(argv, root=YourConfig)`; they are read, overridden, documented (`help_text`)
   and checked (override `validate`, call super's) exactly as the kit's.
@@ -43,6 +43,9 @@ The public names:
   shards (kit-prepare-data) or a Megatron-LM .bin/.idx prefix, memory-mapped, in the kit's seeded order;
   this rank's micro-batches of each global batch (`step_batches()`), the global ids each step took
   (`step_samples`); Stateful, a global cursor (`data_global=True`). `TokenDataset.check` is the config check.
+- `ParallelConfig`, `MeshLayout`: the `parallel` section (FSDP, or HSDP: `replicate` x `shard`) and the layout
+  it resolves to; `job.ctx.mesh` is FSDP's mesh for it (1-D, or 2-D `("replicate", "shard")`): shard your
+  model on it (`fully_shard(module, mesh=job.ctx.mesh)`) and FSDP2 does the rest.
 - `leave(code)`: exit with `code` without the interpreter's teardown of torch's C++ state, which now and
   then aborts a process whose work is done (SIGABRT: a launcher would count a finished rank as failed).
 - `API_VERSION`.
@@ -61,12 +64,13 @@ if TYPE_CHECKING:
     from fsdpkit.resilience.dataset.tokens import TokenDataset
     from fsdpkit.resilience.faults import InjectedFault
     from fsdpkit.resilience.job import Job
+    from fsdpkit.resilience.parallel import MeshLayout, ParallelConfig
     from fsdpkit.resilience.run import run
     from fsdpkit.resilience.session import Session
     from fsdpkit.resilience.state import TrainState
     from fsdpkit.runtime.process_exit import leave
 
-API_VERSION = "2.1"
+API_VERSION = "2.2"
 """Semantic version of this surface: a name added bumps the minor number; a name removed, or a signature or
 behaviour broken, the major (docs/own-model.md lists what each version changed)."""
 
@@ -79,11 +83,13 @@ _LAZY = {
     "InjectedFault": "fsdpkit.resilience.faults",
     "plan_batch": "fsdpkit.resilience.batch",
     "TokenDataset": "fsdpkit.resilience.dataset.tokens",
+    "ParallelConfig": "fsdpkit.resilience.parallel",
+    "MeshLayout": "fsdpkit.resilience.parallel",
 }
 
 __all__ = [
-    "API_VERSION", "ConfigError", "InjectedFault", "Job", "ResilienceConfig", "Session", "TokenDataset",
-    "TrainState", "leave", "load_config", "plan_batch", "run",
+    "API_VERSION", "ConfigError", "InjectedFault", "Job", "MeshLayout", "ParallelConfig", "ResilienceConfig",
+    "Session", "TokenDataset", "TrainState", "leave", "load_config", "plan_batch", "run",
 ]  # fmt: skip
 
 

@@ -1,11 +1,12 @@
 """The resilience layer's typed config: the sections every training script shares with the kit's trainer.
 
-`run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `checkpoint`, `fault`,
-`inprocess` and `straggler`. The kit's trainer adds its own sections (model, data, optim:
-fsdpkit.trainer.config) to the same loader; a user's script loads only these (`load_config`), from the Job's
-config file (`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with `--section.field VALUE`
-overrides, strongest first. Unknown sections or fields are errors that list the valid names; every bad value
-raises `ConfigError` with a one-line message (rule, value, fix). Field docstrings are the documentation.
+`run` (id, folder, seed), `training` (steps, timeouts, GC, determinism), `parallel` (FSDP or HSDP),
+`checkpoint`, `fault`, `inprocess` and `straggler`. The kit's trainer adds its own sections (model, data,
+optim: fsdpkit.trainer.config) to the same loader; a user's script loads only these (`load_config`), from
+the Job's config file (`$KIT_CONFIG`, rendered by `make train-job`) or `--config FILE`, with
+`--section.field VALUE` overrides, strongest first. Unknown sections or fields are errors that list the
+valid names; every bad value raises `ConfigError` with a one-line message (rule, value, fix). Field
+docstrings are the documentation.
 
 A script adds typed sections of its own by subclassing `ResilienceConfig` (each section a frozen dataclass
 whose fields have defaults and docstrings) and loading with `load_config(argv, root=MyConfig)`: its sections
@@ -35,6 +36,7 @@ from fsdpkit.contracts.fielddocs import field_docs
 from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 from fsdpkit.resilience.faults import FaultConfig, FaultConfigError
+from fsdpkit.resilience.parallel import LayoutError, ParallelConfig, layout_from_env
 from fsdpkit.resilience.straggler import StragglerConfig
 
 CONFIG_ENV = env.CONFIG
@@ -355,6 +357,7 @@ class ResilienceConfig:
 
     run: RunConfig = field(default_factory=RunConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     inprocess: InprocessConfig = field(default_factory=InprocessConfig)
@@ -444,6 +447,10 @@ def validate(cfg: ResilienceConfig, *, env: Mapping[str, str]) -> None:
             f"{training.grad_accum_steps} are both set: set one (with global_batch the accumulation is "
             "derived from the world size)"
         )
+    try:
+        layout_from_env(cfg.parallel, env)
+    except (LayoutError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     try:
         MetricsSettings.from_env(env, run_id=cfg.run.id)
     except MetricsSettingsError as exc:

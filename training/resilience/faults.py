@@ -40,7 +40,8 @@ they take effect at the next step boundary.
 Test hook (never set in production): KIT_FAULT_TEST_IN_UPDATE, a spec of `exception` faults in the grammar
 above, fires each right after the optimizer step of its step instead of at its top (`maybe_inject_in_update`),
 so tests can fail a rank mid-update, where its live state is torn (resilience.state). Once per run, like a
-fault (marker `<key>-in-update`).
+fault (marker `<key>-in-update`). KIT_FAULT_TEST_BEFORE_REPORT: the same, fired at the top of the step's
+report, after its update completed (marker `<key>-before-report`).
 
 The study's seeded schedule (reference/seed-system.md §11) is reproduced exactly: with
 `rng = random.Random(seed)`, steps = sorted(rng.sample(after+1 .. max_steps, count)); then per step in
@@ -80,6 +81,7 @@ NODE_KINDS: tuple[str, ...] = ("node", "freeze", "drain")
 KINDS: tuple[str, ...] = RANK_KINDS + NODE_KINDS
 FAULTS_DIR = "faults"
 TEST_IN_UPDATE_ENV = "KIT_FAULT_TEST_IN_UPDATE"
+TEST_BEFORE_REPORT_ENV = "KIT_FAULT_TEST_BEFORE_REPORT"
 OOM_HEADROOM_BYTES = 256 * 1024 * 1024
 MAX_SLOW_FACTOR = 100.0
 
@@ -346,7 +348,8 @@ class FaultInjector:
         here = NodeFaultTarget(node=pod.pod_index() if node is None else node, local_rank=local_rank)
         self._faults = [f for f in plan if (f.rank == rank if f.node is None else here.acts_on(f))]
         self._by_step = {f.step: f for f in self._faults if f.step is not None}
-        self._in_update = {f.step: f for f in _test_in_update_faults() if f.rank == rank}
+        self._in_update = {f.step: f for f in _test_faults(TEST_IN_UPDATE_ENV) if f.rank == rank}
+        self._before_report = {f.step: f for f in _test_faults(TEST_BEFORE_REPORT_ENV) if f.rank == rank}
         self._marker_dir = Path(run_dir) / FAULTS_DIR if run_dir is not None else None
         self._fired: set[str] = set()
         self._due: list[Fault] = []
@@ -384,6 +387,12 @@ class FaultInjector:
         """Called right after the optimizer step of every training step: the test hook's faults."""
         fault = self._in_update.get(step)
         if fault is not None and self._claim(fault, key=f"{fault.key}-in-update", where="update"):
+            self._act(fault)
+
+    def maybe_inject_before_report(self, step: int) -> None:
+        """Called at the top of every step's report (its update complete): the test hook's faults."""
+        fault = self._before_report.get(step)
+        if fault is not None and self._claim(fault, key=f"{fault.key}-before-report", where="report"):
             self._act(fault)
 
     def unfired(self) -> list[Fault]:
@@ -499,12 +508,13 @@ def _burn_cuda(seconds: float, device: torch.device) -> None:
         torch.mm(a, a, out=out)
 
 
-def _test_in_update_faults() -> list[Fault]:
-    """KIT_FAULT_TEST_IN_UPDATE's faults; FaultConfigError (one line) for anything but step exceptions."""
-    faults = parse_spec(os.environ.get(TEST_IN_UPDATE_ENV, ""))
+def _test_faults(name: str) -> list[Fault]:
+    """A test hook's faults (`name`: KIT_FAULT_TEST_IN_UPDATE or KIT_FAULT_TEST_BEFORE_REPORT);
+    FaultConfigError (one line) for anything but step exceptions."""
+    faults = parse_spec(os.environ.get(name, ""))
     for f in faults:
         if f.kind != "exception" or f.step is None:
-            raise FaultConfigError(f"{TEST_IN_UPDATE_ENV}: {f} is not exception:step=N:rank=R")
+            raise FaultConfigError(f"{name}: {f} is not exception:step=N:rank=R")
     return faults
 
 

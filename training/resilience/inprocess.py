@@ -51,9 +51,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from fsdpkit.resilience import replica
 from fsdpkit.resilience.checkpoint.layout import checkpoints_dir, is_committed, list_steps
 from fsdpkit.resilience.checkpoint.resume import one_line
 from fsdpkit.resilience.checkpoint.staging import flatten_state, restore_into
+from fsdpkit.resilience.replica import ReplicaPlan
+from fsdpkit.resilience.state import rng_state
 from fsdpkit.runtime import hang_interrupt
 from fsdpkit.runtime.distributed import abort_groups, new_group, seed_everything, serve_store
 from fsdpkit.runtime.run_token import run_key
@@ -156,9 +159,13 @@ class Report:
     """The step its checkpointer holds in host memory; None if none."""
     committed: int | None = None
     """Rank 0 only: the newest committed step on disk (for the re-save after a live resume)."""
+    portable: bool = True
+    """Its state has no per-rank part, so a replica's state can restore it (fsdpkit.resilience.replica)."""
 
 
-REPORT_FIELDS: dict[str, type] = {"live": int, "why": str, "memory": int, "committed": int}
+REPORT_FIELDS: dict[str, type] = {
+    "live": int, "why": str, "memory": int, "committed": int, "portable": bool,
+}  # fmt: skip
 """A report's fields and their type (each may also be None): what `report_from_json` accepts, nothing else."""
 
 
@@ -206,31 +213,47 @@ def exchange_reports(mine: Report) -> list[Report]:
 class Plan:
     """The restore every rank takes: the same on every rank (computed from the same reports)."""
 
-    source: Literal["live", "memory", "checkpoint"]
+    source: Literal["live", "replica", "memory", "checkpoint"]
     step: int | None
-    """The live or host-memory step; None for the checkpoint (memory tiers, then shared storage)."""
+    """The live, replica or host-memory step; None for the checkpoint (memory tiers, then shared storage)."""
     why: str | None
     """Why not live (None when live)."""
     resave: bool = False
-    """Live only: the last save due by `step` never committed, so save `step` at once."""
+    """Live or replica: the last save due by `step` never committed, so save `step` at once."""
+    replica: ReplicaPlan | None = None
+    """Replica only: who sends to whom."""
 
 
-def agree(reports: list[Report], *, interval: int | None) -> Plan:
-    """Live if every rank is clean at the same step; else the host copy if every rank holds the same step;
-    else disk. `interval`: the fixed checkpoint interval (None: off or auto), for the re-save."""
+def agree(reports: list[Report], *, interval: int | None, replicate: int = 1) -> Plan:
+    """Live if every rank is clean at the same step; else, with HSDP, from live replicas (replica.plan);
+    else the host copy if every rank holds the same step; else disk. `interval`: the fixed checkpoint
+    interval (None: off or auto), for the re-save."""
     lives = {r.live for r in reports}
+    committed = reports[0].committed
     if len(lives) == 1 and None not in lives:
         step = reports[0].live
         assert step is not None
-        due = step - step % interval if interval else 0
-        committed = reports[0].committed
-        return Plan("live", step, None, resave=due > 0 and (committed is None or committed < due))
+        return Plan("live", step, None, resave=_resave(step, interval, committed))
     torn = [f"rank {rank}: {r.why}" for rank, r in enumerate(reports) if r.live is None]
     why = "; ".join(torn) if torn else f"ranks stopped at different steps {[r.live for r in reports]}"
+    from_replicas = replica.plan(
+        [r.live for r in reports], [r.portable for r in reports], replicate=replicate
+    )
+    if isinstance(from_replicas, ReplicaPlan):
+        step = from_replicas.step
+        return Plan("replica", step, why, _resave(step, interval, committed), from_replicas)
+    if replicate > 1:
+        why = f"{why}; {from_replicas}"
     memory = {r.memory for r in reports}
     if len(memory) == 1 and None not in memory:
         return Plan("memory", reports[0].memory, why)
     return Plan("checkpoint", None, why)
+
+
+def _resave(step: int, interval: int | None, committed: int | None) -> bool:
+    """The last save due by `step` never committed (the fault abandoned it)."""
+    due = step - step % interval if interval else 0
+    return due > 0 and (committed is None or committed < due)
 
 
 def capture_live(session: Session) -> tuple[int | None, str | None, dict[str, Any] | None]:
@@ -269,6 +292,8 @@ def plan_restore(
     job: Job,
     previous: object | None,
     live: tuple[int | None, str | None, dict[str, Any] | None] = (None, "no live state", None),
+    *,
+    portable: bool = False,
 ) -> Plan:
     """Agree on the restore over the new group (see `agree`): one all-gather, before any model exists,
     so a rank that restores from live state or host memory can skip the seeded init."""
@@ -276,12 +301,13 @@ def plan_restore(
     mem_step = previous.memory_step() if previous is not None else None  # type: ignore[attr-defined]
     ckpt, ctx = job.cfg.checkpoint, _ctx(job)
     committed = None
-    if ctx.rank == 0 and live_step is not None and ckpt.mode != "off":
+    if ctx.rank == 0 and ckpt.mode != "off":
         root = checkpoints_dir(job.cfg.run.run_dir)
         committed = max((s for s in list_steps(root) if is_committed(root, s)), default=None)
-    mine = Report(live=live_step, why=why, memory=mem_step, committed=committed)
+    mine = Report(live=live_step, why=why, memory=mem_step, committed=committed, portable=portable)
     reports = exchange_reports(mine) if ctx.world_size > 1 else [mine]
-    return agree(reports, interval=ckpt.interval if ckpt.mode != "off" and not ckpt.auto else None)
+    interval = ckpt.interval if ckpt.mode != "off" and not ckpt.auto else None
+    return agree(reports, interval=interval, replicate=ctx.replicate)
 
 
 def restore(
@@ -292,11 +318,14 @@ def restore(
     plan: Plan | None = None,
     *,
     seeded: bool = True,
+    own_rng: dict[str, Any] | None = None,
 ) -> tuple[int | None, str, str | None]:
     """Restore `session` as every rank agreed (`plan_restore`, run here when not given); (step,
     source, why not live). `seeded`: the session's model was built with the seeded init, so a fallback
     that finds no checkpoint may start from it."""
     plan = plan or plan_restore(job, previous, live)
+    if plan.source == "replica":
+        return _restore_from_replica(job, session, live, plan, own_rng)
     if plan.source == "live":
         t0 = time.time()
         restore_into(session.ckpt_state, live[2])  # type: ignore[arg-type]
@@ -317,6 +346,40 @@ def restore(
             )
     step = session.checkpointer.load(session.ckpt_state)
     return step, session.checkpointer.last_source or "none", plan.why
+
+
+def _restore_from_replica(
+    job: Job,
+    session: Session,
+    live: tuple[int | None, str | None, dict[str, Any] | None],
+    plan: Plan,
+    own_rng: dict[str, Any] | None,
+) -> tuple[int | None, str, str | None]:
+    """The plan's replica transfers (every rank, in the same order), then each rank's restore: a receiver
+    from what it received (with its own RNG), the others from their own live state."""
+    assert plan.replica is not None and plan.step is not None
+    t0, rank = time.time(), _ctx(job).rank
+    sender = plan.replica.sender_of(rank)
+    template = flatten_state(session.ckpt_state) if sender is not None else None
+    try:
+        received, nbytes = replica.exchange(plan.replica, rank, live[2], template)
+    except replica.ReplicaError as exc:
+        raise RestartFailed(f"rank {rank}: {exc}; exiting so the launcher restarts the group") from None
+    if received is None:
+        restore_into(session.ckpt_state, live[2])  # type: ignore[arg-type]
+        source, fields = "live", {"sent_bytes": nbytes} if nbytes else {}
+    else:
+        for key, state in session.ckpt_state.items():  # the RNG is this rank's own, taken before the rebuild
+            received[key][state.rng_key] = own_rng if own_rng is not None else rng_state()
+        restore_into(session.ckpt_state, received)
+        source, fields = "replica", {"bytes": nbytes, "sender": sender, "shared_bytes": 0}
+    job.events.emit(
+        "resume", step=plan.step, source=source, duration_s=time.time() - t0, fallback_from=None, ts=t0,
+        **fields,
+    )  # fmt: skip
+    if plan.resave:
+        session.checkpointer.maybe_save(plan.step, session.ckpt_state, force=True)
+    return plan.step, source, plan.why
 
 
 def _close_quietly(checkpointer: object) -> None:
@@ -379,6 +442,8 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
         previous = session.checkpointer
         abort_groups(ctx)
         live = capture_live(session)
+        own_rng = rng_state()  # before the rebuild seeds it: a replica restore keeps this rank's own RNG
+        portable = session.state.reshard_problem() is None
         session = None
         previous.abandon()
         if not previous.settle(cfg.barrier_timeout_s, give_up=lambda: job.drain.requested):
@@ -390,15 +455,17 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
         gc.collect()  # the failed session's cycles (FSDP state, hooks): the frozen imports are not scanned
         store.barrier(ctx.generation + 1, give_up=lambda: job.drain.requested)
         new_group(ctx, ctx.generation + 1)
-        plan = plan_restore(job, previous, live)
-        # Restored from this process's own live state or host copy: the seeded init would be overwritten.
-        # From disk it stays: a checkpoint that turns out unreadable falls back to the seed.
+        plan = plan_restore(job, previous, live, portable=portable)
+        # Restored from live state (its own or a replica's) or the host copy: the seeded init would be
+        # overwritten. From disk it stays: a checkpoint that turns out unreadable falls back to the seed.
         seeded = plan.source == "checkpoint"
-        resumes_live = plan.source == "live"  # rolls nothing back: no fault for `checkpoint.interval=auto`
+        resumes_live = plan.source in ("live", "replica")  # nothing rolled back: no fault for `interval=auto`
         session = build_session(job, build, init_weights=seeded, live=resumes_live)
-        step, source, why = restore(job, session, previous, live, plan, seeded=seeded)
+        step, source, why = restore(job, session, previous, live, plan, seeded=seeded, own_rng=own_rng)
+        if resumes_live and step is not None:
+            job.complete_step(session, step, failed_at=t_fail)
         _close_quietly(previous)
-        previous = live = None
+        previous = live = own_rng = None
         duration = time.time() - t_fail
         events.emit(
             "inprocess_restart", reason=reason, restored_step=step, source=source, duration_s=duration,
@@ -408,10 +475,19 @@ def run_with_restarts(job: Job, build: Build, train: Train) -> Session:
             events.emit("resume", step=None, source="none", duration_s=duration, fallback_from=None)
         because = f" ({why})" if why else ""
         job.log(
-            f"in-process restart {restarts}: restored step {step} from {source}{because} in {duration:.2f} s"
+            f"in-process restart {restarts}: restored step {step} from {_job_source(plan, source)}{because} "
+            f"in {duration:.2f} s"
         )
         job.heartbeat.phase("train")
     return session
+
+
+def _job_source(plan: Plan, own: str) -> str:
+    """What the job restored from, as rank 0 says it: a replica plan names its transfers."""
+    if plan.source != "replica" or plan.replica is None:
+        return own
+    pairs = ", ".join(f"rank {r} from rank {s}" for r, s in plan.replica.senders[:8])
+    return f"live replicas ({pairs})"
 
 
 def _train_until_fault(job: Job, session: Session, train: Train) -> str | None:
@@ -464,6 +540,7 @@ def run_under_nvrx(job: Job, build: Build, train: Train, finish: Callable[[Sessi
     """
     from nvidia_resiliency_ext import inprocess
 
+    from fsdpkit.resilience.parallel import layout_from_env
     from fsdpkit.runtime.distributed import init_distributed, wait_for_listener
 
     cfg = job.cfg
@@ -486,8 +563,9 @@ def run_under_nvrx(job: Job, build: Build, train: Train, finish: Callable[[Sessi
             timeout=timedelta(seconds=timeout_s),
         )  # fmt: skip
         job.ctx = init_distributed(
-            timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration
-        )
+            timeout_s=cfg.training.collective_timeout_s, store=store, generation=iteration,
+            replicate=layout_from_env(cfg.parallel, os.environ).replicate,
+        )  # fmt: skip
         session = build_session(job, build)
         previous = kept.pop("checkpointer", None)
         kept["checkpointer"] = session.checkpointer

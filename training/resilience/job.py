@@ -109,6 +109,7 @@ class Step:
         yield
         self.job.faults.maybe_inject_in_update(self.number)
         state.step += 1
+        state.end_update()
         self._updated = True
 
     def report(self, loss: torch.Tensor | float | None) -> float | None:
@@ -118,6 +119,7 @@ class Step:
         if self._reported:  # a second all-reduce would hand the interval agreement a doubled value
             raise RuntimeError(f"step {self.number}: step.report() called twice; one report per step")
         job, checkpointer = self.job, self.session.checkpointer
+        job.faults.maybe_inject_before_report(self.number)
         device = job.ctx.device if job.ctx is not None else torch.device("cpu")
         job.faults.slow_down(self.timer.end_own_work(), device)  # a `slow` fault: the straggler's extra work
         self.compute_s = self.timer.stop()  # None on CUDA until the all-reduce's result is back
@@ -195,6 +197,10 @@ class Job:
         """Optional: more fields for each step event from the step's duration (the kit adds tokens/s, MFU)."""
         self.live_restart = False
         """Set by the in-process restart while a session resumes from the last one's live state."""
+        self.last_step_emitted = 0
+        """The last step this process emitted a step event for."""
+        self.step_started = 0.0
+        """When the current (or last) step started."""
 
     @property
     def last_step(self) -> int:
@@ -278,7 +284,7 @@ class Job:
     def _step(self, session: Session) -> Iterator[Step]:
         step = Step(self, session)
         self.faults.maybe_inject(step.number)
-        step.t_start = time.time()
+        step.t_start = self.step_started = time.time()
         step.timer.start()
         if self.cfg.inprocess.enabled:  # its snapshot (data position, RNG) serves only an in-process restart
             session.state.begin_step()
@@ -294,7 +300,24 @@ class Job:
         step.duration_s = time.time() - step.t_start
         self._after_step(session, step)
 
+    def complete_step(self, session: Session, step: int, *, failed_at: float) -> None:
+        """After a restore at `step` from live state: a step whose update completed but whose report
+        failed (fsdpkit.resilience.replica) gets the step event it never had, so the run's record holds
+        every step once (its loss is unknown: the report's all-reduce never finished; its duration runs
+        to the fault, `failed_at`)."""
+        if self.last_step_emitted >= step:
+            return
+        t_start = self.step_started or failed_at
+        duration = max(0.0, failed_at - t_start)
+        fields = self.step_fields(duration) if self.step_fields is not None else {}
+        self.events.emit(
+            "step", step=step, loss=None, duration_s=duration, t_start=t_start, completed_by="restore",
+            **fields,
+        )  # fmt: skip
+        self.last_step_emitted = step
+
     def _after_step(self, session: Session, step: Step) -> None:
+        self.last_step_emitted = step.number
         fields = self.step_fields(step.duration_s) if self.step_fields is not None else {}
         self.events.emit(
             "step", step=step.number, loss=step.loss, duration_s=step.duration_s, t_start=step.t_start,

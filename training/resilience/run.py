@@ -29,6 +29,7 @@ from fsdpkit.resilience.checkpoint.resume import CheckpointError, check_world_si
 from fsdpkit.resilience.config import ConfigError
 from fsdpkit.resilience.inprocess import Build, Train, run_under_nvrx, run_with_restarts
 from fsdpkit.resilience.job import Job
+from fsdpkit.resilience.parallel import layout_from_env
 from fsdpkit.runtime import efa
 from fsdpkit.runtime import torch_internals as internals
 from fsdpkit.runtime.distributed import DistContext, init_distributed, set_deterministic, shutdown
@@ -100,7 +101,8 @@ def _recorded(
             return run_under_nvrx(job, build, train, finish)
         if cfg.training.efa_devices:
             efa.prepare_nccl_log()
-        job.ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s)
+        layout = layout_from_env(cfg.parallel, os.environ)
+        job.ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s, replicate=layout.replicate)
         problem = verify_fabric(cfg.training.efa_devices, job.ctx)
         if problem:
             print(f"error: {problem}", file=sys.stderr)

@@ -11,11 +11,13 @@ the RNG keys are then left out of the load and every rank is seeded again from (
 (training/resilience/checkpoint/reshard.py).
 
 In-process restart may resume from the live state instead of a saved copy, but only from a step boundary.
-`train_step` brackets a step: `begin_step` (the data position and RNG before its first batch),
-`begin_update` (just before the optimizer step: from here persistent state changes) and `end_step` (after
-the step's last collective). `live_step()` says where a rank's live state is clean: the last finished step,
-with the data position and RNG rewound to it when a step failed before its update; None when it failed
-mid-update (the model, optimizer, schedule or step may hold a half-applied step).
+`Job.step` brackets a step: `begin_step` (the data position and RNG before its first batch), `begin_update`
+(just before the optimizer step: from here persistent state changes), `end_update` (the optimizer, the
+schedule and the step count applied: the step is complete on this rank) and `end_step` (after its report).
+`live_step()` says where a rank's live state is clean: the last completed step, with the data position and
+RNG rewound to it when a step failed before its update; None when it failed mid-update (the model,
+optimizer, schedule or step may hold a half-applied step). A step whose report failed is complete: the
+report carries only what ranks agree on, never state (fsdpkit.resilience.replica says why that is safe).
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", keys, 624, 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as a checkpoint keeps them (`rng.rank<R>`)."""
+    return _rng_state()
 
 
 def _raw_rng() -> tuple[Any, ...]:
@@ -157,8 +164,14 @@ class TrainState(Stateful):
         self._step_start = (data, _raw_rng())
 
     def begin_update(self) -> None:
-        """Just before the optimizer step: from here until `end_step` the live state is not a step's."""
+        """Just before the optimizer step: from here until `end_update` the live state is not a step's."""
         self.updating = True
+
+    def end_update(self) -> None:
+        """The optimizer, the schedule and the step count are applied: the live state is step `self.step`,
+        and its data position and RNG are the ones the next step starts from."""
+        self.updating = False
+        self._step_start = None
 
     def end_step(self) -> None:
         """The step is finished (optimizer, schedule, step count and its agreement collective)."""

@@ -48,6 +48,14 @@ class DistContext:
     generation: int = 0
     """In-process restart generation (0 = the group created at start)."""
     mesh: DeviceMesh | None = field(default=None, repr=False)
+    """FSDP's mesh: 1-D over every rank, or 2-D (replicate, shard) for HSDP (fsdpkit.resilience.parallel)."""
+    replicate: int = 1
+    """Replicas of the model state (the mesh's first dimension; 1 without HSDP)."""
+
+    @property
+    def shard(self) -> int:
+        """Ranks per shard group: rank = replica * shard + shard index."""
+        return self.world_size // self.replicate
 
     @property
     def attempt(self) -> int:
@@ -124,9 +132,10 @@ def wait_for_listener(host: str, port: int, *, deadline: float) -> bool:
 
 
 def init_distributed(
-    *, timeout_s: float, store: dist.Store | None = None, generation: int = 0
+    *, timeout_s: float, store: dist.Store | None = None, generation: int = 0, replicate: int = 1
 ) -> DistContext:
-    """Create the default process group and the 1-D device mesh FSDP2 shards over."""
+    """Create the default process group and the device mesh FSDP2 shards over: 1-D over every rank, or
+    (replicate, shard) when `replicate` > 1 (HSDP; the caller checked that it divides the world size)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     stacks.install()  # under the kit launcher: stacks on request, to tell a hung rank from its waiting peers
@@ -136,7 +145,13 @@ def init_distributed(
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port_run()))
     ctx = DistContext(
-        rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, timeout=timeout
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        device=device,
+        backend=backend,
+        timeout=timeout,
+        replicate=replicate,
     )
     ctx.store = store if store is not None else connect_store(timeout)
     new_group(ctx, generation)
@@ -155,7 +170,12 @@ def new_group(ctx: DistContext, generation: int) -> None:
         device_id=ctx.device if ctx.device.type == "cuda" else None,
     )
     ctx.generation = generation
-    ctx.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    if ctx.replicate > 1:
+        ctx.mesh = init_device_mesh(
+            ctx.device.type, (ctx.replicate, ctx.shard), mesh_dim_names=("replicate", "shard")
+        )
+    else:
+        ctx.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
 
 
 def abort_groups(ctx: DistContext) -> None:

@@ -11,10 +11,12 @@ Common fields on every line: ts (unix seconds, float), kind, role ("trainer" | "
 Kinds and their own fields:
   trainer:
     start         world_size, model, ckpt_mode
-    resume        step (int | null), source ("shared" | "peer" | "memory" | "live" | "none": shared storage,
-                  another node's memory tier, this node's memory, the failed session's own state, nothing),
-                  duration_s, fallback_from (int | null), bytes (restored from a memory tier), shared_bytes
-                  (read from the shared checkpoint folder by this rank during this restore). Runs from
+    resume        step (int | null), source ("shared" | "peer" | "memory" | "replica" | "live" | "none":
+                  shared storage, another node's memory tier, this node's memory, a live replica's state
+                  sent by rank `sender` (HSDP), the failed session's own state, nothing),
+                  duration_s, fallback_from (int | null), bytes (restored from a memory tier or a
+                  replica), shared_bytes (read from the shared checkpoint folder by this rank during this
+                  restore). Runs from
                   before the memory tiers wrote "disk" for "shared"
     step          step, loss, duration_s (end - start of this step), t_start
     ckpt          step, phase ("stall" | "write" | "commit" | "failed" | "drain" | "skipped"), duration_s,
@@ -29,6 +31,7 @@ Kinds and their own fields:
                   reason ("start" | "measured" | "history"), step, cost_s, step_s, write_steps, mtbf_s,
                   faults_seen, exposure_s, optimum_s (fsdpkit.resilience.checkpoint.interval)
     inprocess_restart  reason, restored_step, source ("live": the failed session's own state, nothing
+                  computed again; "replica": a live replica's state (HSDP), only the interrupted step
                   computed again; "memory": the last save's host copy or the node's tier; "peer";
                   "shared"; "none"), why (why not live;
                   null when live), duration_s, iteration (NVRx Wrapper mode only)

@@ -61,16 +61,20 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
         return " ".join(str(exc).split()), None
     if memory is None:
         return None, None
-    from fsdpkit.trainer import memory_plan
+        from fsdpkit.trainer import memory_plan
     from fsdpkit.trainer.config import model_shape
 
     shape = model_shape(cfg)
     host = host_mib << 20
+    machine = {
+        "host_capacity": host, "on_gpu": gpu_mib > 0,
+        "device_capacity": (gpu_mib << 20) if gpu_mib else host // max(1, ranks),
+    }  # fmt: skip
     try:
+        layout = memory_plan.plan_layout(cfg, shape, world=world, ranks_per_node=ranks, **machine)
         line = memory_plan.plan_line(
-            cfg, shape, world=world, ranks_per_node=ranks, host_capacity=host, on_gpu=gpu_mib > 0,
-            device_capacity=(gpu_mib << 20) if gpu_mib else host // max(1, ranks),
-        )  # fmt: skip
+            cfg, shape, world=world, ranks_per_node=ranks, shard_group=layout.shard, **machine
+        )
     except memory_plan.MemoryPlanError as exc:
         return str(exc), None
     return None, line

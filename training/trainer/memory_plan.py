@@ -1,8 +1,9 @@
 """Per-GPU memory plan of an FSDP2 job: estimated from the shape, refused before a node is paid for.
 
 What one rank holds at its peak (the start of backward, when every saved activation is still alive):
-- model state sharded by FSDP2 over the world: fp32 parameters (4 B), AdamW's two moments (8 B), and the fp32
-  gradients (4 B) once backward reduces them: 16 B per parameter / world size;
+- model state sharded by FSDP2 over the world (or over one shard group with HSDP, `parallel.shard`): fp32
+  parameters (4 B), AdamW's two moments (8 B), and the fp32 gradients (4 B) once backward reduces them: 16 B
+  per parameter / the ranks it is sharded over;
 - unsharded copies: the root module (embedding, final norm, output) stays gathered for the whole step
   (`reshard_after_forward=False`), a block is gathered while it runs (the next one too on GPU, where FSDP2
   prefetches on a side stream), and a block's gradients are fp32 until reduce-scatter;
@@ -25,9 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fsdpkit.contracts.shapes import ModelArgs
+
+if TYPE_CHECKING:
+    from fsdpkit.resilience import MeshLayout
 
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Tiers = Literal["off", "local", "peer"]
@@ -119,10 +123,12 @@ def plan(
     staging: bool = True,
     tiers: Tiers = "off",
     tier_keep: int = 1,
+    shard_group: int | None = None,
 ) -> MemoryPlan:
     """The plan for one rank. On GPU activations are bf16 and FSDP2 prefetches a block; on CPU all is fp32.
     `staging`: the async checkpoint's host buffers exist (checkpoint.mode=async); `tiers`, `tier_keep`: the
-    memory tiers (checkpoint.tiers, tier_keep)."""
+    memory tiers (checkpoint.tiers, tier_keep); `shard_group`: HSDP's ranks per shard group (the state is
+    sharded over those only), None for FSDP over the whole world."""
     if world_size < 1 or ranks_per_node < 1 or seq_len < 1 or micro_batch < 1:
         raise MemoryPlanError(
             f"world_size={world_size}, ranks_per_node={ranks_per_node}, seq_len={seq_len}, "
@@ -130,7 +136,7 @@ def plan(
         )
     elem = 2 if on_gpu else 4
     tokens = seq_len * micro_batch
-    shard = math.ceil(shape.num_params() / world_size)
+    shard = math.ceil(shape.num_params() / min(world_size, shard_group or world_size))
     per_block = activation_bytes_per_token(shape, elem) * tokens
     block_input = elem * shape.dim * tokens
     checkpointed = {"none": 0, "selective": shape.n_layers // 2, "full": shape.n_layers}[ac]
@@ -198,9 +204,15 @@ def refusal(shape: ModelArgs, *, nodes: int, **job) -> str | None:
     tiers = next((t for t in fewer if fits(tiers=t)), None)
     if tiers:
         fixes.append(f"checkpoint.tiers={tiers}")
-    more = next((n for n in (nodes * 2**k for k in range(1, 7)) if fits(nodes=n)), None)
-    if more:
-        fixes.append(f"{more} nodes")
+    group = job.get("shard_group")
+    if group and group < nodes * ranks:  # HSDP: a larger shard group, not more nodes, shards the state finer
+        larger = next((g for g in _larger_groups(group, nodes * ranks) if fits(shard_group=g)), None)
+        if larger:
+            fixes.append(f"parallel.shard={larger}")
+    else:
+        more = next((n for n in (nodes * 2**k for k in range(1, 7)) if fits(nodes=n)), None)
+        if more:
+            fixes.append(f"{more} nodes")
     if p.device_total <= p.device_capacity:
         need = (
             f"checkpoint staging ({gib(p.host_staging_per_node)}) and memory tiers ({p.tiers}: "
@@ -219,6 +231,10 @@ def refusal(shape: ModelArgs, *, nodes: int, **job) -> str | None:
         else "no change of activation checkpointing, sequence length, micro-batch or node count makes it fit"
     )
     return f"{need}: {fix}"
+
+
+def _larger_groups(group: int, world: int) -> list[int]:
+    return [g for g in range(group + 1, world + 1) if world % g == 0 and (g % group == 0)]
 
 
 def host_memory_bytes() -> int:
@@ -250,20 +266,10 @@ def planned_tiers(ckpt, *, nodes: int) -> Tiers:
     return ckpt.tiers
 
 
-def plan_line(
-    cfg,
-    shape: ModelArgs,
-    *,
-    world: int,
-    ranks_per_node: int,
-    device_capacity: int,
-    host_capacity: int,
-    on_gpu: bool,
-) -> str:
-    """The plan's one line for a trainer config (`fsdpkit.trainer.config.TrainConfig`), or MemoryPlanError
-    with the fixes: the one place that maps the config onto the plan, for the trainer and for its config
-    check."""
-    job = {
+def _job(cfg, *, world: int, ranks_per_node: int, device_capacity: int, host_capacity: int, on_gpu: bool,
+         shard_group: int | None) -> dict:  # fmt: skip
+    """`plan`'s keywords (but world_size) for a trainer config: the one place that maps the config on it."""
+    return {
         "ranks_per_node": ranks_per_node,
         "seq_len": cfg.data.seq_len,
         "micro_batch": cfg.data.batch_size,
@@ -274,8 +280,52 @@ def plan_line(
         "staging": cfg.checkpoint.mode == "async",
         "tiers": planned_tiers(cfg.checkpoint, nodes=max(1, world // max(1, ranks_per_node))),
         "tier_keep": cfg.checkpoint.tier_keep,
+        "shard_group": shard_group if shard_group and shard_group < world else None,
     }
+
+
+def fits_shard_group(cfg, shape: ModelArgs, *, shard_group: int, world: int, **machine) -> bool:
+    """Whether the job fits with its state sharded over `shard_group` ranks (HSDP's `parallel.shard`):
+    what `parallel.replicate=auto` asks of the plan, smallest group first."""
+    job = _job(cfg, world=world, shard_group=shard_group, **machine)
+    return plan(shape, world_size=world, **job).fits
+
+
+def plan_layout(cfg, shape: ModelArgs, *, world: int, ranks_per_node: int, **machine) -> MeshLayout:
+    """The job's FSDP/HSDP layout (`parallel`): with replicate=auto and shard=auto, the smallest shard group
+    that keeps nodes whole and that this plan fits. MemoryPlanError when the config's layout does not fit
+    the job's shape."""
+
+    def fits(shard: int) -> bool:
+        return fits_shard_group(
+            cfg, shape, shard_group=shard, world=world, ranks_per_node=ranks_per_node, **machine
+        )
+
+    try:
+        return cfg.parallel.resolve(world_size=world, ranks_per_node=ranks_per_node, fits=fits)
+    except ValueError as exc:  # the layout's own one line
+        raise MemoryPlanError(str(exc)) from None
+
+
+def plan_line(
+    cfg,
+    shape: ModelArgs,
+    *,
+    world: int,
+    ranks_per_node: int,
+    device_capacity: int,
+    host_capacity: int,
+    on_gpu: bool,
+    shard_group: int | None = None,
+) -> str:
+    """The plan's one line for a trainer config (`fsdpkit.trainer.config.TrainConfig`), or MemoryPlanError
+    with the fixes, for the trainer and for its config check. `shard_group`: HSDP's shard group size."""
+    job = _job(
+        cfg, world=world, ranks_per_node=ranks_per_node, device_capacity=device_capacity,
+        host_capacity=host_capacity, on_gpu=on_gpu, shard_group=shard_group,
+    )  # fmt: skip
     refused = refusal(shape, nodes=max(1, world // max(1, ranks_per_node)), **job)
     if refused:
         raise MemoryPlanError(refused)
-    return plan(shape, world_size=world, **job).line()
+    line = plan(shape, world_size=world, **job).line()
+    return line if not shard_group or shard_group >= world else f"{line}; HSDP shard group {shard_group}"

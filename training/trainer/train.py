@@ -12,6 +12,7 @@ fsdpkit.runtime.error_file).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -192,8 +193,9 @@ def dump_full_state(session: resilience.Session, path: Path, *, rank: int) -> No
         tmp.replace(path)
 
 
-def check_memory(cfg: TrainConfig) -> str:
-    """The memory plan's line for this job, or ConfigError with the fixes: before any process group, so a job
+def check_memory(cfg: TrainConfig) -> tuple[str, TrainConfig]:
+    """The memory plan's line for this job and the config with its layout planned (`parallel.replicate=auto`:
+    the smallest shard group that fits), or ConfigError with the fixes: before any process group, so a job
     that cannot fit fails at once (exit 78) instead of in a CUDA OOM after the nodes were paid for."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -204,13 +206,18 @@ def check_memory(cfg: TrainConfig) -> str:
     else:
         capacity = host // max(1, local)
     shape = model_shape(cfg)
+    machine = {"device_capacity": capacity, "host_capacity": host, "on_gpu": on_gpu}
     try:
-        return memory_plan.plan_line(
-            cfg, shape, world=world, ranks_per_node=local, device_capacity=capacity, host_capacity=host,
-            on_gpu=on_gpu,
-        )  # fmt: skip
+        layout = memory_plan.plan_layout(cfg, shape, world=world, ranks_per_node=local, **machine)
+        cfg = dataclasses.replace(
+            cfg, parallel=resilience.ParallelConfig(replicate=layout.replicate, shard=layout.shard)
+        )
+        line = memory_plan.plan_line(
+            cfg, shape, world=world, ranks_per_node=local, shard_group=layout.shard, **machine
+        )
     except memory_plan.MemoryPlanError as exc:
         raise ConfigError(str(exc)) from None
+    return line, cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = resilience.plan_batch(  # the config with training.global_batch and grad_accum_steps planned
             cfg, micro_batch=cfg.data.batch_size, world_size=int(os.environ.get("WORLD_SIZE", "1"))
         )
-        cfg = batch.config
-        plan_line = check_memory(cfg)
+        plan_line, cfg = check_memory(batch.config)
         if cfg.model.hf_path and has_weights(cfg.model.hf_path):  # before any group: one line, not rank 37
             check_weights(cfg.model.hf_path)
     except (ConfigError, HfModelError) as exc:

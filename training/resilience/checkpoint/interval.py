@@ -198,7 +198,7 @@ class _Sessions:
             if who in self.resumed:
                 self.begin()
             self.resumed.add(who)
-            if e.get("source") == "live":
+            if e.get("source") in ("live", "replica"):
                 self.forgive()
         elif e["kind"] == "end":
             self.clean = True
