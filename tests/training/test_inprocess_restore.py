@@ -1,4 +1,4 @@
-"""Which state an in-process restart resumes from (fsdpkit.resilience.inprocess.agree), whether a rank's
+"""Which state an in-process restart resumes from (fsdpkit.resilience.recovery.agree), whether a rank's
 live state is clean (fsdpkit.resilience.state.TrainState brackets each step), and the test hook that fails a
 rank mid-update.
 The end-to-end runs (real processes, gloo) are in test_trainer_inprocess.py and test_fault_during_save.py.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fsdpkit.resilience.faults import FaultConfig, FaultConfigError, FaultInjector, InjectedFault
-from fsdpkit.resilience.inprocess import Plan, Report, agree
+from fsdpkit.resilience.recovery import Plan, Report, agree
 from fsdpkit.resilience.state import TrainState
 from fsdpkit.runtime.events import EventLog, read_events
 from fsdpkit.trainer.config import DataConfig

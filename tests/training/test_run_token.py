@@ -20,7 +20,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStateError
 from fsdpkit.contracts import exitcodes
 from fsdpkit.contracts.env import RUN_TOKEN_FILE
 from fsdpkit.launcher.rendezvous.c10d import SealedC10dBackend
-from fsdpkit.resilience.inprocess import Report, exchange_reports, report_from_json, report_to_json
+from fsdpkit.resilience.recovery import Report, exchange_reports, report_from_json, report_to_json
 from fsdpkit.runtime.distributed import serve_store
 from fsdpkit.runtime.run_token import RunKey, RunTokenError, read_token
 

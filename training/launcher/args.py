@@ -39,5 +39,7 @@ class LaunchArgs:
     target_kind: Literal["module", "script", "program"]
     target: str
     """What every worker runs (`-m` module, script path, or program), checked before any worker starts."""
+    rank_restart: Literal["group", "in-place"] = "group"
+    """in-place: a crashed worker is started again alone (launcher/shim.py) and rejoins its peers."""
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     """Where the launcher's live metrics go (fsdpkit.contracts.metrics_settings: the pod's environment)."""

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from fsdpkit.contracts import env, exitcodes
 from fsdpkit.contracts.metrics_settings import MetricsSettings, MetricsSettingsError
 from fsdpkit.launcher.args import LaunchArgs
-from fsdpkit.launcher.shim import ZYGOTE_SOCKET_NAME
+from fsdpkit.launcher.shim import RANK_RESTART_ENV, ZYGOTE_SOCKET_NAME
 from fsdpkit.runtime.run_token import RunTokenError, run_key
 
 log = logging.getLogger("kit.launch")
@@ -229,6 +229,16 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         help="zygote: fork warm workers that already imported torch (default); exec: a fresh python",
     )
     _add(p, "--shutdown-timeout", type=_nonneg_int("--shutdown-timeout"), default=30, help="SIGTERM grace, s")
+    _add(
+        p,
+        "--rank-restart",
+        choices=["group", "in-place"],
+        default="group",
+        help="group: a crashed worker restarts the worker group (default); in-place: it is started again "
+        "alone and rejoins its peers, which restart in process and restore it from a live replica (HSDP "
+        "with inprocess.enabled; needs warm workers; a crash of rank 0, which hosts the stores, restarts "
+        "the group)",
+    )
 
 
 def _add_spare_flags(p: argparse.ArgumentParser) -> None:
@@ -443,8 +453,15 @@ def _node_rank_in_range(c: _Command) -> str | None:
     return None
 
 
+def _in_place_has_warm_workers(c: _Command) -> str | None:
+    if c.flags.rank_restart == "in-place" and (c.flags.worker_start != "zygote" or c.flags.no_python):
+        return "--rank-restart in-place needs warm workers (--worker-start zygote, a Python target)"
+    return None
+
+
 COMMAND_CHECKS: tuple[Callable[[_Command], str | None], ...] = (
     _workers_per_node,
+    _in_place_has_warm_workers,
     _standalone_is_one_node,
     _endpoint_given,
     _job_id_given,
@@ -543,6 +560,7 @@ def _launch_args(c: _Command, configs: dict[str, str], metrics: MetricsSettings)
         hang_interrupt_grace_s=a.hang_interrupt_grace,
         zygote=a.worker_start == "zygote" and not a.no_python,
         shutdown_timeout=a.shutdown_timeout,
+        rank_restart=a.rank_restart,
         spares=a.spares,
         node_failure_limit=a.node_failure_limit
         if a.node_failure_limit is not None
@@ -679,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         _prepare_environment(workdir)
 
         os.environ[env.SPARES] = str(args.spares)  # the straggler policy `replace` evicts only with spares
+        if args.rank_restart == "in-place":
+            os.environ[RANK_RESTART_ENV] = "in-place"  # read by each worker's shim (launcher/shim.py)
         if tier_dir is not None:
             os.environ[env.TIER_DIR] = tier_dir
         from fsdpkit.launcher.runner import run  # imports torch: after the env is set

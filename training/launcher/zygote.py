@@ -35,8 +35,9 @@ from pathlib import Path
 
 import psutil
 
-from fsdpkit.launcher.shim import ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
+from fsdpkit.launcher.shim import REJOIN_ENV, ZYGOTE_SOCKET_ENV, ZYGOTE_SOCKET_NAME
 from fsdpkit.runtime import stacks
+from fsdpkit.runtime.heartbeat import HeartbeatClient
 from fsdpkit.runtime.process_exit import leave
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
@@ -270,6 +271,8 @@ class _Server:
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
+            if REJOIN_ENV in os.environ:  # started again in place: its rank's record says "start" at once,
+                HeartbeatClient.from_env().phase("start")  # not the dead worker's stale "train"
             stacks.install()  # stacks on request: tells a hung rank from the peers that wait for it
             code = _run_python_argv(request["argv"])
         except SystemExit as exc:

@@ -40,6 +40,7 @@ from fsdpkit.resilience.parallel import LayoutError, ParallelConfig, layout_from
 from fsdpkit.resilience.straggler import StragglerConfig
 
 CONFIG_ENV = env.CONFIG
+RANK_RESTART_ENV = env.RANK_RESTART
 
 
 class ConfigError(ValueError):
@@ -459,6 +460,12 @@ def validate(cfg: ResilienceConfig, *, env: Mapping[str, str]) -> None:
         cfg.fault.plan(world_size=world_size, max_steps=training.steps)
     except FaultConfigError as exc:
         raise ConfigError(str(exc)) from None
+    in_place = env.get(RANK_RESTART_ENV) == "in-place"
+    if in_place and not (cfg.inprocess.enabled and cfg.inprocess.backend == "kit"):
+        raise ConfigError(
+            "the launcher's --rank-restart in-place needs --inprocess.enabled true with --inprocess.backend "
+            "kit (a worker started again rejoins its peers' in-process restart); set them, or drop the flag"
+        )
     if cfg.inprocess.enabled and cfg.inprocess.backend == "nvrx":
         try:
             import nvidia_resiliency_ext.inprocess  # noqa: F401

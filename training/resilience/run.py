@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from fsdpkit.contracts import exitcodes
+from fsdpkit.contracts import env, exitcodes
 from fsdpkit.resilience.checkpoint.layout import checkpoints_dir
 from fsdpkit.resilience.checkpoint.reshard import ReshardPolicy
 from fsdpkit.resilience.checkpoint.resume import CheckpointError, check_world_size
@@ -102,7 +102,10 @@ def _recorded(
         if cfg.training.efa_devices:
             efa.prepare_nccl_log()
         layout = layout_from_env(cfg.parallel, os.environ)
-        job.ctx = init_distributed(timeout_s=cfg.training.collective_timeout_s, replicate=layout.replicate)
+        job.ctx = init_distributed(
+            timeout_s=cfg.training.collective_timeout_s, replicate=layout.replicate,
+            join=cfg.inprocess.enabled and bool(os.environ.get(env.REJOIN)),
+        )  # fmt: skip
         problem = verify_fabric(cfg.training.efa_devices, job.ctx)
         if problem:
             print(f"error: {problem}", file=sys.stderr)

@@ -132,10 +132,16 @@ def wait_for_listener(host: str, port: int, *, deadline: float) -> bool:
 
 
 def init_distributed(
-    *, timeout_s: float, store: dist.Store | None = None, generation: int = 0, replicate: int = 1
+    *,
+    timeout_s: float,
+    store: dist.Store | None = None,
+    generation: int = 0,
+    replicate: int = 1,
+    join: bool = False,
 ) -> DistContext:
     """Create the default process group and the device mesh FSDP2 shards over: 1-D over every rank, or
-    (replicate, shard) when `replicate` > 1 (HSDP; the caller checked that it divides the world size)."""
+    (replicate, shard) when `replicate` > 1 (HSDP; the caller checked that it divides the world size).
+    `join`: connect the store only; a worker started again in place joins its peers' next group."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     stacks.install()  # under the kit launcher: stacks on request, to tell a hung rank from its waiting peers
@@ -154,7 +160,8 @@ def init_distributed(
         replicate=replicate,
     )
     ctx.store = store if store is not None else connect_store(timeout)
-    new_group(ctx, generation)
+    if not join:
+        new_group(ctx, generation)
     return ctx
 
 
