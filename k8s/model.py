@@ -48,6 +48,7 @@ TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
         "data": ("kind", "path", "seq_len", "batch_size"),
         "optim": ("lr", "min_lr", "warmup_steps", "weight_decay", "grad_clip"),
         "training": ("steps", "log_every", "deterministic", "grad_accum_steps", "efa_devices"),
+        "parallel": ("replicate", "shard"),
         "checkpoint": ("mode", "interval", "keep", "backend"),
         "fault": ("spec", "schedule_seed", "schedule_count", "schedule_kinds", "schedule_after_step"),
         "inprocess": ("enabled", "backend", "max_restarts", "barrier_timeout_s"),
@@ -55,7 +56,9 @@ TRAINER_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
     }
 )
 
-RESILIENCE_SECTIONS: tuple[str, ...] = ("run", "training", "checkpoint", "fault", "inprocess", "straggler")
+RESILIENCE_SECTIONS: tuple[str, ...] = (
+    "run", "training", "parallel", "checkpoint", "fault", "inprocess", "straggler",
+)  # fmt: skip
 """The config sections a script's resilience API reads (fsdpkit.resilience.load_config); with ENTRYPOINT
 the ConfigMap holds only these. model, data and optim are the kit trainer's own."""
 

@@ -515,8 +515,16 @@ def _check_claim_namespace(v: JobValues, given: _Given) -> None:
 
 
 def _check_elastic(v: JobValues, given: _Given) -> None:
-    """Elastic node counts against the global batch (`fsdpkit.k8s.elastic`)."""
+    """Elastic node counts against the global batch (`fsdpkit.k8s.elastic`); an elastic HSDP job keeps its
+    shard group and changes its replicas, so it cannot fix the replica count."""
     elastic.check_rules(v)
+    replicate = v.train.get("parallel", {}).get("replicate")
+    if elastic.is_elastic(v) and replicate not in (None, 1, "1", "auto"):
+        _fail(
+            "TRAIN.parallel.replicate", replicate,
+            "cannot be fixed in an elastic job (its world size changes): set TRAIN.parallel.replicate=auto "
+            "with TRAIN.parallel.shard=N (a node loses or gains whole replicas)",
+        )  # fmt: skip
 
 
 def _check_spares_launcher(v: JobValues, given: _Given) -> None:

@@ -170,6 +170,7 @@ def trainer_config(v: JobValues) -> dict[str, dict[str, Any]]:
             "deterministic": v.deterministic,
             "efa_devices": efa_devices(v) or None,
         },
+        "parallel": {},
         "checkpoint": {
             "mode": v.checkpoint_mode,
             "interval": checkpoint_interval(v),
@@ -284,6 +285,13 @@ def worker_target(v: JobValues, *, config_path: str) -> list[str]:
     return ["--no-python", "sh", "-c", wrapper, "kit-worker", *python]
 
 
+def rank_restart_in_place(v: JobValues) -> bool:
+    """HSDP (TRAIN.parallel.replicate not 1) with the kit's in-process restart: a crashed worker is started
+    again alone and restores from a live replica (fsdpkit.resilience.replica); its peers never restart."""
+    replicate = v.train.get("parallel", {}).get("replicate", 1)
+    return bool(v.inprocess) and (v.inprocess_backend or "kit") == "kit" and replicate not in (1, "1")
+
+
 def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_dir: str) -> list[str]:
     """The container's argv: launcher flags (contract 4, torchrun names), then the worker's target: the
     kit's trainer and its config, or ENTRYPOINT (`worker_target`).
@@ -320,6 +328,8 @@ def launcher_command(v: JobValues, *, endpoint_host: str, config_path: str, run_
         ]
         if v.heartbeat_safety_factor is not None:
             cmd.append(f"--heartbeat-safety-factor={v.heartbeat_safety_factor:g}")
+        if rank_restart_in_place(v):
+            cmd.append("--rank-restart=in-place")
         cmd.append(f"--run-dir={run_dir}")
         return cmd + trainer
     if v.launcher == "ft_launcher":

@@ -572,3 +572,27 @@ def test_k8s_an_elastic_job_renders_min_max_nodes_its_wait_and_its_global_batch(
     assert training["global_batch"] == 12 and "grad_accum_steps" not in training
     fixed = build_values(overrides=["NODES=4", "MIN_NODES=4", *LOCAL])  # as many as NODES: a fixed job
     assert nnodes(fixed) == "4" and "global_batch" not in trainer_config(fixed).get("training", {})
+
+
+def test_k8s_an_hsdp_job_restarts_a_crashed_rank_in_place_and_an_elastic_one_keeps_its_shard_group() -> None:
+    """TRAIN.parallel.replicate with in-process restart: the launcher's --rank-restart in-place and the
+    trainer's `parallel` section; an elastic job may not fix the replica count (its world size changes)."""
+    from fsdpkit.k8s.spec import launcher_command, trainer_config
+
+    def command(*overrides: str) -> list[str]:
+        v = build_values(overrides=["NODES=2", *overrides, *LOCAL])
+        return launcher_command(v, endpoint_host="h", config_path="/c.yaml", run_dir="/r")
+
+    hsdp = ["TRAIN.parallel.replicate=2", "INPROCESS=true"]
+    assert "--rank-restart=in-place" in command(*hsdp)
+    assert "--rank-restart=in-place" not in command("INPROCESS=true")  # FSDP: no replica to restore from
+    assert "--rank-restart=in-place" not in command("TRAIN.parallel.replicate=2")  # nothing to rejoin
+    v = build_values(overrides=["NODES=2", *hsdp, *LOCAL])
+    assert trainer_config(v)["parallel"] == {"replicate": 2}
+    elastic = ["NODES=4", "MIN_NODES=2", "TRAIN.training.global_batch=96", *LOCAL]
+    with pytest.raises(
+        ValuesError, match=r"^TRAIN\.parallel\.replicate=2: cannot be fixed in an elastic job"
+    ):
+        build_values(overrides=[*elastic, "TRAIN.parallel.replicate=2"])
+    kept = build_values(overrides=[*elastic, "TRAIN.parallel.replicate=auto", "TRAIN.parallel.shard=1"])
+    assert trainer_config(kept)["parallel"] == {"replicate": "auto", "shard": 1}

@@ -61,7 +61,7 @@ def check(argv: list[str]) -> tuple[str | None, str | None]:
         return " ".join(str(exc).split()), None
     if memory is None:
         return None, None
-        from fsdpkit.trainer import memory_plan
+    from fsdpkit.trainer import memory_plan
     from fsdpkit.trainer.config import model_shape
 
     shape = model_shape(cfg)
