@@ -331,7 +331,8 @@ BAD_VALUES = [
     (
         ["TRAIN.optimizer.lr=0.9", *LOCAL],
         "TRAIN.optimizer.lr is not a trainer config field; sections: run, model, data, optim, training, "
-        "checkpoint, fault, inprocess, straggler (fields as in the trainer's config, e.g. TRAIN.optim.lr=1e-4)",
+        "parallel, checkpoint, fault, inprocess, straggler (fields as in the trainer's config, e.g. "
+        "TRAIN.optim.lr=1e-4)",
     ),
     (
         ["TRAIN.checkpoint.mode=sync", *LOCAL],

@@ -109,7 +109,7 @@ class _Plant:
 
 def test_the_in_process_report_exchange_is_json_and_refuses_anything_else(tmp_path: Path) -> None:
     report = Report(live=7, why=None, memory=5, committed=4)
-    assert report_to_json(report) == b'{"committed":4,"live":7,"memory":5,"why":null}'
+    assert report_to_json(report) == b'{"committed":4,"live":7,"memory":5,"portable":true,"why":null}'
     assert report_from_json(report_to_json(report)) == report
     marker = tmp_path / "ran"
     with pytest.raises(ValueError, match=r"utf-8|Expecting value"):
