@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fsdpkit.resilience import ConfigError, MeshLayout, ParallelConfig, load_config
-from fsdpkit.resilience.recovery import Report, agree, report_from_json, report_to_json
 from fsdpkit.resilience.parallel import LayoutError, resolve_layout, shard_candidates
+from fsdpkit.resilience.recovery import Report, agree, report_from_json, report_to_json
 from fsdpkit.resilience.replica import ReplicaPlan, plan
 
 
