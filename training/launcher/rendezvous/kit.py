@@ -28,7 +28,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from fsdpkit.launcher.rendezvous import outcome
+from fsdpkit.contracts import env
+from fsdpkit.launcher.rendezvous import outcome, substitution
 from fsdpkit.launcher.rendezvous.liveness import RING_NEIGHBOURS, Beats, FailureDetector
 from fsdpkit.launcher.rendezvous.ranks import ring_after
 from fsdpkit.launcher.rendezvous.rounds import WAITING_CACHE_S, Joiner, Membership
@@ -156,13 +157,20 @@ class KitRendezvous(RendezvousHandler):
         called = time.time()
         deadline = time.monotonic() + self.settings.join_timeout_s
         invited_to: int | None = None
+        os.environ.pop(env.REJOIN, None)  # set below only for the workers of a substitute's first start
         while True:
             self._raise_if_closed()
             try:
                 last = self.membership.last_round()
                 members = self.membership.members_of(last) if last else {}
                 if invited_to is None and self.membership.is_outsider(last, members):
-                    invited_to = self.pool.wait_for_invite(last)
+                    if self.settings.substitute:
+                        info = substitution.take_place(self, last, members)
+                        if info is not None:
+                            return self._joined(info, called)
+                        invited_to = self.pool.wait_for_invite(last, wait_s=substitution.LOOK_EVERY_S)
+                    else:
+                        invited_to = self.pool.wait_for_invite(last)
                     continue
                 t = invited_to if invited_to is not None else last + 1
                 invited_to = None
@@ -170,17 +178,19 @@ class KitRendezvous(RendezvousHandler):
             except StoreReset:
                 continue
             if info is not None:
-                joined = Joined(
-                    self.round, info.rank, info.world_size, called, time.time(), self.beats.gap_max_s
-                )
-                self.beats.gap_max_s = 0.0
-                for callback in self.on_round:
-                    callback(joined)
-                return info
+                return self._joined(info, called)
             if time.monotonic() > deadline and not self.pool.in_pool:
                 raise RendezvousTimeoutError(
                     f"the rendezvous did not complete within join_timeout={self.settings.join_timeout_s:g} s"
                 )
+
+    def _joined(self, info: RendezvousInfo, called: float) -> RendezvousInfo:
+        """This node is in a complete round: tell the launcher (`on_round`), hand torch its info."""
+        joined = Joined(self.round, info.rank, info.world_size, called, time.time(), self.beats.gap_max_s)
+        self.beats.gap_max_s = 0.0
+        for callback in self.on_round:
+            callback(joined)
+        return info
 
     # --- the kit's additions ----------------------------------------------------------------------------
 
@@ -208,6 +218,7 @@ class KitRendezvous(RendezvousHandler):
         """(name, why) of a node among the next `count` of the last round after this one whose beat says it
         is gone (the round leader's rule), else None. O(count) reads: the agent asks only while a local
         rank is silent (a peer that hangs a collective may be a host that went silent)."""
+        self.membership.refresh()  # a substitute may have taken a lost node's place since the round formed
         nodes = ring_after(self.members, self.node, count)
         return self.detector.first_gone(nodes) if nodes else None
 
@@ -254,7 +265,7 @@ class KitRendezvous(RendezvousHandler):
 
 
 def kit_handler(
-    params: RendezvousParameters, *, keep_alive_s: float, attempts: int, spare: bool
+    params: RendezvousParameters, *, keep_alive_s: float, attempts: int, spare: bool, substitute: bool = False
 ) -> KitRendezvous:
     """The handler for the launcher's flags (--rdzv-endpoint, --rdzv-conf is_host=1,join_timeout=S)."""
     host, _, port = params.endpoint.rpartition(":")
@@ -271,6 +282,7 @@ def kit_handler(
         join_timeout_s=float(params.get_as_int("join_timeout", 600)),  # checked by training/launcher/cli.py
         last_call_s=float(params.get_as_int("last_call_timeout", 30)),
         spare=spare,
+        substitute=substitute,
     )
     return KitRendezvous(link, settings, local_addr=params.local_addr)
 
@@ -283,4 +295,5 @@ def create_kit_handler(params: RendezvousParameters) -> KitRendezvous:
         keep_alive_s=float(params.get("keep_alive_interval", Settings.beat_s)),
         attempts=int(params.get("keep_alive_max_attempt", Settings.attempts)),
         spare=bool(params.get_as_bool("spare", False)),
+        substitute=os.environ.get(env.RANK_RESTART) == "in-place",
     )

@@ -61,6 +61,15 @@ class Membership:
     def took_part(self, t: int, result: dict[str, Any]) -> None:
         self.round, self.members, self.addrs = t, dict(result["ranks"]), dict(result["addrs"])
 
+    def refresh(self) -> None:
+        """Read this node's round's result again (a substitute may have taken a lost node's place)."""
+        if self.round and self.node in self.members:
+            raw = self.link.read(self.keys.round(self.round, "result"))
+            if raw:
+                result = json.loads(raw)
+                if self.node in result["ranks"]:
+                    self.took_part(self.round, result)
+
     def last_round(self) -> int:
         value = self.link.read(self.keys.last)
         return int(value) if value else 0

@@ -23,6 +23,9 @@ class Settings:
     join_timeout_s: float = 600.0
     last_call_s: float = 30.0
     spare: bool = False
+    substitute: bool = False
+    """`--rank-restart in-place`: a newcomer (a hot spare, the Job's replacement pod) takes a lost node's
+    place in the running round, and its workers rejoin the survivors' (KitRendezvous: substitution)."""
     """A hot spare by index (--node-rank >= NNODES): it waits for the first round, then in the pool."""
 
     @property

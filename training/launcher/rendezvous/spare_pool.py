@@ -8,6 +8,7 @@ another one when an invited node does not join within the invite timeout.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from fsdpkit.launcher.rendezvous.rounds import Membership
@@ -64,9 +65,11 @@ class SparePool:
             self.index = None
             self.register()
 
-    def wait_for_invite(self, last: int) -> int | None:
+    def wait_for_invite(self, last: int, *, wait_s: float | None = None) -> int | None:
         """Wait in the pool (no timeout: a spare waits as long as the job runs) for an invite; the round
-        number it names, or None when the last round changed so that this node should look again."""
+        number it names, or None when the last round changed so that this node should look again, or when
+        `wait_s` passed (the caller looks for a lost node to substitute in between)."""
+        until = None if wait_s is None else time.monotonic() + wait_s
         if not (self.settings.spare and last == 0):
             self.register()
         key = self.keys.invite(self.node)
@@ -80,6 +83,8 @@ class SparePool:
                 if value:
                     return int(value)
             checks += 1
+            if until is not None and time.monotonic() >= until:
+                return None
             if checks % 2 == 0:  # once a second: the job's end, or a round that no longer is full
                 self.check_open()
                 if self.index is not None:

@@ -1,0 +1,81 @@
+"""Substitution (`--rank-restart in-place`): a newcomer takes a lost node's place in the running round.
+
+Without it, a lost node makes every survivor restart its workers into a new round, and the state comes back
+from the memory tiers at the last commit. With HSDP and in-process restart, the survivors' workers are alive
+(waiting in their in-process restart for the lost ranks) and hold every shard the lost node held on another
+replica: a newcomer that takes the lost node's ranks in the same round lets them restore from those replicas
+instead (fsdpkit.resilience.replica), and no survivor restarts anything.
+
+A newcomer waiting in the pool (a hot spare, or the Job's replacement pod) looks every LOOK_EVERY_S for a
+member of the last round whose beat says it is gone (the failure detector's rule), claims its place once
+(`compare_set` on `r<t>/substitute/<lost node>`: one newcomer per place), rewrites the round's result with
+itself under the lost node's rank (`compare_set`, again when another substitution got there first), and
+joins that round: torchelastic's agent reads the worker ranks the round's rank-0 agent assigned when it
+formed, and its workers start with KIT_REJOIN set (they join the survivors' in-process restart). The node
+holding rank 0 is never substituted: its workers' store (every rank's process-group store) died with it, so
+the survivors' in-process restart fails, their agents re-form a new round, and the newcomer is invited to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from torch.distributed.elastic.rendezvous import RendezvousInfo
+
+from fsdpkit.contracts import env
+from fsdpkit.launcher.rendezvous.rounds import result_bytes
+
+if TYPE_CHECKING:
+    from fsdpkit.launcher.rendezvous.kit import KitRendezvous
+
+log = logging.getLogger("kit.launch")
+
+LOOK_EVERY_S = 0.25
+"""A waiting newcomer's time between two looks for a lost node (O(N) beat reads: the round's members)."""
+RESULT_TRIES = 8
+
+
+def take_place(handler: KitRendezvous, last: int, members: dict[str, int]) -> RendezvousInfo | None:
+    """This node's info in round `last` in a lost node's place, or None (no place to take)."""
+    if not last or not members:
+        return None
+    gone = handler.detector.first_gone(sorted(members, key=members.__getitem__))
+    if gone is None or members[gone[0]] == 0:
+        return None
+    lost, why = gone
+    keys, link = handler.keys, handler.link
+    if link.claim(keys.round(last, f"substitute/{lost}"), None, handler.node) != handler.node:
+        return None  # another newcomer took this place
+    result = _rewrite(handler, last, lost)
+    if result is None:
+        return None
+    log.warning(
+        "kit-launch: node %s of round %d is gone (%s): taking its place (rank %d) in the running round; "
+        "its workers rejoin the survivors' in-process restart",
+        lost, last, why, result["ranks"][handler.node],
+    )  # fmt: skip
+    os.environ[env.REJOIN] = "substitute"  # for this start of the workers only (next_rendezvous clears it)
+    return handler._finish(last, result)
+
+
+def _rewrite(handler: KitRendezvous, last: int, lost: str) -> dict | None:
+    """The round's result with this node under `lost`'s rank, written atomically; None if `lost` is no
+    longer in it (the round was re-formed meanwhile)."""
+    key, link = handler.keys.round(last, "result"), handler.link
+    for _ in range(RESULT_TRIES):
+        raw = link.read(key)
+        if raw is None:
+            return None
+        result = json.loads(raw)
+        ranks, addrs = dict(result["ranks"]), dict(result["addrs"])
+        if lost not in ranks:
+            return None
+        ranks[handler.node] = ranks.pop(lost)
+        addrs[handler.node] = addrs.pop(lost)
+        new = result_bytes(ranks, addrs)
+        if link.claim(key, raw, new) == new:
+            return {"ranks": ranks, "addrs": addrs}
+    return None
