@@ -212,12 +212,12 @@ def test_node_loss_without_spares_waits_for_the_recreated_pod(
     assert (fault.takeover, fault.resume_source, fault.shared_bytes) == ("replacement", "peer", 0)
 
 
-KILLS = 10
+KILLS = 6
 """Rank kills on pod 1 in the run below, one every two steps."""
 
 
 def test_rank_faults_keep_every_node_in_place_and_restore_from_memory(tmp_path: Path) -> None:
-    """3 pods + 2 spares: ten kills of pod 1's rank and an OOM of pod 2's each restart the group on the same
+    """3 pods + 2 spares: six kills of pod 1's rank and an OOM of pod 2's each restart the group on the same
     nodes and restore every rank from its own node's memory; then pod 0's node is lost, fires as planned,
     and a spare takes its place with pod 0's state from its buddy. No restore reads the shared checkpoint
     folder, and the final checkpoint, loaded back from disk, equals a fault-free run's."""

@@ -2,13 +2,17 @@
 of the shard and the run ends bitwise equal on disk to a fault-free HSDP run; its checkpoints hold each
 shard once and resume on another replicate degree (1 x 2 and 2 x 1).
 
-One faulted run under the kit launcher with `--rank-restart in-place`, three faults:
+One faulted run through the rendered manifests and the local runner: 2 pods x 2 ranks (each pod one
+replica) and a hot spare, `make train-job`'s HSDP job (in-process restart, so `--rank-restart in-place`):
 - step 2: rank 2 raises at the top of its report (test hook, training/resilience/faults.py): its update is
   complete, so every rank is clean at step 2, which no rank had reported;
 - step 3: rank 1 is SIGKILLed (a real crash): its shim starts it again alone, it rejoins the in-process
-  restart of the others and receives its shard from its replica, rank 3; the launcher restarts nothing;
-- step 5: rank 3 raises inside its update (torn): its replica, rank 1, the process started again at step 3,
-  completed step 5 and sends it.
+  restart of the others and receives its shard from its replica, rank 3; the launchers restart nothing;
+- step 4: pod 1 is lost (every process SIGKILLed): the spare takes its place in the running round and its
+  workers receive pod 1's shards from pod 0's ranks; the Job recreates pod 1, which waits as the new spare;
+- step 5: rank 3 (now on the spare) raises inside its update (torn): rank 1 completed step 5 and sends it;
+- step 7: pod 0 is lost: it held rank 0 and the workers' stores, so the group re-forms with the spare and
+  restores the last commit (step 6) from the memory tiers or shared storage: the fallback.
 """
 
 from __future__ import annotations
@@ -28,9 +32,14 @@ from fsdpkit.runtime.events import read_events
 
 pytestmark = pytest.mark.slow
 
-STEPS = 6
+STEPS = 8
 HSDP = ["--parallel.replicate", "2"]
-"""On 4 ranks of one node: 2 replicas x 2 ranks per shard group (rank = replica x 2 + shard index)."""
+"""On 4 ranks: 2 replicas x 2 ranks per shard group (rank = replica x 2 + shard index)."""
+FAULTS = "kill:step=3:rank=1,node:step=4:node=1,node:step=7:node=0"
+HOOKS = {
+    "KIT_FAULT_TEST_BEFORE_REPORT": "exception:step=2:rank=2",
+    "KIT_FAULT_TEST_IN_UPDATE": "exception:step=5:rank=3",
+}
 
 
 def _args(root: Path, run_id: str, *extra: str) -> list[str]:
@@ -42,57 +51,50 @@ def _args(root: Path, run_id: str, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fault-free HSDP run (saves at steps 3 and 6); its run folder."""
+    """A fault-free HSDP run (saves at steps 3, 6 and 8); its run folder."""
     tmp = tmp_path_factory.mktemp("hsdp-ref")
     run_trainer(tmp, _args(tmp / "runs", "ref", *HSDP), nproc=4).check()
     return tmp / "runs" / "ref"
 
 
-def test_a_crash_and_faults_inside_steps_restore_from_a_live_replica_bitwise(
+def _local_job(tmp: Path, run_id: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    values = [
+        "PROFILE=local", "NODES=2", "PROCS_PER_NODE=2", "SPARES=1", "MODEL=tiny", "SEQ_LEN=64",
+        "BATCH_SIZE=2", f"STEPS={STEPS}", "CHECKPOINT_INTERVAL=3", "MONITOR_INTERVAL_S=0.1", "INPROCESS=true",
+        "INPROCESS_MAX_RESTARTS=8",
+        "TRAIN.optim.warmup_steps=3", "TRAIN.parallel.replicate=2", f"FAULT_SPEC={FAULTS}",
+        *(f"ENV.{k}={v}" for k, v in HOOKS.items()), f"RUN_ID={run_id}",
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "fsdpkit.k8s", "local", *values, "--workdir", str(tmp), "--timeout", "240"]
+    proc = subprocess.run(cmd, cwd=REPO, env=trainer_env(tmp), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, tmp / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+
+
+def test_crashes_lost_nodes_and_torn_steps_restore_from_live_replicas_bitwise(
     tmp_path: Path, hsdp_reference: Path
 ) -> None:
-    run_dir = tmp_path / "runs" / "faulted"
-    crash = ["--fault.spec", "kill:step=3:rank=1"]
-    args = _args(tmp_path / "runs", "faulted", *HSDP, "--inprocess.enabled", "true", *crash)
-    cmd = [
-        sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", "4", "--rank-restart",
-        "in-place", "--log-dir", str(tmp_path / "logs"), "--run-dir", str(run_dir), "-m", "fsdpkit.trainer",
-        *args,
-    ]  # fmt: skip
-    env = {
-        **trainer_env(tmp_path),
-        "KIT_FAULT_TEST_BEFORE_REPORT": "exception:step=2:rank=2",
-        "KIT_FAULT_TEST_IN_UPDATE": "exception:step=5:rank=3",
-    }
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "workers finished after 0 restart(s)" in proc.stderr, "the crash restarted no worker group"
-    assert "rank 1's worker died of signal 9; starting it again in place (1/3)" in proc.stderr
-    events = read_events(run_dir)
-    trainer = [e for e in events if e.get("role") == "trainer"]
-    restarts = [e for e in trainer if e["kind"] == "inprocess_restart"]
-    assert sorted((e["rank"], e["restored_step"]) for e in restarts) == sorted(
-        (r, s) for r in range(4) for s in (2, 2, 5)
-    ), "three faults: every rank agrees on the step each time (the crash: step 2 again, nothing done since)"
+    proc, run_dir = _local_job(tmp_path, "hsdp-faults")
+    assert "rank 1's worker died of signal 9; starting it again in place (1/3)" in proc.stdout + proc.stderr
+    trainer = [e for e in read_events(run_dir) if e.get("role") == "trainer"]
     resumes = [e for e in trainer if e["kind"] == "resume" and e.get("step") is not None]
-    by_source = sorted((e["rank"], e["step"], e["source"]) for e in resumes)
-    assert by_source == sorted(
-        [(r, 2, "live") for r in range(4)]  # the step whose report failed is complete everywhere
-        + [(0, 2, "live"), (1, 2, "replica"), (2, 2, "live"), (3, 2, "live")]  # the crash
-        + [(0, 5, "live"), (1, 5, "live"), (2, 5, "live"), (3, 5, "replica")]  # torn inside the update
-    ), by_source
-    received = [e for e in resumes if e["source"] == "replica"]
-    assert [(e["rank"], e["sender"], e["shared_bytes"]) for e in received] == [(1, 3, 0), (3, 1, 0)]
-    sent = {e["rank"]: e.get("sent_bytes") for e in resumes if e.get("sent_bytes")}
-    assert sorted(sent) == [1, 3] and all(e["bytes"] == sent[e["sender"]] > 0 for e in received)
-    for rank in (0, 2):  # the survivors computed every step once, in one process
-        steps = [e for e in trainer if e["kind"] == "step" and e["rank"] == rank]
-        assert [e["step"] for e in steps] == list(range(1, STEPS + 1)), rank
-        assert len({e["pid"] for e in steps}) == 1
-    completed = [e for e in trainer if e["kind"] == "step" and e.get("completed_by") == "restore"]
-    assert sorted((e["rank"], e["step"]) for e in completed) == sorted(
-        [(r, 2) for r in range(4)] + [(r, 5) for r in range(4)]
-    ), "the steps whose reports failed on every rank get their events after the restore"
+    from_live = [e for e in resumes if e["source"] in ("live", "replica")]
+    found = sorted((e["step"], e["rank"], e["source"], e.get("sender")) for e in from_live)
+    live = [(r, "live", None) for r in range(4)]
+    assert found == sorted(
+        [(2, *x) for x in live]  # the report failed: the step is complete on every rank
+        + [(2, 0, "live", None), (2, 1, "replica", 3), (2, 2, "live", None), (2, 3, "live", None)]  # crash
+        + [(3, 0, "live", None), (3, 1, "live", None), (3, 2, "replica", 0), (3, 3, "replica", 1)]  # pod 1
+        + [(5, 0, "live", None), (5, 1, "live", None), (5, 2, "live", None), (5, 3, "replica", 1)]  # torn
+    ), found
+    assert all(e["shared_bytes"] == 0 and e["bytes"] > 0 for e in from_live if e["source"] == "replica")
+    # pod 0 (rank 0, the workers' stores): the group re-forms and restores the last commit (step 6, or 3
+    # while 6 was still being written) from the memory tiers or shared storage
+    fallback = [e for e in resumes if e not in from_live]
+    assert sorted(e["rank"] for e in fallback) == [0, 1, 2, 3], fallback
+    assert len({e["step"] for e in fallback}) == 1 and fallback[0]["step"] in (3, 6), fallback
+    completed = sorted((e["rank"], e["step"]) for e in trainer if e.get("completed_by") == "restore")
+    assert completed == sorted((r, s) for r in range(4) for s in (2, 5)), "their reports failed everywhere"
     ledger = compare_ledgers(step_batches(run_dir), step_batches(hsdp_reference))
     assert ledger.exactly_once and ledger.same_batches, ledger.summary()
     assert_same_final_checkpoint(run_dir, hsdp_reference, step=STEPS)
@@ -112,7 +114,7 @@ def test_an_hsdp_checkpoint_holds_each_shard_once_and_resumes_on_another_replica
         shutil.rmtree(root / "ref" / "checkpoints" / final.name)
         run_trainer(tmp_path, _args(root, "ref", *layout), nproc=2).check()
         events = read_events(root / "ref")
-        resumed = [e for e in events if e["kind"] == "resume" and e.get("step") == 3]
+        resumed = [e for e in events if e["kind"] == "resume" and e.get("step") == 6]
         assert resumed and all(e["source"] == "shared" for e in resumed), resumed
         ledger = compare_ledgers(step_batches(root / "ref"), reference)
         assert ledger.exactly_once and ledger.global_batch_kept and ledger.same_batches, ledger.summary()

@@ -161,6 +161,8 @@ class KitRendezvous(RendezvousHandler):
         while True:
             self._raise_if_closed()
             try:
+                if self.settings.substitute:  # the round may hold a substitute since it formed: lead with it
+                    self.membership.refresh()
                 last = self.membership.last_round()
                 members = self.membership.members_of(last) if last else {}
                 if invited_to is None and self.membership.is_outsider(last, members):
