@@ -10,15 +10,21 @@ memory tier, in-process restart on. Cases, interleaved per rep (a slow minute of
              TORN_STEP (test hook KIT_FAULT_TEST_IN_UPDATE: rank 1 sends it the step it completed)
   memory     `--rank-restart group` (the launcher's default): the same crash restarts the worker group,
              which restores the last commit from the node's memory tier and computes the steps since again
+  node_replica / node_memory  the same job through the rendered manifests and the local runner, 2 pods x 2
+             ranks (a replica each) and a hot spare, pod 1 lost at step CRASH_STEP: with in-process restart
+             (`make train-job` adds `--rank-restart in-place`) the spare takes its place in the running round
+             and receives its shards from pod 0's ranks; without it the group re-forms with the spare, which
+             gets pod 1's last commit from its buddy's memory tier
   steady     no fault, saves every STEADY_INTERVAL steps, tiers `local` and `off`: what the tiers cost the
              loop on this job (bench.tiers measures the same on its larger job)
 
 Figures, from each run's events (fsdpkit.analysis.metrics): a fault's recovery (from the fault to the end of
 the first step after the resume), the steps computed again, the bytes read from shared storage during
 restores; the final checkpoint against the reference's (compare_checkpoints: every tensor bitwise).
-RESULT lost_steps=<steps computed again, every fault of the replica case> shared_bytes=<bytes the replica
-case's restores read from shared storage> equal_on_disk=<1: the replica case's final checkpoint equals the
-reference's> replica_vs_memory=<recovery of the crash via a replica / via the memory tier> hsdp_step_ratio=
+RESULT lost_steps=<steps computed again, every fault of the replica cases> shared_bytes=<bytes the replica
+cases' restores read from shared storage> equal_on_disk=<1: the replica cases' final checkpoints equal the
+reference's> replica_vs_memory=<recovery via a replica / via the memory tier, the crash and the lost node
+summed> hsdp_step_ratio=
 <HSDP step / FSDP step, fault-free> tier_period_ratio=<steady loop period with tiers / without>; goals:
 lost_steps <= faults (only interrupted steps), shared_bytes 0, equal_on_disk 1, replica_vs_memory <= 1.0,
 tier_period_ratio <= 1.05. hsdp_step_ratio has no goal here: on one CPU node both layouts move the same bytes
@@ -49,7 +55,10 @@ INTERVAL = 3
 CRASH_STEP, TORN_STEP = 6, 8
 """The crash comes 2 steps after the save of step 3 committed (the memory tier computes 4 and 5 again)."""
 STEADY_INTERVAL, STEADY_STEPS = 4, 16
-CASES = ("reference", "fsdp", "replica", "memory", "steady_tiers", "steady_off")
+CASES = (
+    "reference", "fsdp", "replica", "memory", "node_replica", "node_memory", "steady_tiers", "steady_off",
+)  # fmt: skip
+REPLICA_CASES = ("replica", "node_replica")
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,21 @@ class Case:
             args += ["--fault.spec", f"kill:step={CRASH_STEP}:rank=1"]
         return args
 
+    @property
+    def local(self) -> bool:
+        """Through the rendered manifests and the local runner (2 pods x 2 ranks and a spare)."""
+        return self.name.startswith("node_")
+
+    def values(self, run_id: str) -> list[str]:
+        """The local runner's values: the same job as `trainer_args`, pod 1 lost at CRASH_STEP."""
+        return [
+            "PROFILE=local", "NODES=2", "PROCS_PER_NODE=2", "SPARES=1", f"MODEL={self.model}", "SEQ_LEN=64",
+            "BATCH_SIZE=2", f"STEPS={STEPS}", f"CHECKPOINT_INTERVAL={INTERVAL}", "MONITOR_INTERVAL_S=0.1",
+            "TRAIN.optim.warmup_steps=3", "TRAIN.parallel.replicate=2", "CHECKPOINT_TIERS=peer",
+            f"INPROCESS={'true' if self.name == 'node_replica' else 'false'}",
+            f"FAULT_SPEC=node:step={CRASH_STEP}:node=1", f"RUN_ID={run_id}",
+        ]  # fmt: skip
+
     def launcher_args(self) -> list[str]:
         return ["--rank-restart", "in-place"] if self.name == "replica" else []
 
@@ -89,7 +113,8 @@ class Figures:
     shared_bytes: int = 0
     """Bytes read from the shared checkpoint folder during restores, every fault."""
     crash_recovery_s: float | None = None
-    """The `kill` fault's recovery: from the fault to the end of the first step after its resume."""
+    """The crash's (`kill`) or the lost node's (`node`) recovery: from the fault to the end of the first step
+    after its resume."""
     step_s: float | None = None
     """Median fault-free step (rank 0)."""
     period_s: float | None = None
@@ -102,7 +127,7 @@ class Figures:
             faults=len(faults),
             lost_steps=sum(f.lost_steps or 0 for f in faults),
             shared_bytes=sum(f.shared_bytes or 0 for f in faults),
-            crash_recovery_s=next((f.recovery_s for f in faults if f.kind == "kill"), None),
+            crash_recovery_s=next((f.recovery_s for f in faults if f.kind in ("kill", "node")), None),
             step_s=metrics.median_step_s or None,
             period_s=period_s,
         )
@@ -121,17 +146,24 @@ class Outcome:
 
 def run_case(case: Case, workdir: Path, index: int, *, timeout_s: float) -> Outcome:
     run_id = f"{case.name.replace('_', '-')}-{index}"
-    root = workdir / "runs"
-    run_dir = root / run_id
-    cmd = [
-        sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", str(RANKS),
-        "--log-dir", str(workdir / "logs" / run_id), "--run-dir", str(run_dir), *case.launcher_args(),
-        "-m", "fsdpkit.trainer", *case.trainer_args(root, run_id),
-    ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir), **case.env()}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if case.local:
+        run_dir = workdir / run_id / "volumes" / "kit-local-runs" / "runs" / run_id
+        cmd = [
+            sys.executable, "-m", "fsdpkit.k8s", "local", *case.values(run_id), "--workdir", str(workdir),
+            "--timeout", str(int(timeout_s)),
+        ]  # fmt: skip
+    else:
+        root = workdir / "runs"
+        run_dir = root / run_id
+        cmd = [
+            sys.executable, "-m", "fsdpkit.launcher", "--standalone", "--nproc-per-node", str(RANKS),
+            "--log-dir", str(workdir / "logs" / run_id), "--run-dir", str(run_dir), *case.launcher_args(),
+            "-m", "fsdpkit.trainer", *case.trainer_args(root, run_id),
+        ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
     if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         return Outcome(case.name, None, note=f"exit {proc.returncode}: {' | '.join(tail)}")
     interval = STEADY_INTERVAL if case.name.startswith("steady") else INTERVAL
     period = loop_period(load_events(run_dir), interval)
@@ -150,10 +182,11 @@ def measure(reps: int, workdir: Path, *, model: str, timeout_s: float) -> list[O
                 f"[bench.replica] rep {index} {name}: {took:.0f} s {outcome.figures} {outcome.note}",
                 flush=True,
             )
-        replica, reference = rep["replica"], rep["reference"]
-        if replica.run_dir is not None and reference.run_dir is not None:
-            mine, ref = final_checkpoint(replica.run_dir), final_checkpoint(reference.run_dir)
-            replica.equal_on_disk = compare_checkpoints(mine, ref).equal
+        reference = rep["reference"]
+        for replica in (rep[name] for name in REPLICA_CASES):
+            if replica.run_dir is not None and reference.run_dir is not None:
+                mine, ref = final_checkpoint(replica.run_dir), final_checkpoint(reference.run_dir)
+                replica.equal_on_disk = compare_checkpoints(mine, ref).equal
         outcomes.extend(rep.values())
     return outcomes
 
@@ -176,24 +209,35 @@ def summarise(outcomes: list[Outcome]) -> dict[str, float | None]:
     def median(case: str, attr: str) -> float | None:
         return _median([getattr(f, attr) for f in runs(case)])
 
-    replica = [o for o in outcomes if o.case == "replica"]
+    replica = [o for o in outcomes if o.case in REPLICA_CASES]
     equal = [o.equal_on_disk for o in replica]
+
+    def summed(case: str) -> float | None:  # a case's figure, summed over the replica cases' faults
+        return _sum([median(case, "lost_steps"), median(f"node_{case}", "lost_steps")])
+
+    via_replica = _sum([median("replica", "crash_recovery_s"), median("node_replica", "crash_recovery_s")])
+    via_memory = _sum([median("memory", "crash_recovery_s"), median("node_memory", "crash_recovery_s")])
     return {
-        "faults": median("replica", "faults"),
-        "lost_steps": median("replica", "lost_steps"),
-        "memory_lost_steps": median("memory", "lost_steps"),
-        "shared_bytes": median("replica", "shared_bytes"),
+        "faults": _sum([median("replica", "faults"), median("node_replica", "faults")]),
+        "lost_steps": summed("replica"),
+        "memory_lost_steps": summed("memory"),
+        "shared_bytes": _sum([median("replica", "shared_bytes"), median("node_replica", "shared_bytes")]),
         "equal_on_disk": (1.0 if all(equal) else 0.0) if equal and None not in equal else None,
-        "replica_recovery_s": median("replica", "crash_recovery_s"),
-        "memory_recovery_s": median("memory", "crash_recovery_s"),
-        "replica_vs_memory": _ratio(
-            median("replica", "crash_recovery_s"), median("memory", "crash_recovery_s")
-        ),
+        "crash_replica_s": median("replica", "crash_recovery_s"),
+        "crash_memory_s": median("memory", "crash_recovery_s"),
+        "node_replica_s": median("node_replica", "crash_recovery_s"),
+        "node_memory_s": median("node_memory", "crash_recovery_s"),
+        "replica_vs_memory": _ratio(via_replica, via_memory),
         "hsdp_step_s": median("reference", "step_s"),
         "fsdp_step_s": median("fsdp", "step_s"),
         "hsdp_step_ratio": _ratio(median("reference", "step_s"), median("fsdp", "step_s")),
         "tier_period_ratio": _ratio(median("steady_tiers", "period_s"), median("steady_off", "period_s")),
     }
+
+
+def _sum(values: list[float | None]) -> float | None:
+    """The sum, or None when any part is missing (a failed run must not look like a fast one)."""
+    return None if any(v is None for v in values) else float(sum(v for v in values if v is not None))
 
 
 def result_line(s: dict[str, float | None]) -> str:

@@ -18,6 +18,8 @@ def _rep(crash_replica: float, crash_memory: float, *, equal: bool = True) -> li
             "replica", Figures(faults=2, lost_steps=1, crash_recovery_s=crash_replica), equal_on_disk=equal
         ),
         Outcome("memory", Figures(faults=1, lost_steps=2, shared_bytes=0, crash_recovery_s=crash_memory)),
+        Outcome("node_replica", Figures(faults=1, crash_recovery_s=1.0), equal_on_disk=True),
+        Outcome("node_memory", Figures(faults=1, lost_steps=1, crash_recovery_s=4.0)),
         Outcome("steady_tiers", Figures(period_s=1.05)),
         Outcome("steady_off", Figures(period_s=1.0)),
     ]
@@ -25,12 +27,17 @@ def _rep(crash_replica: float, crash_memory: float, *, equal: bool = True) -> li
 
 def test_the_figures_are_medians_per_case_and_their_ratios() -> None:
     s = replica.summarise(_rep(2.0, 8.0) + _rep(3.0, 6.0) + _rep(10.0, 7.0))
-    assert s["replica_recovery_s"] == 3.0 and s["memory_recovery_s"] == 7.0
-    assert s["replica_vs_memory"] == pytest.approx(3.0 / 7.0)
+    assert (s["crash_replica_s"], s["crash_memory_s"], s["node_replica_s"], s["node_memory_s"]) == (
+        3,
+        7,
+        1,
+        4,
+    )
+    assert s["replica_vs_memory"] == pytest.approx((3.0 + 1.0) / (7.0 + 4.0)), "both faults, summed"
     assert s["hsdp_step_ratio"] == pytest.approx(1.2) and s["tier_period_ratio"] == pytest.approx(1.05)
-    assert (s["lost_steps"], s["faults"], s["memory_lost_steps"], s["equal_on_disk"]) == (1, 2, 2, 1.0)
+    assert (s["lost_steps"], s["faults"], s["memory_lost_steps"], s["equal_on_disk"]) == (1, 3, 3, 1.0)
     assert replica.result_line(s) == (
-        "RESULT lost_steps=1 shared_bytes=0 equal_on_disk=1 replica_vs_memory=0.429 hsdp_step_ratio=1.200 "
+        "RESULT lost_steps=1 shared_bytes=0 equal_on_disk=1 replica_vs_memory=0.364 hsdp_step_ratio=1.200 "
         "tier_period_ratio=1.050"
     )
 
@@ -41,7 +48,7 @@ def test_one_rep_that_differs_on_disk_makes_it_zero_and_a_failed_run_leaves_nan(
     failed = [o if o.case != "memory" else Outcome("memory", None, note="exit 1") for o in _rep(2.0, 8.0)]
     s = replica.summarise(failed)
     assert s["replica_vs_memory"] is None and "replica_vs_memory=nan" in replica.result_line(s)
-    unknown = replica.summarise([o for o in _rep(2.0, 8.0) if o.case != "replica"])
+    unknown = replica.summarise([o for o in _rep(2.0, 8.0) if o.case not in replica.REPLICA_CASES])
     assert unknown["equal_on_disk"] is None and "equal_on_disk=nan" in replica.result_line(unknown)
 
 
@@ -64,3 +71,8 @@ def test_each_case_runs_the_job_it_says() -> None:
     assert fsdp[fsdp.index("--parallel.replicate") + 1] == "1" and "--fault.spec" not in fsdp
     off = replica.Case("steady_off", "tiny").trainer_args(replica.REPO, "x")
     assert off[off.index("--checkpoint.tiers") + 1] == "off"
+    node = replica.Case("node_replica", "tiny")
+    assert node.local and f"FAULT_SPEC=node:step={replica.CRASH_STEP}:node=1" in node.values("x")
+    assert "INPROCESS=true" in node.values("x") and "INPROCESS=false" in replica.Case(
+        "node_memory", "t"
+    ).values("x")
