@@ -96,12 +96,15 @@ class Member:
         min_nodes: int = 0,
         key: RunKey = NO_KEY,
         beat_s: float = Settings.beat_s,
+        substitute: bool = False,
     ) -> None:
         """`min_nodes`: an elastic job's MIN (--nnodes MIN:nodes); 0: a fixed job of `nodes`. `key`: the
         run's token key (none: the kit without a token)."""
         link = StoreLink("127.0.0.1", store.port, is_host=False, key=key)
         low = min_nodes or nodes
-        settings = Settings(run_id, low, nodes, spare=spare, last_call_s=LAST_CALL_S, beat_s=beat_s)
+        settings = Settings(
+            run_id, low, nodes, spare=spare, last_call_s=LAST_CALL_S, beat_s=beat_s, substitute=substitute
+        )
         self.handler = KitRendezvous(link, settings)
         self._out: queue.Queue[object] = queue.Queue()
         Member.alive.append(self)
@@ -225,6 +228,36 @@ def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
     a.join()
     back = victim.next()
     assert (back["round"], back["rank"]) == (3, lost_rank) and a.result()[0] == 3
+
+
+def test_with_in_place_restarts_a_newcomer_takes_a_lost_nodes_place_in_the_running_round(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--rank-restart in-place`: the spare takes the lost node's rank in round 1 itself (no member
+    re-joins: their workers wait for it in process), the round's result names it, a second newcomer does
+    not take the same place, and the node holding rank 0 (the workers' stores) is never substituted."""
+    a, b, c = (Member(store, 3, substitute=True).join() for _ in range(3))
+    results = {m: m.result() for m in (a, b, c)}
+    by_rank = {r[1]: m for m, r in results.items()}
+    lost, keeper = by_rank[1], by_rank[0]
+    spare = Member(store, 3, spare=True, substitute=True).join()
+    other = Member(store, 3, spare=True, substitute=True).join()
+    with caplog.at_level(logging.WARNING, logger="kit.launch"):
+        lost.handler.depart()  # a lost node (its beat says it left)
+        eventually(lambda: not (spare.pending() and other.pending()), timeout=5.0)
+    winner = other if spare.pending() else spare
+    assert winner.result() == (1, 1, 3), "the lost rank, in the running round"
+    assert "taking its place (rank 1) in the running round" in caplog.text
+    assert keeper.handler.num_nodes_waiting() == 0, "the members re-form nothing"
+    keeper.handler.membership.refresh()
+    assert (
+        keeper.handler.members[winner.handler.node] == 1 and lost.handler.node not in keeper.handler.members
+    )
+    loser = other if winner is spare else spare
+    assert loser.pending(), "one newcomer per place"
+    keeper.handler.depart()  # rank 0's node: its workers' stores are gone, so no substitution
+    time.sleep(1.0)
+    assert loser.pending()
 
 
 def test_a_node_that_leaves_is_replaced_without_waiting_for_its_beat_to_expire(

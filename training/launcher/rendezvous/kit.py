@@ -170,13 +170,14 @@ class KitRendezvous(RendezvousHandler):
                         info = substitution.take_place(self, last, members)
                         if info is not None:
                             return self._joined(info, called)
-                        invited_to = self.pool.wait_for_invite(last, wait_s=substitution.LOOK_EVERY_S)
+                        wait_s = substitution.look_every_s(len(members))
+                        invited_to = self.pool.wait_for_invite(last, wait_s=wait_s)
                     else:
                         invited_to = self.pool.wait_for_invite(last)
                     continue
                 t = invited_to if invited_to is not None else last + 1
                 invited_to = None
-                info = self._finish(t, self.joiner.join(t, deadline))
+                info = self.enter(t, self.joiner.join(t, deadline))
             except StoreReset:
                 continue
             if info is not None:
@@ -249,7 +250,7 @@ class KitRendezvous(RendezvousHandler):
                 raise RendezvousGracefulExitError("the job finished before this node was needed")
             raise RendezvousClosedError("the rendezvous is closed (the job finished or was stopped)")
 
-    def _finish(self, t: int, result: dict[str, Any]) -> RendezvousInfo | None:
+    def enter(self, t: int, result: dict[str, Any]) -> RendezvousInfo | None:
         """This node's info in round t, or None (the round formed without it)."""
         ranks: dict[str, int] = result["ranks"]
         if self.node not in ranks:

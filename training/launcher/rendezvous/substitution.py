@@ -14,6 +14,11 @@ joins that round: torchelastic's agent reads the worker ranks the round's rank-0
 formed, and its workers start with KIT_REJOIN set (they join the survivors' in-process restart). The node
 holding rank 0 is never substituted: its workers' store (every rank's process-group store) died with it, so
 the survivors' in-process restart fails, their agents re-form a new round, and the newcomer is invited to it.
+
+A node judged gone that was only late (its beat stalled past its limit) is replaced all the same: its
+workers are still in the group, so no in-process restart opens for the newcomer's workers to join; they give
+up after `inprocess.barrier_timeout_s`, its launcher joins the next round, the survivors re-form it, and the
+late node comes back as a spare. A false verdict costs one group restart, as it does without substitution.
 """
 
 from __future__ import annotations
@@ -21,24 +26,45 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from torch.distributed.elastic.rendezvous import RendezvousInfo
 
 from fsdpkit.contracts import env
+from fsdpkit.launcher.rendezvous.liveness import FailureDetector
 from fsdpkit.launcher.rendezvous.rounds import result_bytes
+from fsdpkit.launcher.rendezvous.store_link import Keys, StoreLink
 
-if TYPE_CHECKING:
-    from fsdpkit.launcher.rendezvous.kit import KitRendezvous
+
+class Newcomer(Protocol):
+    """What a substitution needs of the rendezvous handler (KitRendezvous)."""
+
+    node: str
+    keys: Keys
+    link: StoreLink
+    detector: FailureDetector
+
+    def enter(self, t: int, result: dict[str, Any]) -> RendezvousInfo | None: ...
+
 
 log = logging.getLogger("kit.launch")
 
 LOOK_EVERY_S = 0.25
-"""A waiting newcomer's time between two looks for a lost node (O(N) beat reads: the round's members)."""
+"""A waiting newcomer's time between two looks for a lost node, in a round of up to LOOK_NODES nodes."""
+LOOK_NODES = 64
+"""A look reads every member's beat (one `multi_get`): beyond LOOK_NODES members the looks are spaced out
+so that a newcomer reads at most LOOK_NODES / LOOK_EVERY_S beats a second (1,024 nodes: a look every 4 s)."""
+
+
+def look_every_s(members: int) -> float:
+    """Seconds between a newcomer's looks for a lost node in a round of `members` nodes."""
+    return LOOK_EVERY_S * max(1.0, members / LOOK_NODES)
+
+
 RESULT_TRIES = 8
 
 
-def take_place(handler: KitRendezvous, last: int, members: dict[str, int]) -> RendezvousInfo | None:
+def take_place(handler: Newcomer, last: int, members: dict[str, int]) -> RendezvousInfo | None:
     """This node's info in round `last` in a lost node's place, or None (no place to take)."""
     if not last or not members:
         return None
@@ -58,10 +84,10 @@ def take_place(handler: KitRendezvous, last: int, members: dict[str, int]) -> Re
         lost, last, why, result["ranks"][handler.node],
     )  # fmt: skip
     os.environ[env.REJOIN] = "substitute"  # for this start of the workers only (next_rendezvous clears it)
-    return handler._finish(last, result)
+    return handler.enter(last, result)
 
 
-def _rewrite(handler: KitRendezvous, last: int, lost: str) -> dict | None:
+def _rewrite(handler: Newcomer, last: int, lost: str) -> dict | None:
     """The round's result with this node under `lost`'s rank, written atomically; None if `lost` is no
     longer in it (the round was re-formed meanwhile)."""
     key, link = handler.keys.round(last, "result"), handler.link
