@@ -143,8 +143,8 @@ PREFIX ?= fsdp-kit
 teardown: $(STAMP) ## plan the removal of what PREFIX tagged (dry run); delete with ARGS="--yes --confirm PREFIX/ACCOUNT"
 	$(PY) -m fsdpkit.ops.teardown --prefix $(PREFIX) $(ARGS)
 
-plan: $(STAMP) ## what a job keeps per recovery mechanism before it is rented (NODES=, MODEL=, SPARES=, ARGS="--json --png p.png")
-	$(PY) -m fsdpkit.ops.plan $(if $(NODES),--nodes $(NODES)) $(if $(MODEL),--model $(MODEL)) $(if $(SPARES),--spares $(SPARES)) $(ARGS)
+plan: $(STAMP) ## what a job keeps per recovery mechanism before it is rented (NODES=, MODEL=, SPARES=, REPLICATE=R|auto, ARGS="--json --png p.png")
+	$(PY) -m fsdpkit.ops.plan $(if $(NODES),--nodes $(NODES)) $(if $(MODEL),--model $(MODEL)) $(if $(SPARES),--spares $(SPARES)) $(if $(REPLICATE),--replicate $(REPLICATE)) $(ARGS)
 
 cost-report: $(STAMP) ## spend, burn rate and fault cost for PREFIX (ARGS="--period 30d --run-dir DIR --png cost.png")
 	$(PY) -m fsdpkit.ops.cost_report --prefix $(PREFIX) $(ARGS)

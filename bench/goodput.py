@@ -18,18 +18,23 @@ counts).
 
 --quick scales the run down by 10 (200 steps, interval and schedule window scaled alike, the same 5 faults;
 torchrun's collective timeout 10 s), runs only the RESULT's mechanisms (kit, ft_launcher, torchrun: under 5
-minutes on 2 cores) and only prints. Last line:
+minutes on 2 cores, plus its calibration's ~5 minutes) and only prints. Last line:
 `RESULT kit_goodput=<strict> vs_ft_launcher=<kit / ft_launcher> vs_torchrun=<kit / torchrun>
 unfired=<planned faults that never fired, over those runs> plan_error=<max over those mechanisms of
-|predicted - measured| strict goodput>`.
+|predicted - measured| strict goodput> plan_miss=<max distance of a measurement outside its predicted range,
+0 inside> plan_spread=<widest predicted range> calibration=<run|file>`.
 
 The plan's validation (does the plan predict what a run measures?): `make plan`'s model
 (ops/plan/schedule.py), fed this job (its median step, its interval, the schedule's faults) and each
-mechanism's per-phase costs from ops/plan/calibration.json, predicts each mechanism's strict goodput;
-the run prints both.
-`--calibrate` measures those costs (apart from the runs it predicts): each RESULT mechanism fault-free (60
-steps) and with one exception and one hang (bench/recovery_cases.py's fault steps), --reps times (default 3)
-interleaved, and rewrites that file's section.
+mechanism's per-phase costs, predicts each mechanism's strict goodput, and the range the calibration's
+repetitions give each alone; the run prints both beside the measurement. The costs are measured in the same
+run by default (`--calibration run`, `--calibration-reps` 2: half the repetitions before the runs predicted,
+half after, on the same machine and load): a calibration from another machine of the same kind missed by
+0.054 where its own machine's runs missed by 0.014-0.017, i.e. it fitted that machine's noise.
+`--calibration file` uses ops/plan/calibration.json instead (the smoke run's default).
+`--calibrate` measures those costs alone: each RESULT mechanism fault-free (60 steps) and with one exception
+and one hang (bench/recovery_cases.py's fault steps), --reps times (default 3) interleaved, and rewrites that
+file's section.
 Full mode writes docs/benchmarks/goodput.md and the kit run's timeline, docs/benchmarks/goodput_timeline.png.
 `--only kit,kit-sync` runs just those mechanisms (at either size) to look at them; it writes no doc.
 """
@@ -54,12 +59,20 @@ from fsdpkit.analysis.report import write_timeline
 from fsdpkit.ops.plan.calibration import (
     CalibrationError,
     GoodputPhases,
+    MechanismPhases,
     goodput_phases,
     read_sections,
     write_section,
 )
 from fsdpkit.ops.plan.failures import PlanInputError
-from fsdpkit.ops.plan.schedule import Prediction, RunRecord, ScheduledRun, calibrate, predict
+from fsdpkit.ops.plan.schedule import (
+    RangedPrediction,
+    RunRecord,
+    ScheduledRun,
+    calibrate,
+    predict_range,
+    spreads,
+)
 from fsdpkit.resilience.checkpoint.interval import INTERVAL_EVENT
 from fsdpkit.resilience.faults import parse_kinds, seeded_schedule
 from fsdpkit.runtime.events import read_events
@@ -216,41 +229,60 @@ def run_record(outcome: Outcome) -> RunRecord | None:
     )  # fmt: skip
 
 
-def run_calibration(mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path, reps: int) -> dict:  # type: ignore[type-arg]
-    """Each mechanism fault-free and with one fault of each kind, `reps` times interleaved; the section
-    ops/plan/calibration.py reads (raises PlanInputError when a mechanism has too few finished runs)."""
-    records: dict[str, dict[str, list[RunRecord]]] = {}
-    for rep in range(reps):
-        for mech in mechanisms:
-            step_s = STEP_S
-            for fault in ("none", *CALIBRATION_FAULTS):
-                at = hang_step(rep, reps, step_s) if fault == "hang" else None
-                outcome = run_case(
-                    calibration_case(mech, scale, fault, at_step=at), workdir, rep, timeout_s=600
-                )
-                record = run_record(outcome)
-                print(
-                    f"calibrate {mech.label:12} {fault:9} rep {rep + 1}/{reps}: exit {outcome.returncode}, "
-                    f"wall {outcome.wall_s:.1f} s"
-                    + (f", at step {at}" if at else "")
-                    + (f"  [{outcome.note}]" if outcome.note else ""),
-                    flush=True,
-                )
-                if record is not None:
-                    records.setdefault(mech.label, {}).setdefault(fault, []).append(record)
-                    step_s = record.step_s if fault == "none" else step_s  # this machine's step, now
+Records = dict[str, dict[str, list[RunRecord]]]
+"""Calibration runs by mechanism label, then fault kind ("none" for the fault-free runs)."""
+
+
+def calibration_rep(
+    mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path, rep: int, reps: int, records: Records
+) -> None:
+    """Repetition `rep` of `reps`: each mechanism fault-free and with one fault of each kind, added to
+    `records`."""
+    for mech in mechanisms:
+        step_s = STEP_S
+        for fault in ("none", *CALIBRATION_FAULTS):
+            at = hang_step(rep, reps, step_s) if fault == "hang" else None
+            outcome = run_case(calibration_case(mech, scale, fault, at_step=at), workdir, rep, timeout_s=600)
+            record = run_record(outcome)
+            print(
+                f"calibrate {mech.label:12} {fault:9} rep {rep + 1}/{reps}: exit {outcome.returncode}, "
+                f"wall {outcome.wall_s:.1f} s"
+                + (f", at step {at}" if at else "")
+                + (f"  [{outcome.note}]" if outcome.note else ""),
+                flush=True,
+            )
+            if record is not None:
+                records.setdefault(mech.label, {}).setdefault(fault, []).append(record)
+                step_s = record.step_s if fault == "none" else step_s  # this machine's step, now
+
+
+def calibration_section(records: Records, scale: Scale, reps: int) -> dict:  # type: ignore[type-arg]
+    """The section ops/plan/calibration.py reads (raises PlanInputError when a mechanism has too few
+    finished runs)."""
     mechs: dict[str, object] = {}
     for label, by_fault in records.items():
-        free = by_fault.pop("none", [])
+        free = by_fault.get("none", [])
         phases = calibrate(free, {k: by_fault.get(k, []) for k in CALIBRATION_FAULTS})
         mechs[label] = dataclasses.asdict(phases) | {
-            "runs": {k: [dataclasses.asdict(r) for r in v] for k, v in [("none", free), *by_fault.items()]}
+            "runs": {k: [dataclasses.asdict(r) for r in v] for k, v in by_fault.items()}
         }
     return {"collective_timeout_s": scale.baseline_timeout_s, "reps": reps, "mechanisms": mechs}
 
 
-def predicted(run: Run, scale: Scale, phases: GoodputPhases | None) -> Prediction | None:
-    """What the plan's model, fed this job and its schedule, predicts for `run` (None: not calibrated)."""
+def run_calibration(mechanisms: Sequence[Mechanism], scale: Scale, workdir: Path, reps: int) -> dict:  # type: ignore[type-arg]
+    """Each mechanism fault-free and with one fault of each kind, `reps` times interleaved; the section
+    ops/plan/calibration.py reads."""
+    records: Records = {}
+    for rep in range(reps):
+        calibration_rep(mechanisms, scale, workdir, rep, reps, records)
+    return calibration_section(records, scale, reps)
+
+
+def predicted(
+    run: Run, scale: Scale, phases: GoodputPhases | None, each: Sequence[MechanismPhases] = ()
+) -> RangedPrediction | None:
+    """What the plan's model, fed this job and its schedule, predicts for `run`, with the range the
+    calibration's repetitions (`each`) give (None: not calibrated)."""
     m = run.metrics
     cal = None if phases is None else phases.mechanisms.get(run.mech.label)
     if m is None or cal is None:
@@ -269,7 +301,7 @@ def predicted(run: Run, scale: Scale, phases: GoodputPhases | None) -> Predictio
         run.mech.base == "torchrun"
     ):  # its hang waits out the collective timeout, the calibration's or this one
         extra = {"hang": scale.baseline_timeout_s - phases.collective_timeout_s}  # type: ignore[union-attr]
-    return predict(job, cal, fault_extra_s=extra)
+    return predict_range(job, cal, each, fault_extra_s=extra)
 
 
 BUDGET = ("wall_s", "useful_s", "replay_s", "slow_steps_s", "checkpoint_s", "downtime_s", "startup_s",
@@ -344,25 +376,45 @@ class PlanCheck:
     predicted: float
     parts_s: dict[str, float]
     """The predicted wall time of the first run, split (ops/plan/schedule.py's parts)."""
+    low: float
+    high: float
+    """The lowest and highest prediction over the calibration's repetitions (medians over runs)."""
+    step_ratio: float = math.nan
+    """The runs' median step over the calibration's: far from 1, the machine's load changed between them."""
 
     @property
     def error(self) -> float:
         return abs(self.predicted - self.measured)
 
+    @property
+    def miss(self) -> float:
+        """How far the measurement lies outside the predicted range (0 inside it)."""
+        return max(0.0, self.low - self.measured, self.measured - self.high)
 
-def plan_checks(results: dict[str, list[Run]], scale: Scale, phases: GoodputPhases | None) -> list[PlanCheck]:
-    """One check per RESULT mechanism that ran and is calibrated."""
+
+def plan_checks(
+    results: dict[str, list[Run]],
+    scale: Scale,
+    phases: GoodputPhases | None,
+    spread: dict[str, list[MechanismPhases]] | None = None,
+) -> list[PlanCheck]:
+    """One check per RESULT mechanism that ran and is calibrated; `spread`: each mechanism's calibration
+    per repetition (the predicted range)."""
     checks = []
     for label in RESULT_MECHANISMS:
-        runs = results.get(label, [])
-        pairs = [(r, p) for r in runs if r.goodput and (p := predicted(r, scale, phases)) is not None]
+        runs, each = results.get(label, []), (spread or {}).get(label, [])
+        pairs = [(r, p) for r in runs if r.goodput and (p := predicted(r, scale, phases, each)) is not None]
         if pairs:
             checks.append(
                 PlanCheck(
                     label=label,
                     measured=statistics.median(r.goodput.strict for r, _ in pairs),  # type: ignore[union-attr]
-                    predicted=statistics.median(p.goodput for _, p in pairs),
-                    parts_s=pairs[0][1].parts_s,
+                    predicted=statistics.median(p.prediction.goodput for _, p in pairs),
+                    parts_s=pairs[0][1].prediction.parts_s,
+                    low=statistics.median(p.low for _, p in pairs),
+                    high=statistics.median(p.high for _, p in pairs),
+                    step_ratio=statistics.median(r.metrics.median_step_s for r, _ in pairs)  # type: ignore[union-attr]
+                    / phases.mechanisms[label].step_s,  # type: ignore[union-attr]
                 )
             )
     return checks
@@ -373,25 +425,49 @@ def plan_error(checks: Sequence[PlanCheck]) -> str:
     return f"{max(c.error for c in checks):.3f}" if checks else "nan"
 
 
-def plan_section(checks: Sequence[PlanCheck], phases: GoodputPhases | None) -> list[str]:
+def plan_figures(checks: Sequence[PlanCheck]) -> str:
+    """The RESULT's fields on the predicted range: the largest distance of a measurement outside its range
+    (0: all inside), and the widest range."""
+    if not checks:
+        return "plan_miss=nan plan_spread=nan"
+    return (
+        f"plan_miss={max(c.miss for c in checks):.3f} plan_spread={max(c.high - c.low for c in checks):.3f}"
+    )
+
+
+def plan_section(
+    checks: Sequence[PlanCheck], phases: GoodputPhases | None, calibration: str = "file"
+) -> list[str]:
     """The doc's lines on the plan's prediction against the measurement."""
     if phases is None:
         return ["The plan's prediction: no calibration (run `python -m bench.goodput --calibrate`).", ""]
+    where = (
+        "measured in this run (half its repetitions before the runs predicted, half after)"
+        if calibration == "run"
+        else f"`{phases.command}` measured ({phases.measured}), on whatever machine ran it"
+    )
     lines = [
         "The plan's model (ops/plan/schedule.py) fed this job (its median step, its interval, the schedule's",
-        f"faults) and the per-phase costs `{phases.command}` measured ({phases.measured}), against the",
-        "measurement (seconds of the predicted wall time by part):",
+        f"faults) and the per-phase costs {where}, against the measurement; the range is the lowest and",
+        "highest prediction of the calibration's repetitions each alone (seconds of the predicted wall by",
+        "part):",
         "",
-        "| mechanism | measured | predicted | error | overhead | steps | replayed | saves | faults |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mechanism | measured | predicted | range | error | outside range | overhead | steps | replayed | "
+        "saves | faults | step: runs / calibration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
         parts = " | ".join(f"{c.parts_s[k]:.1f}" for k in ("overhead", "steps", "replay", "saves", "faults"))
-        lines.append(f"| {c.label} | {c.measured:.3f} | {c.predicted:.3f} | {c.error:.3f} | {parts} |")
+        lines.append(
+            f"| {c.label} | {c.measured:.3f} | {c.predicted:.3f} | {c.low:.3f}-{c.high:.3f} | "
+            f"{c.error:.3f} | {c.miss:.3f} | {parts} | {c.step_ratio:.2f} |"
+        )
     return [*lines, ""]
 
 
-def result_line(results: dict[str, list[Run]], checks: Sequence[PlanCheck] = ()) -> str:
+def result_line(
+    results: dict[str, list[Run]], checks: Sequence[PlanCheck] = (), calibration: str = "file"
+) -> str:
     kit = strict(results.get("kit", []))
     ft = strict(results.get("ft_launcher", []))
     torch = strict(results.get("torchrun", []))
@@ -405,7 +481,7 @@ def result_line(results: dict[str, list[Run]], checks: Sequence[PlanCheck] = ())
     )
     return (
         f"RESULT kit_goodput={_fmt(kit)} vs_ft_launcher={ratio(kit, ft)} vs_torchrun={ratio(kit, torch)} "
-        f"unfired={unfired} plan_error={plan_error(checks)}"
+        f"unfired={unfired} plan_error={plan_error(checks)} {plan_figures(checks)} calibration={calibration}"
     )
 
 
@@ -459,7 +535,7 @@ def _row(mech: Mechanism, runs: Sequence[Run], scale: Scale) -> str:
 
 def render(results: dict[str, list[Run]], *, scale: Scale, reps: int, command: str, elapsed_s: float,
            png: str | None, checks: Sequence[PlanCheck] = (),
-           phases: GoodputPhases | None = None) -> str:  # fmt: skip
+           phases: GoodputPhases | None = None, calibration: str = "file") -> str:  # fmt: skip
     """The section for docs/benchmarks.md: one row per mechanism (median and min-max over repetitions)."""
     schedule = ", ".join(f"{f['fault']}@{f['step']}" for f in _schedule(results))
     lines = [
@@ -491,8 +567,8 @@ def render(results: dict[str, list[Run]], *, scale: Scale, reps: int, command: s
     ]
     if png:
         lines += [f"![The kit's run: steps per rank over time, faults, recoveries]({png})", ""]
-    lines += plan_section(checks, phases)
-    lines += ["```", result_line(results, checks), "```", ""]
+    lines += plan_section(checks, phases, calibration)
+    lines += ["```", result_line(results, checks, calibration), "```", ""]
     return "\n".join(lines)
 
 
@@ -530,6 +606,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure each mechanism's per-phase costs (fault-free and single-fault runs, --reps times, "
         f"default {CALIBRATION_REPS}) for the plan's validation: writes ops/plan/calibration.json",
+    )
+    parser.add_argument(
+        "--calibration",
+        choices=("run", "file"),
+        default=None,
+        help="where the plan's validation gets its per-phase costs: run (default; measured in this run, "
+        "half the repetitions before the runs it predicts, half after) or file (ops/plan/calibration.json, "
+        "measured on another day or machine; the smoke run's default)",
+    )
+    parser.add_argument(
+        "--calibration-reps",
+        type=int,
+        default=2,
+        help="repetitions of the same-run calibration (default 2; >= 2 gives the predicted range)",
     )
     parser.add_argument(
         "--only",
@@ -598,40 +688,83 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1 (runs per mechanism), got {args.reps}")
+    if args.calibration_reps < 1:
+        parser.error(f"--calibration-reps must be >= 1 (same-run calibrations), got {args.calibration_reps}")
     only = _only(parser, args.only)
     scale = SCALES["smoke" if args.smoke else "quick" if args.quick else "full"]
     mechanisms = _chosen_mechanisms(scale, only)
     if mechanisms is None:
         return 2
     try:
-        phases = goodput_phases(read_sections())
-    except CalibrationError as exc:
+        sections = read_sections()
+        phases, spread = goodput_phases(sections), spreads(sections.get("goodput_phases"), CALIBRATION_FAULTS)
+    except (CalibrationError, PlanInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.calibrate:
         return calibrate_main(mechanisms, reps=args.reps or CALIBRATION_REPS)
     args.reps = args.reps or 1
+    calibration = args.calibration or ("file" if scale.name == "smoke" else "run")
     doc = args.doc or (DOC if scale.name == "full" and only is None else None)
     flags = (" --quick" if args.quick else "") + (f" --only {args.only}" if only is not None else "")
+    flags += f" --calibration {calibration}" if calibration == "file" and scale.name != "smoke" else ""
     command = f"python -m bench.goodput{flags}{f' --reps {args.reps}' if args.reps > 1 else ''}"
     workdir = Path(tempfile.mkdtemp(prefix="kit-bench-goodput-"))
     started = time.monotonic()
-    try:
+    calibrated: Records = {}
+    cal_reps, cal_mechs = args.calibration_reps, [m for m in mechanisms if m.label in RESULT_MECHANISMS]
+    before = (cal_reps + 1) // 2 if calibration == "run" else 0
+    try:  # the same-run calibration brackets the runs it predicts: half before, half after
+        for rep in range(before):
+            calibration_rep(cal_mechs, scale, workdir, rep, cal_reps, calibrated)
         results, png = _measure_all(mechanisms, scale, workdir, reps=args.reps, doc=doc)
+        for rep in range(before, cal_reps if calibration == "run" else 0):
+            calibration_rep(cal_mechs, scale, workdir, rep, cal_reps, calibrated)
     finally:
         release(workdir, keep=args.keep)
     elapsed = time.monotonic() - started
-    checks = plan_checks(results, scale, phases)
+    if calibration == "run":
+        phases, spread = same_run_phases(calibrated, scale, cal_reps)
+    checks = plan_checks(results, scale, phases, spread)
     text = render(results, scale=scale, reps=args.reps, command=command, elapsed_s=elapsed,
                   png=None if png is None else f"benchmarks/{png.name}", checks=checks,
-                  phases=phases)  # fmt: skip
+                  phases=phases, calibration=calibration)  # fmt: skip
     print(text)
     if doc is not None:
         doc.parent.mkdir(parents=True, exist_ok=True)
         doc.write_text(text, encoding="utf-8")
         print(f"wrote {doc}")
-    print(result_line(results, checks))
+    print(result_line(results, checks, calibration))
     return 0
+
+
+def same_run_phases(
+    calibrated: Records, scale: Scale, reps: int
+) -> tuple[GoodputPhases | None, dict[str, list[MechanismPhases]]]:
+    """The costs this run's own calibration measured, and each repetition's alone (None, {}: too few
+    finished runs to calibrate, said in one line)."""
+    try:
+        section = calibration_section(calibrated, scale, reps)
+    except PlanInputError as exc:
+        print(f"note: the same-run calibration is incomplete ({exc}): no prediction", flush=True)
+        return None, {}
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    raw = {**section, "measured": stamp, "command": "this run's calibration"}
+    each = spreads(section, CALIBRATION_FAULTS)
+    for label, m in section["mechanisms"].items():
+        print(_costs_line(label, m))
+        for i, rep in enumerate(each.get(label, [])):
+            print(_costs_line(f"  rep {i + 1}", dataclasses.asdict(rep)))
+    return goodput_phases({"goodput_phases": raw}), each
+
+
+def _costs_line(label: str, m: dict) -> str:  # type: ignore[type-arg]
+    """One calibration's costs (a MechanismPhases as a dict), as --calibrate and a same-run one print."""
+    faults = ", ".join(f"{k} {v:.2f} s" for k, v in m["fault_s"].items())
+    return (
+        f"{label:12} step {m['step_s']:.3f} s, overhead {m['overhead_s']:.2f} s, save {m['save_s']:.3f} s, "
+        f"{faults}, keeps live state: {m['keeps_live_state']}"
+    )
 
 
 def calibrate_main(mechanisms: Sequence[Mechanism], *, reps: int) -> int:
@@ -649,12 +782,7 @@ def calibrate_main(mechanisms: Sequence[Mechanism], *, reps: int) -> int:
         "goodput_phases", section, command=f"python -m bench.goodput --calibrate --reps {reps}"
     )
     for label, m in section["mechanisms"].items():
-        faults = ", ".join(f"{k} {v:.2f} s" for k, v in m["fault_s"].items())
-        print(
-            f"{label:12} step {m['step_s']:.3f} s, overhead {m['overhead_s']:.2f} s, "
-            f"save {m['save_s']:.3f} s, "
-            f"{faults}, keeps live state: {m['keeps_live_state']}"
-        )
+        print(_costs_line(label, m))
     print(f"wrote {path.relative_to(REPO)}")
     return 0
 

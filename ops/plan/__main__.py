@@ -1,7 +1,7 @@
-"""`python -m fsdpkit.ops.plan [--nodes N] [--model NAME] [--spares K] [--json] [--png PATH]` (`make plan`):
-the
-goodput each recovery mechanism keeps on a job before the cluster is rented, what it loses per day and in
-dollars, the checkpoint interval and the spares to keep (docs/plan.md).
+"""`python -m fsdpkit.ops.plan [--nodes N] [--model NAME] [--spares K] [--replicate R|auto] [--json]
+[--png PATH]` (`make plan`): the goodput each recovery mechanism keeps on a job before the cluster is rented,
+what it loses per day and in dollars, the checkpoint interval, the spares to keep and the HSDP layout every
+row assumes (docs/plan.md).
 
 Defaults come from `cdk.json` (the GPU node count and type, the region, the FSx throughput) and the kit's
 model shapes or a Hugging Face model folder (the checkpoint: 12 bytes per parameter, fp32 weights and Adam's
@@ -21,9 +21,10 @@ from fsdpkit.contracts.cliargs import OneLineParser, float_arg, int_arg, output_
 from fsdpkit.contracts.shapes import MODEL_CONFIGS
 from fsdpkit.infra.errors import ConfigError
 from fsdpkit.ops.cli import parse_once
-from fsdpkit.ops.plan.calibration import CalibrationError, ScalePhases, phase_times
-from fsdpkit.ops.plan.failures import FAILURE_CLASSES, FailureRates, PlanInputError
-from fsdpkit.ops.plan.model import MECHANISM_TITLES, MECHANISMS, Job, evaluate
+from fsdpkit.ops.plan.calibration import CalibrationError
+from fsdpkit.ops.plan.failures import FAILURE_CLASSES, PlanInputError
+from fsdpkit.ops.plan.layout import parse_replicate
+from fsdpkit.ops.plan.model import MECHANISM_TITLES, MECHANISMS
 from fsdpkit.ops.plan.planner import (
     DEFAULT_BATCH_TOKENS,
     DEFAULT_MFU,
@@ -43,6 +44,13 @@ def build_parser() -> OneLineParser:
     )
     p.add_argument("--nodes", type=int_arg(lo=1), help="training nodes (default cdk.json gpu.max_nodes)")
     p.add_argument("--spares", type=int_arg(lo=0), help="hot spares (default: the plan's own)")
+    p.add_argument(
+        "--replicate",
+        default="auto",
+        metavar="R|auto",
+        help="HSDP replicas x shard groups of GPUs / R (1: 1-D FSDP; default auto: the smallest shard group "
+        "whose per-GPU memory fits)",
+    )
     p.add_argument(
         "--model",
         default="llama3.1-70b",
@@ -80,33 +88,41 @@ def plan(argv: list[str] | None = None) -> tuple[Plan, bool, Path | None]:
     rates = {cls: getattr(args, f"rate_{cls}") for cls in FAILURE_CLASSES}
     request = PlanRequest(
         nodes=args.nodes, model=args.model, spares=args.spares, batch_tokens=args.batch_tokens, mfu=args.mfu,
-        price=args.price, replacement_s=args.replacement_s,
+        price=args.price, replacement_s=args.replacement_s, replicate=parse_replicate(args.replicate),
         rates={cls: rate for cls, rate in rates.items() if rate is not None},
     )  # fmt: skip
     result = make_plan(request)
     if args.png is not None:
-        draw(args.png, result.job, result.rates, result.scale)
+        draw(args.png, result)
     return result, args.json, args.png
 
 
-def draw(png: Path, job: Job, rates: FailureRates, scale: ScalePhases | None) -> Path:
+def draw(png: Path, result: Plan) -> Path:
+    """Goodput against nodes, each size planned as asked (its own layout when `auto`, the same spares)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    job, rates = result.job, result.rates
+    replicate = result.request.replicate
+    sized = [
+        make_plan(dataclasses.replace(
+            result.request, nodes=n, spares=job.spares, replicate=replicate if n == job.nodes else "auto"
+        ))
+        for n in NODE_SWEEP
+    ]  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for m in MECHANISMS:
-        ys = []
-        for n in NODE_SWEEP:
-            phases, _ = phase_times(n, scale, replacement_s=job.phases.replacement_s)
-            sized = dataclasses.replace(job, nodes=n, step_s=job.step_s * job.nodes / n, phases=phases)
-            ys.append(evaluate(m, sized, rates).goodput)
+        ys = [plan.outcome(m).goodput for plan in sized]
         ax.plot(NODE_SWEEP, ys, marker="o", label=MECHANISM_TITLES[m])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes (8 GPUs each)")
     ax.set_ylabel("expected strict goodput")
-    ax.set_title(f"{job.checkpoint_gb:,.0f} GB checkpoint, {job.spares} spare(s), {rates.source}", fontsize=9)
+    layout = "each size's own layout" if replicate == "auto" else f"replicate {replicate} at {job.nodes}"
+    ax.set_title(
+        f"{job.checkpoint_gb:,.0f} GB checkpoint, {job.spares} spare(s), {layout}, {rates.source}", fontsize=9
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -133,6 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         f"FSx {header['shared_gbps']:.0f} GB/s, "
         f"${header['price_per_node_hour']:.2f}/node-hour, {job.spares} spare(s) "
         f"({header['spares_recommended']} keep the chance of a loss finding none below 1 %); {rates.source}"
+    )
+    lay = header["layout"]
+    print(
+        f"layout (every row): {lay['label']}, {lay['source']}; step {job.step_s:.2f} s = max(compute "
+        f"{lay['compute_s']:.2f} s, communication {lay['comm_s']['total_s']:.2f} s); 1-D FSDP's step "
+        f"{lay['fsdp_1d_step_s']:.2f} s (HSDP / 1-D {lay['hsdp_step_ratio']:.2f})"
+    )
+    print(
+        f"live replica: a lost node gets {lay['node_state_gb']:,.0f} GB from one of {lay['holders']:,} other "
+        f"holder(s) at {job.efa_gbps:.0f} GB/s"
+        if lay["holders"]
+        else "live replica: none (replicate 1): the replica row falls back to the memory tiers"
     )
     print(f"{'mechanism':31} {'goodput':>7} {'interval':>9} {'lost h/day':>10} {'waiting':>8} {'$/day':>11}")
     for o in result.outcomes:

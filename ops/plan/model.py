@@ -20,6 +20,13 @@ away, and they do not overlap), as Young (1974) and Daly (2006) model checkpoint
 A lost node finds a hot spare unless `spares` or more losses are already waiting for their replacements: with
 losses Poisson at rate nodes x rate_node, that is P(Poisson(mu) < spares), mu = the losses expected during one
 replacement. `spares_needed` inverts it for a target probability of running out.
+
+The replica mechanism (`kit-replica`, HSDP: ops/plan/layout.py) recovers a lost node from a live replica of
+its shards: the replacement receives the node's share of the training state over EFA at the current step,
+so a node loss throws away only the interrupted step (half a step on average), and the kit saves for the
+durable copy alone (at most hourly). Where no replica of a shard survives (R = 1, or every other holder of
+the lost node's shards lost during the recovery: P = (1 - exp(-rate_node x D_node))^holders), it falls
+back to the memory tiers (the kit's path, replaying since the last save).
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ from typing import Literal
 
 from fsdpkit.ops.plan.failures import FAILURE_CLASSES, FailureClass, FailureRates, PlanInputError
 
-Mechanism = Literal["kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun"]
-MECHANISMS: tuple[Mechanism, ...] = ("kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun")
+Mechanism = Literal["kit-replica", "kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun"]
+MECHANISMS: tuple[Mechanism, ...] = (
+    "kit-replica", "kit", "kit-no-tiers", "kit-no-spares", "ft_launcher", "torchrun"
+)  # fmt: skip
 MECHANISM_TITLES = {
+    "kit-replica": "kit + live replica (HSDP)",
     "kit": "kit (memory tiers, spares)",
     "kit-no-tiers": "kit without memory tiers",
     "kit-no-spares": "kit without spares",
@@ -96,6 +106,13 @@ class Job:
     """USD per node-hour (`make plan` reads ops/prices.json for the configured instance and region)."""
     spares: int = 0
     phases: PhaseTimes = field(default_factory=PhaseTimes)
+    node_state_gb: float | None = None
+    """The training state one node holds, GB: what a lost node's replacement must get back (HSDP: 12 B per
+    parameter / S x 8 ranks); None: its share of one save (1-D FSDP)."""
+    holders: int = 0
+    """Other nodes holding a live copy of a lost node's shards (HSDP's replicas; 0 without)."""
+    efa_gbps: float = 400.0
+    """One node's EFA rate, GB/s (p5.48xlarge: 32 x 100 Gbps): a replica's state transfer."""
 
     def __post_init__(self) -> None:
         _need(
@@ -107,12 +124,24 @@ class Job:
         )
         _finite("step_s", self.step_s, lo=0.0, lo_open=True)
         _finite("checkpoint_gb", self.checkpoint_gb, lo=0.0, lo_open=True)
-        for name in ("shared_gbps", "peer_gbps", "host_copy_gbps", "price_per_node_hour"):
+        for name in ("shared_gbps", "peer_gbps", "host_copy_gbps", "price_per_node_hour", "efa_gbps"):
             _finite(name, getattr(self, name), lo=0.0, lo_open=True)
+        if self.node_state_gb is not None:
+            _finite("node_state_gb", self.node_state_gb, lo=0.0, lo_open=True)
+        _need(
+            isinstance(self.holders, int) and 0 <= self.holders < self.nodes,
+            f"holders={self.holders!r}: give a whole number of other nodes, 0 to {self.nodes - 1}",
+        )
 
     @property
     def per_node_gb(self) -> float:
+        """A node's share of one save (each shard saved once, replicas splitting the write)."""
         return self.checkpoint_gb / self.nodes
+
+    @property
+    def node_gb(self) -> float:
+        """What a lost node's replacement must get back."""
+        return self.per_node_gb if self.node_state_gb is None else self.node_state_gb
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,18 +151,58 @@ class Costs:
     stall_s: float
     write_s: float
     downtime_s: dict[str, float]
-    loses_work: dict[str, bool]
+    loses_work: dict[str, float]
+    """The share of a class's faults that resume from the newest save (replaying since it): 1 or 0, or the
+    chance that no live replica survives."""
     async_save: bool
+    interrupted_s: dict[str, float] = field(default_factory=dict)
+    """Work a fault throws away beyond that: the interrupted step's half, on average (the replica path)."""
+    max_interval_s: float = math.inf
 
 
-def costs(mechanism: Mechanism, job: Job) -> Costs:
-    """Downtime and lost work per fault class, and the save's stall and write, for `mechanism` on `job`."""
+def fallback_chance(job: Job, rates: FailureRates, window_s: float) -> float:
+    """The chance a node loss finds no live replica of its shards: always without one; else every other
+    holder of them lost too within `window_s` (the replica recovery), each node's losses Poisson at
+    rate_node."""
+    if job.holders == 0:
+        return 1.0
+    return (1.0 - math.exp(-rates.node * window_s / 3600.0)) ** job.holders
+
+
+def _replica_costs(job: Job, rates: FailureRates, *, first: float, write_s: float, from_peer: float) -> Costs:
+    """The replica mechanism: a lost node's state from a live replica over EFA, after the kit's detection
+    and re-forming and an in-place restart's rejoin; the memory tiers where no replica survives. A drain
+    still commits its step first (the kit's guarantee), then the node leaves as a lost one would."""
+    p = job.phases
+    transfer = job.node_gb / job.efa_gbps
+    replica = p.node_detect_s + p.reform_s + p.inprocess_restart_s + transfer + first
+    tiers = p.node_detect_s + p.reform_s + from_peer + first
+    fallback = fallback_chance(job, rates, replica)
+    node = (1.0 - fallback) * replica + fallback * tiers
+    return Costs(
+        stall_s=job.per_node_gb / job.host_copy_gbps,
+        write_s=write_s,
+        downtime_s={"soft": p.inprocess_restart_s + first, "node": node, "drain": write_s + node},
+        loses_work={"soft": 0.0, "node": fallback, "drain": 0.0},
+        async_save=True,
+        interrupted_s={"node": (1.0 - fallback) * job.step_s / 2.0},
+        max_interval_s=3600.0,
+    )
+
+
+def costs(mechanism: Mechanism, job: Job, rates: FailureRates | None = None) -> Costs:
+    """Downtime and lost work per fault class, and the save's stall and write, for `mechanism` on `job`
+    (`rates`: the failure rates, which the replica mechanism's fallback needs)."""
     _need(mechanism in MECHANISMS, f"mechanism {mechanism!r}: use one of {', '.join(MECHANISMS)}")
     p = job.phases
     first = p.first_step_factor * job.step_s
     write_s = job.checkpoint_gb / job.shared_gbps  # every node writes its share at once
     from_shared = job.checkpoint_gb / job.shared_gbps  # after a group restart every node reads its share
-    from_peer = job.per_node_gb / job.peer_gbps  # the replacement reads the lost node's share from its buddy
+    from_peer = job.node_gb / job.peer_gbps  # the replacement reads the lost node's share from its buddy
+    if mechanism == "kit-replica":
+        if rates is None:
+            raise PlanInputError("kit-replica: give the failure rates (its fallback depends on them)")
+        return _replica_costs(job, rates, first=first, write_s=write_s, from_peer=from_peer)
     if mechanism.startswith("kit"):
         node_restore = from_shared if mechanism == "kit-no-tiers" else from_peer
         node = p.node_detect_s + p.reform_s + node_restore + first
@@ -141,7 +210,7 @@ def costs(mechanism: Mechanism, job: Job) -> Costs:
             stall_s=job.per_node_gb / job.host_copy_gbps,
             write_s=write_s,
             downtime_s={"soft": p.inprocess_restart_s + first, "node": node, "drain": write_s + node},
-            loses_work={"soft": False, "node": True, "drain": False},
+            loses_work={"soft": 0.0, "node": 1.0, "drain": 0.0},
             async_save=True,
         )
     restart = p.ft_launcher_restart_s if mechanism == "ft_launcher" else p.kubernetes_restart_s
@@ -150,7 +219,7 @@ def costs(mechanism: Mechanism, job: Job) -> Costs:
         stall_s=write_s,
         write_s=write_s,
         downtime_s={"soft": again, "node": again, "drain": again},
-        loses_work={"soft": True, "node": True, "drain": True},
+        loses_work={"soft": 1.0, "node": 1.0, "drain": 1.0},
         async_save=False,
     )
 
@@ -209,13 +278,14 @@ def evaluate(
 ) -> Outcome:
     """The model for one mechanism (see the module docstring), at its optimal interval or at `interval_s`
     (a job's own; still never below one write, since one save runs at a time)."""
-    c = costs(mechanism, job)
+    c = costs(mechanism, job, rates)
     per_s = {cls: job.nodes * rates.of(cls) / 3600.0 for cls in FAILURE_CLASSES}
-    losing = sum(per_s[cls] for cls in FAILURE_CLASSES if c.loses_work[cls])
+    losing = sum(per_s[cls] * c.loses_work[cls] for cls in FAILURE_CLASSES)
     mtbf = 1.0 / losing if losing > 0 else math.inf
     tau = max(young_daly_s(c.stall_s, mtbf) if math.isfinite(mtbf) else 0.0, c.write_s, job.step_s)
     if not math.isfinite(mtbf):  # nothing throws work away: save as rarely as the bound on lost work allows
         tau = max(tau, 3600.0)
+    tau = max(min(tau, c.max_interval_s), c.write_s, job.step_s)  # the replica path: the durable copy hourly
     if interval_s is not None:
         _finite("interval_s", interval_s, lo=0.0, lo_open=True)
         tau = max(interval_s, c.write_s)
@@ -233,7 +303,7 @@ def evaluate(
     for cls in FAILURE_CLASSES:
         down = c.downtime_s[cls]
         wait = waiting if cls == "node" else 0.0
-        replay = age if c.loses_work[cls] else 0.0
+        replay = age * c.loses_work[cls] + c.interrupted_s.get(cls, 0.0)
         lost["downtime"] += 86400.0 * per_s[cls] * down
         lost["waiting"] += 86400.0 * per_s[cls] * wait
         lost["replay"] += 86400.0 * per_s[cls] * replay

@@ -15,13 +15,18 @@ one save's cost; a single-fault run gives its fault's cost: the downtime its eve
 training restarted) plus its steps' slowness beyond what its saves explain (a restarted process' first
 steps). Measured from the events, not as a difference of wall times, which scatter by a second or more
 between runs on a 2-core machine: more than the kit's whole cost of a fault.
+
+A calibration is itself a sample: `calibrate_each` calibrates each repetition alone, and `predict_range`
+carries their spread into the prediction (a goodput range, not one number).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fsdpkit.ops.plan.calibration import MechanismPhases
 from fsdpkit.ops.plan.failures import PlanInputError
@@ -129,3 +134,70 @@ def calibrate(fault_free: Sequence[RunRecord], faulted: Mapping[str, Sequence[Ru
         fault_s=fault_s,
         keeps_live_state=all(r.lost_steps == 0 for runs in faulted.values() for r in runs),
     )
+
+
+RECORD_FIELDS = ("wall_s", "step_s", "steps", "lost_steps", "saves", "save_cost_s", "downtime_s")
+
+
+def records(raw: Sequence[Mapping[str, float]]) -> list[RunRecord]:
+    """RunRecords from a calibration section's stored `runs` (one-line PlanInputError when malformed)."""
+    try:
+        return [RunRecord(**{k: r[k] for k in RECORD_FIELDS}) for r in raw]  # type: ignore[arg-type]
+    except (KeyError, TypeError) as exc:
+        raise PlanInputError(
+            f"calibration run record without {exc}: rerun python -m bench.goodput --calibrate"
+        ) from None
+
+
+def calibrate_each(
+    fault_free: Sequence[RunRecord], faulted: Mapping[str, Sequence[RunRecord]]
+) -> list[MechanismPhases]:
+    """One calibration per repetition (its fault-free run and its run of each kind), so that their spread
+    shows the calibration's own noise; each keeps the pooled calibration's `keeps_live_state`. Empty when
+    fewer than two repetitions completed (no spread to show)."""
+    pooled = calibrate(fault_free, faulted)
+    reps = min([len(fault_free), *(len(runs) for runs in faulted.values())])
+    if reps < 2:
+        return []
+    return [
+        dataclasses.replace(
+            calibrate([fault_free[i]], {kind: [runs[i]] for kind, runs in faulted.items()}),
+            keeps_live_state=pooled.keeps_live_state,
+        )
+        for i in range(reps)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RangedPrediction:
+    """The pooled calibration's prediction, and the lowest and highest strict goodput any single
+    repetition's calibration predicts (both the pooled figure when there is no spread)."""
+
+    prediction: Prediction
+    low: float
+    high: float
+
+
+def predict_range(
+    run: ScheduledRun,
+    pooled: MechanismPhases,
+    each: Sequence[MechanismPhases] = (),
+    *,
+    fault_extra_s: Mapping[str, float] | None = None,
+) -> RangedPrediction:
+    """`predict` with the pooled costs, and the range the repetitions' own costs give."""
+    mid = predict(run, pooled, fault_extra_s=fault_extra_s)
+    goodputs = [mid.goodput, *(predict(run, p, fault_extra_s=fault_extra_s).goodput for p in each)]
+    return RangedPrediction(prediction=mid, low=min(goodputs), high=max(goodputs))
+
+
+def spreads(section: Mapping[str, Any] | None, kinds: Sequence[str]) -> dict[str, list[MechanismPhases]]:
+    """Each mechanism's calibration per repetition (`calibrate_each`) from a goodput_phases section's stored
+    runs, for the fault `kinds` (none where fewer than two repetitions of each completed)."""
+    out: dict[str, list[MechanismPhases]] = {}
+    for label, m in ((section or {}).get("mechanisms") or {}).items():
+        runs = {kind: records(raw) for kind, raw in (m.get("runs") or {}).items()}
+        free = runs.pop("none", [])
+        if free and all(runs.get(k) for k in kinds):
+            out[label] = calibrate_each(free, {k: runs[k] for k in kinds})
+    return out

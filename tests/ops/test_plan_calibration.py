@@ -4,6 +4,7 @@ plan line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,7 +22,17 @@ from fsdpkit.ops.plan.calibration import (
 )
 from fsdpkit.ops.plan.failures import PlanInputError
 from fsdpkit.ops.plan.planner import GOODPUT_MARGIN, PlanRequest, job_summary, make_plan
-from fsdpkit.ops.plan.schedule import RunRecord, ScheduledRun, calibrate, predict, replayed_steps
+from fsdpkit.ops.plan.schedule import (
+    RunRecord,
+    ScheduledRun,
+    calibrate,
+    calibrate_each,
+    predict,
+    predict_range,
+    records,
+    replayed_steps,
+    spreads,
+)
 
 PHASES = MechanismPhases(
     step_s=0.2, overhead_s=3.0, save_s=0.5, fault_s={"exception": 2.0, "hang": 12.0}, keeps_live_state=False
@@ -90,6 +101,44 @@ def test_calibrate_reads_the_models_account_backwards() -> None:
     assert got.keeps_live_state is False  # the faults replayed a step
     with pytest.raises(PlanInputError, match="fault-free runs that committed"):
         calibrate([], faulted)
+
+
+def test_each_repetition_calibrated_alone_gives_the_predictions_range() -> None:
+    """Two repetitions whose hang cost 10 s and 14 s: the pooled calibration takes their mean (12 s), each
+    alone its own; the schedule's prediction with each brackets the pooled one."""
+    cheap, dear = (dataclasses.replace(PHASES, fault_s={**PHASES.fault_s, "hang": h}) for h in (10.0, 14.0))
+    free = [_record(PHASES, steps=60, interval=5, fault=None)] * 2
+    faulted = {
+        "exception": [_record(PHASES, steps=14, interval=5, fault=("exception", 12))] * 2,
+        "hang": [_record(p, steps=14, interval=5, fault=("hang", 12)) for p in (cheap, dear)],
+    }
+    each = calibrate_each(free, faulted)
+    shared = 2 * SLOW_S / 12
+    assert [p.fault_s["hang"] for p in each] == pytest.approx([10.0 - shared, 14.0 - shared])
+    pooled = calibrate(free, faulted)
+    assert pooled.fault_s["hang"] == pytest.approx(12.0 - shared)
+    run = ScheduledRun(steps=200, step_s=0.2, saves=4, interval=50, faults=(("hang", 30), ("hang", 90)))
+    ranged = predict_range(run, pooled, each)
+    low, high = (predict(run, p).goodput for p in (each[1], each[0]))  # the dearer hang: the lower goodput
+    assert ranged.low == pytest.approx(low) and ranged.high == pytest.approx(high)
+    assert low < ranged.prediction.goodput < high
+    assert predict_range(run, pooled).low == predict_range(run, pooled).high == ranged.prediction.goodput
+    assert calibrate_each(free[:1], {k: v[:1] for k, v in faulted.items()}) == []  # one repetition: no spread
+
+
+def test_the_spread_is_read_back_from_a_sections_stored_runs() -> None:
+    free = _record(PHASES, steps=60, interval=5, fault=None)
+    hang = _record(PHASES, steps=14, interval=5, fault=("hang", 12))
+    runs = {"none": [free.__dict__] * 3, "hang": [hang.__dict__] * 3}
+    got = spreads(
+        {"mechanisms": {"kit": {"runs": runs}, "torchrun": {"runs": {"none": runs["none"]}}}}, ["hang"]
+    )
+    assert list(got) == ["kit"] and len(got["kit"]) == 3  # torchrun: no hang run, no spread
+    assert got["kit"][0].fault_s["hang"] == pytest.approx(calibrate([free], {"hang": [hang]}).fault_s["hang"])
+    assert spreads(None, ["hang"]) == {}
+    with pytest.raises(PlanInputError) as err:
+        records([{"wall_s": 1.0}])
+    assert str(err.value).startswith("calibration run record without 'step_s': rerun python -m bench.goodput")
 
 
 def test_a_section_is_rewritten_alone_and_read_back(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def test_the_kit_keeps_the_most_at_1024_nodes() -> None:
         (lambda: PhaseTimes(replacement_s=float("inf")), "replacement_s=inf: give a finite number >= 0"),
         (lambda: FailureRates(soft=-1.0, node=0.0, drain=0.0, source="x"), "failure rate soft=-1.0"),
         (lambda: FailureRates(soft=0.0, node=0.0, drain=0.0, source="x"), "failure rates are all 0"),
-        (lambda: evaluate("slurm", _job(), LLAMA3), "mechanism 'slurm': use one of kit, kit-no-tiers"),
+        (lambda: evaluate("slurm", _job(), LLAMA3), "mechanism 'slurm': use one of kit-replica, kit, kit-no"),
     ],
 )
 def test_bad_input_is_one_line(make, message: str) -> None:
