@@ -43,6 +43,7 @@ def plan_lines(values: JobValues, config_yaml: str) -> tuple[str | None, list[st
             batch_tokens=world_size(values) * int(data["batch_size"]) * int(data["seq_len"]),
             tiers=checkpoint.get("tiers", "off") == "peer",
             interval=checkpoint.get("interval", defaults.CHECKPOINT_INTERVAL),
+            replicate=(config.get("parallel") or {}).get("replicate", 1),
         )
     except (PlanInputError, CalibrationError) as exc:
         return f"plan: not computed ({exc})", []

@@ -39,3 +39,11 @@ def test_checkpoints_off_gets_its_own_line_and_no_interval() -> None:
         "plan: checkpoint mode off: every fault that loses a node restarts from step 0 (make plan)"
     )
     assert warnings == []
+
+
+def test_the_line_plans_the_jobs_own_layout() -> None:
+    """The plan's step is the job's layout's: 1-D FSDP unless TRAIN.parallel.replicate says HSDP."""
+    fsdp, _ = _lines("NODES=4")
+    hsdp, _ = _lines("NODES=4", "TRAIN.parallel.replicate=4")
+    assert fsdp is not None and "communication of 1-D FSDP over 32 GPUs" in fsdp
+    assert hsdp is not None and "communication of HSDP 4 x 8" in hsdp
