@@ -22,6 +22,15 @@ def test_the_period_spans_whole_save_intervals_of_rank_zero() -> None:
     assert tiers.loop_period([_step(0, 10, 1.0)], 10) is None  # one saved step: no interval
 
 
+def test_the_steady_period_leaves_out_the_saves_that_allocate_the_tiers_memory() -> None:
+    ends = {s: 10.0 * s + (50.0 if s > 10 else 0.0) + (20.0 if s > 20 else 0.0) for s in range(1, 51)}
+    events = [_step(0, s, ts) for s, ts in ends.items()]  # the saves of steps 10 and 20 cost 50 s, 20 s
+    assert tiers.loop_period(events, 10, warmup=2) == pytest.approx(10.0)  # steps 30 to 50
+    assert tiers.loop_period(events, 10) == pytest.approx((ends[50] - ends[10]) / 40)
+    assert tiers.loop_period(events, 10, warmup=4) is None  # only step 50 is left
+    assert tiers.STEPS["steady"] >= (tiers.WARMUP_SAVES + 2) * tiers.STEADY_INTERVAL  # two warm intervals
+
+
 def test_tier_work_is_rank_zeros_write_and_peer_seconds_per_save() -> None:
     events = [
         {"kind": "tier", "rank": 0, "step": 10, "phase": "write", "duration_s": 1.0},
@@ -31,6 +40,7 @@ def test_tier_work_is_rank_zeros_write_and_peer_seconds_per_save() -> None:
         {"kind": "tier", "rank": 1, "step": 20, "phase": "peer", "duration_s": 9.0},
     ]
     assert tiers.tier_work(events) == pytest.approx((4.0 + 2.0) / 2)
+    assert tiers.tier_work(events, warmup=1) == pytest.approx(2.0)  # step 20 only
     assert tiers.tier_work([]) is None
 
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsdpkit.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
+from fsdpkit.resilience.checkpoint.blob import (
+    BlobError,
+    fits,
+    open_blob,
+    plan_blob,
+    seal_blob,
+    stage_blob,
+    write_blob,
+)
 from fsdpkit.resilience.checkpoint.commit import file_checksum
-from fsdpkit.resilience.checkpoint.staging import restore_into
+from fsdpkit.resilience.checkpoint.layout import step_dir
+from fsdpkit.resilience.checkpoint.staging import HostStager, restore_into, take
 from fsdpkit.resilience.checkpoint.tier import NodeTier, new_record
 from fsdpkit.resilience.checkpoint.transfer import buddy_of, plan_sources
 
@@ -132,3 +141,61 @@ def test_the_restore_plan_reads_its_own_node_first_then_spreads_the_sends() -> N
     assert missing == [] and plan == {0: 2, 1: 3, 2: None, 3: None, 4: None, 5: None}
     both = [set(), set(), set(), set(), {2, 3, 4, 5}, {2, 3, 4, 5}]  # node 0 and its buddy lost
     assert plan_sources(both, world)[1] == [0, 1]
+
+
+class _Holder:
+    def __init__(self, sd: dict) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> dict:
+        return self.sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.sd = sd
+
+
+def _stage_into_tier(tier: NodeTier, step: int, state: dict) -> tuple[dict, object]:
+    """What an async save with tiers does: lay the copy out in a recycled file, stage into it, seal it."""
+    taken = take(step, state)
+    layout, _ = plan_blob(taken.live_tree())
+    mem = tier.map_writable(tier.recycle(step, 0), layout.size)
+    tree = HostStager().copy(taken, into=stage_blob(mem, layout))
+    entry = seal_blob(mem, layout)
+    tier.publish(step, 0)
+    tier.commit(new_record(entry, step=step, rank=0, world_size=1, origin="own"))
+    return tree, entry
+
+
+def test_a_copy_staged_into_a_recycled_file_is_the_blob_write_blob_writes(tmp_path) -> None:
+    tier = NodeTier(tmp_path / "tier")
+    big = {"w": torch.randn(70_000), "m": torch.randn(33, 7)}  # one page-aligned tensor, one small
+    state = {"app": _Holder({**big, "step": 3, "name": "x"})}
+    _stage_into_tier(tier, 2, {"app": _Holder({"w": torch.randn(90_000), "junk": torch.randn(5)})})
+    tier.prune(keep=1, newest=2)  # nothing older: step 2 stays
+    _stage_into_tier(tier, 4, state)
+    tier.prune(keep=1, newest=4)  # step 2's blob is now the spare that step 6 is written into
+    assert tier.newest_steps() == [4] and tier.spare(0).exists()
+    tree, entry = _stage_into_tier(tier, 6, state)
+    assert not tier.spare(0).exists()
+    write_blob(tmp_path / "ref.blob", {"app": state["app"].state_dict()})
+    assert tier.blob(6, 0).read_bytes() == (tmp_path / "ref.blob").read_bytes()
+    assert entry.checksum == file_checksum(tier.blob(6, 0), "crc32c")
+    assert tier.verify(tier.record(6, 0), checksum=True) is None
+    assert tree["app"]["w"].data_ptr() % 4096 == 0  # the shard writer sends it with O_DIRECT as it is
+    big["w"].add_(1.0)  # a later update never reaches the copy
+    blob = open_blob(tier.blob(6, 0))
+    assert not torch.equal(blob.tree["app"]["w"], big["w"]) and torch.equal(
+        tree["app"]["w"], blob.tree["app"]["w"]
+    )
+    blob.close()
+
+
+def test_a_pruned_copy_loses_its_record_and_its_blob_is_a_spare_a_dropped_one_is_deleted(tmp_path) -> None:
+    tier = NodeTier(tmp_path)
+    for step in (2, 4, 6):
+        _stage_into_tier(tier, step, {"app": _Holder({"x": torch.full((4,), float(step))})})
+    tier.drop(6, 0)  # a dropped copy may be the stager's host copy still: never written over
+    assert tier.held(6) == {} and not tier.blob(6, 0).exists() and not tier.spare(0).exists()
+    tier.prune(keep=1, newest=4)
+    assert tier.newest_steps() == [4] and not step_dir(tmp_path, 2).exists()
+    assert [p.name for p in (tmp_path / "spare").iterdir()] == ["rank_0.blob"]

@@ -81,6 +81,19 @@ CASES = {
 }
 
 
+def test_staging_into_the_tier_leaves_the_shards_on_shared_storage_byte_for_byte_as_without(
+    saved: tuple[Path, Path, Path],
+) -> None:
+    run_dir, _, ref = saved
+    writes = [e for e in read_events(run_dir) if e["kind"] == "tier" and e["phase"] == "write"]
+    assert len(writes) == 4 and all(e["staged"] for e in writes)  # steps 2 and 4, two ranks
+    step = Path("checkpoints") / "step_00000004"
+    shards = sorted(p.name for p in (run_dir / step).glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    for name in shards:
+        assert (run_dir / step / name).read_bytes() == (ref / step / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_restart_restores_from_memory_or_a_peer_or_says_why_not(
     tmp_path: Path, shm_dir: Path, saved: tuple[Path, Path, Path], case: str

@@ -2,14 +2,22 @@
 
 A blob is the tree a save staged (every tensor of the rank's state dict, DTensors as their local shard, the
 small plain leaves as they are), laid out so that a restore is a memory copy: a header (the tree with a
-placeholder per tensor: dtype, shape, offset), then each tensor's raw bytes, 64-byte aligned. It is written
-through the checkpoint writer's `ChecksumFile`, so its CRC-32C is computed over the same memory as it goes
-out; the tier's record keeps (size, crc32c) and a restore verifies them exactly as resume verifies a shard.
+placeholder per tensor: dtype, shape, offset), then each tensor's raw bytes, 64-byte aligned (page-aligned
+from 64 KiB), zeros between. `write_blob` writes it through the checkpoint writer's `ChecksumFile`, so its
+CRC-32C is computed over the same memory as it goes out; the tier's record keeps (size, crc32c) and a
+restore verifies them exactly as resume verifies a shard.
 
 The header is the kit's tagged JSON (`wire`), never a pickle: a blob is read from node memory that other
 processes can write, and a peer's copy arrives with a checksum its sender computed, so nothing in it may be
 able to run code. A leaf other than a plain value (what `wire` encodes) fails the write: the tier keeps no
 copy of that step, and the shared tier serves it.
+
+An async save stages straight into its blob (`plan_blob`, `stage_blob`, `seal_blob`): the host copy that
+the shard is written from, and that an in-process restart restores, is the blob's memory (a file in the
+tier, mapped shared), so the tier costs no second copy of the state, only the checksum pass that seals it.
+For that, the data section starts on a page (the header is padded with spaces, which JSON ignores) and
+each tensor of at least 64 KiB starts on a page, as the stager's own buffers do: the shard writer sends
+them to the device with O_DIRECT as they are.
 
 Why not a copy of the DCP shard: DCP keeps one copy of each replicated value (the step, the schedule, a
 shared data position) in whichever rank's file its planner picks, so a rank's own shard file cannot restore
@@ -31,9 +39,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from fsdpkit.resilience.checkpoint.commit import FileEntry
+from fsdpkit.resilience.checkpoint.commit import CHECKSUMS, WRITTEN_CHECKSUM, FileEntry
 from fsdpkit.resilience.checkpoint.guard import SaveGuard
 from fsdpkit.resilience.checkpoint.wire import TensorRef, WireError, decode, encode
+from fsdpkit.resilience.checkpoint.writer import ALIGN as PAGE
 from fsdpkit.resilience.checkpoint.writer import ChecksumFile
 
 FORMAT = "kit-tier-blob/2"
@@ -42,6 +51,8 @@ MAGIC = b"KITBLOB2"
 _PREFIX = struct.Struct("<8sQ")
 """Magic, then the header's length in bytes."""
 _ALIGN = 64
+_PAGE_ALIGNED_FROM = 64 << 10
+"""Tensors of at least this many bytes start on a page (the shard writer's O_DIRECT threshold)."""
 
 
 class BlobError(ValueError):
@@ -50,6 +61,11 @@ class BlobError(ValueError):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _align(offset: int, nbytes: int) -> int:
+    alignment = PAGE if nbytes >= _PAGE_ALIGNED_FROM else _ALIGN
+    return -(-offset // alignment) * alignment
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -61,21 +77,82 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return local.contiguous()
 
 
-def _layout(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
-    """The tree with each tensor replaced by its `TensorRef` (offsets relative to the data section)."""
+def _layout(obj: Any, tensors: list[torch.Tensor], refs: list[TensorRef], offset: list[int]) -> Any:
+    """The tree with each tensor replaced by its `TensorRef` (offsets relative to the data section); the
+    tensors (as they are: a DTensor stays one) and their refs in tree order."""
     if isinstance(obj, torch.Tensor):
-        local = _local(obj)
-        start = -(-offset[0] // _ALIGN) * _ALIGN
-        offset[0] = start + local.nbytes
-        tensors.append(local)
-        return TensorRef(_dtype_name(local.dtype), tuple(local.shape), start, local.nbytes)
+        local = obj.to_local() if isinstance(obj, DTensor) else obj
+        nbytes = local.numel() * local.element_size()
+        start = _align(offset[0], nbytes)
+        offset[0] = start + nbytes
+        ref = TensorRef(_dtype_name(local.dtype), tuple(local.shape), start, nbytes)
+        tensors.append(obj)
+        refs.append(ref)
+        return ref
     if isinstance(obj, dict):
-        return {k: _layout(v, tensors, offset) for k, v in obj.items()}
+        return {k: _layout(v, tensors, refs, offset) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_layout(v, tensors, offset) for v in obj]
+        return [_layout(v, tensors, refs, offset) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_layout(v, tensors, offset) for v in obj)
+        return tuple(_layout(v, tensors, refs, offset) for v in obj)
     return obj
+
+
+@dataclass(frozen=True)
+class BlobLayout:
+    """Where everything of a blob goes: `head` (prefix and header, padded to a page: the data section
+    starts right after it), each tensor's `TensorRef` (in tree order), and the blob's size."""
+
+    head: bytes
+    refs: list[TensorRef]
+    size: int
+
+    @property
+    def base(self) -> int:
+        return len(self.head)
+
+
+def plan_blob(tree: dict[str, Any]) -> tuple[BlobLayout, list[torch.Tensor]]:
+    """The layout of `tree`'s blob (tensor leaves live or staged, only their local shapes and dtypes are
+    read), and its tensors in tree order. TypeError for a leaf the tier cannot keep (see `wire`)."""
+    tensors: list[torch.Tensor] = []
+    refs: list[TensorRef] = []
+    end = [0]
+    skeleton = _layout(tree, tensors, refs, end)
+    header = encode({"format": FORMAT, "tree": skeleton})
+    header += b" " * (-(_PREFIX.size + len(header)) % PAGE)  # the data section starts on a page
+    head = _PREFIX.pack(MAGIC, len(header)) + header
+    return BlobLayout(head=head, refs=refs, size=len(head) + end[0]), tensors
+
+
+def stage_blob(mem: mmap.mmap, layout: BlobLayout) -> list[torch.Tensor]:
+    """Lay `layout` out in `mem` (a blob file's map, `layout.size` bytes, maybe holding an older blob):
+    the header and zeros between the tensors are written; returns one host tensor per tensor of the
+    layout, a view into `mem`, for the stager to copy the state into."""
+    mem[: layout.base] = layout.head
+    views = []
+    end = layout.base
+    for ref in layout.refs:
+        start = layout.base + ref.offset
+        if start > end:
+            mem[end:start] = bytes(start - end)
+        end = start + ref.nbytes
+        dtype = getattr(torch, ref.dtype)
+        numel = ref.nbytes // dtype.itemsize
+        if numel == 0:
+            views.append(torch.empty(ref.shape, dtype=dtype))
+        else:
+            views.append(torch.frombuffer(mem, dtype=dtype, count=numel, offset=start).view(ref.shape))
+    return views
+
+
+def seal_blob(mem: mmap.mmap, layout: BlobLayout) -> FileEntry:
+    """The size and CRC-32C of a blob staged in `mem` (one pass over it, the GIL released)."""
+    view = memoryview(mem)[: layout.size]
+    try:
+        return FileEntry(size=layout.size, **{WRITTEN_CHECKSUM: CHECKSUMS[WRITTEN_CHECKSUM](view, 0)})
+    finally:
+        view.release()
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
@@ -86,19 +163,17 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
 def write_blob(path: Path, tree: dict[str, Any], *, guard: SaveGuard | None = None) -> FileEntry:
     """Write `tree` (a staged or live state dict) to `path`; its size and CRC-32C. Raises OSError, and
     SaveAbandoned (from `guard`) between tensors once the save is abandoned."""
-    tensors: list[torch.Tensor] = []
-    skeleton = _layout(tree, tensors, [0])
-    header = encode({"format": FORMAT, "tree": skeleton})  # TypeError for a leaf the tier cannot keep
+    layout, tensors = plan_blob(tree)  # TypeError for a leaf the tier cannot keep
     out = ChecksumFile(path, direct=False)
     try:
-        out.write(_PREFIX.pack(MAGIC, len(header)))
-        out.write(header)
-        for tensor in tensors:
+        out.write(layout.head)
+        for tensor, ref in zip(tensors, layout.refs, strict=True):
             if guard is not None:
                 guard.check()
-            out.pad_to(_ALIGN)
-            if tensor.nbytes:
-                out.write(_bytes_of(tensor))
+            out.write(bytes(layout.base + ref.offset - out.tell()))
+            local = _local(tensor)  # held while its bytes are written (a view of it has no reference)
+            if ref.nbytes:
+                out.write(_bytes_of(local))
         return out.close(fsync=False)  # memory-backed: nothing to make durable
     except BaseException:
         out.abort()

@@ -1,10 +1,12 @@
 """The checkpointer's memory tiers (config `checkpoint.tiers`): what a save leaves in memory, and the
 restore that reads it back instead of shared storage.
 
-Saving, on the writer thread (off the training loop): after the host copy, each rank writes its state as
-a blob into its node's tier (fsdpkit.resilience.checkpoint.tier); once rank 0 has committed the step on
-shared storage and every rank's blob is written, each rank commits its copy's record, sends the copy to
-its buddy on the next node and receives its other neighbour's (fsdpkit.resilience.checkpoint.transfer),
+Saving, on the writer thread (off the training loop): each rank's host copy of its state is staged
+straight into its blob in its node's tier (fsdpkit.resilience.checkpoint.tier; `reserve`, then the stager
+copies, the shard is written from it, and `seal` checksums it and writes its record), or, where the state
+is on a GPU or the save is synchronous, written as a blob after the shard (`write`); once rank 0 has
+committed the step on shared storage and every rank's blob is written, each rank sends its copy to its
+buddy on the next node and receives its other neighbour's (fsdpkit.resilience.checkpoint.transfer),
 then keeps only the newest `tier_keep` steps. A rank that could not write its copy costs the tier that
 step, never the save: the shared tier is unchanged and stays what a new job, another world size or a
 second failure reads.
@@ -21,12 +23,24 @@ if any rank cannot, every rank falls back to shared storage, and rank 0 says why
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fsdpkit.resilience.checkpoint.blob import BlobError, fits, open_blob, write_blob
+import torch
+
+from fsdpkit.resilience.checkpoint.blob import (
+    BlobError,
+    BlobLayout,
+    fits,
+    open_blob,
+    plan_blob,
+    seal_blob,
+    stage_blob,
+    write_blob,
+)
 from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 from fsdpkit.resilience.checkpoint.guard import SaveAbandoned, SaveGuard
@@ -38,6 +52,19 @@ from fsdpkit.runtime.events import EventLog
 log = logging.getLogger("fsdpkit.resilience.checkpoint")
 
 Source = Literal["memory", "peer"]
+
+
+@dataclass
+class StagedBlob:
+    """This rank's copy of a step being staged in its node's tier: the file's map, its layout, and one
+    host tensor per tensor of the state (views into the map) for the stager to copy into."""
+
+    step: int
+    mem: mmap.mmap
+    layout: BlobLayout
+    views: list[torch.Tensor]
+    spent_s: float
+    """Seconds spent laying it out (the `write` event counts them)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +149,7 @@ class MemoryTiers:
         after a restart) loses its record first, so a write that fails leaves no copy of the step."""
         t0 = time.time()
         self.tier.drop(step, self.rank)
-        path = self.tier.pending(step, self.rank)
+        path = self.tier.recycle(step, self.rank)  # the spare's pages: the tier never holds a third copy
         try:
             entry = write_blob(path, tree, guard=guard)
             self.tier.publish(step, self.rank)
@@ -138,6 +165,49 @@ class MemoryTiers:
             return False
         self.events.emit("tier", step=step, phase="write", duration_s=time.time() - t0, bytes=entry.size)
         return True
+
+    def reserve(self, step: int, tree: dict[str, Any]) -> StagedBlob | None:
+        """Writer thread, before the host copy: this rank's copy of `step` laid out in its node's tier (a
+        recycled file, in a kept map) for the stager to copy `tree` (the state, live tensors) into; None
+        if the tier cannot keep it (said once, with the reason; the save goes on, staged elsewhere). An
+        older copy of the same step loses its record first, as in `write`."""
+        t0 = time.time()
+        self.tier.drop(step, self.rank)
+        try:
+            layout, _ = plan_blob(tree)
+            mem = self.tier.map_writable(self.tier.recycle(step, self.rank), layout.size)
+            views = stage_blob(mem, layout)
+        except (OSError, TypeError, ValueError) as exc:  # e.g. /dev/shm full, a leaf JSON cannot hold
+            self.tier.discard(step, self.rank)
+            self._failed(step, "write", f"{type(exc).__name__}: {exc}")
+            return None
+        return StagedBlob(step=step, mem=mem, layout=layout, views=views, spent_s=time.time() - t0)
+
+    def seal(self, staged: StagedBlob) -> bool:
+        """Writer thread, after this rank's shard is written from the staged copy: its checksum, then its
+        record (from now on the copy exists, once the step is committed); False if that failed."""
+        t0 = time.time()
+        try:
+            entry = seal_blob(staged.mem, staged.layout)
+            self.tier.publish(staged.step, self.rank)
+            self.tier.commit(
+                new_record(entry, step=staged.step, rank=self.rank, world_size=self.world_size, origin="own")
+            )
+        except OSError as exc:
+            self.discard(staged.step)
+            self._failed(staged.step, "write", f"{type(exc).__name__}: {exc}")
+            return False
+        self.events.emit(
+            "tier", step=staged.step, phase="write", duration_s=staged.spent_s + time.time() - t0,
+            bytes=entry.size, staged=True,
+        )  # fmt: skip
+        return True
+
+    def discard(self, step: int) -> None:
+        """A staged copy that will not be sealed (the save failed or was abandoned): no record, deleted."""
+        self.tier.record_path(step, self.rank).unlink(missing_ok=True)
+        self.tier.discard(step, self.rank)
+        self.tier.drop(step, self.rank)
 
     def replicate(self, comm: CheckpointComm, step: int, guard: SaveGuard | None) -> None:
         """Every rank (a collective), once every rank's copy of `step` is written (agreed by the caller):

@@ -25,7 +25,7 @@ from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
 from fsdpkit.resilience.checkpoint.inflight import InflightSave, OnWait
 from fsdpkit.resilience.checkpoint.resume import one_line
 from fsdpkit.resilience.checkpoint.shards import ShardWriter
-from fsdpkit.resilience.checkpoint.staging import HostStager, flatten_state, take
+from fsdpkit.resilience.checkpoint.staging import HostStager, TakenState, flatten_state, take
 from fsdpkit.resilience.checkpoint.tier_hook import TierHook
 from fsdpkit.resilience.checkpoint.worker import BackgroundWorker
 from fsdpkit.resilience.checkpoint.writer import KitStorageWriter
@@ -144,24 +144,35 @@ class KitAsyncSave(BackgroundSavePath):
         self._submit(save, lambda: self._job(save, taken))
         return True
 
-    def _job(self, save: InflightSave, taken: Any) -> None:
+    def _job(self, save: InflightSave, taken: TakenState) -> None:
+        """Stage (into the memory tier's blob where there is one: no second copy), write the shard from
+        it, seal the tier's copy or write it (a state on a GPU), then the collective end of the save."""
+        staged = None
         try:
             save.guard.point("staging")
-            tree = self.stager.copy(taken, save.guard)
+            staged = self._tiers.reserve(save, taken)
+            tree = self.stager.copy(taken, save.guard, into=None if staged is None else staged.views)
         except SaveAbandoned:
+            self._tiers.discard(staged)
             raise
         except SAVE_ERRORS as exc:  # e.g. out of host memory: fail this save, keep training
-            tree, copy_error = None, one_line(exc)
+            self._tiers.discard(staged)
+            tree, copy_error, staged = None, one_line(exc), None
         else:
             copy_error = None
         finally:
             save.staged.set()
         ok, error, files = False, copy_error, {}
-        if self._comm.all_true(tree is not None) and self._shards.prepare_folder(save.step):
-            ok, error, files = self._shards.write(save, tree)
-        elif error is None:
-            error = "another rank could not stage or clear the step folder"
-        self._finisher.finish(save, ok, error, files, tiered=ok and self._tiers.write(save, tree))
+        try:
+            if self._comm.all_true(tree is not None) and self._shards.prepare_folder(save.step):
+                ok, error, files = self._shards.write(save, tree)
+            elif error is None:
+                error = "another rank could not stage or clear the step folder"
+        except BaseException:
+            self._tiers.discard(staged)
+            raise
+        tiered = self._tiers.keep(save, taken, staged, tree, ok)
+        self._finisher.finish(save, ok, error, files, tiered=tiered)
 
     def close(self, timeout_s: float | None) -> None:
         super().close(timeout_s)

@@ -6,6 +6,11 @@ buffers that are allocated on the first save and reused by every later one (pinn
 device-to-host copies are asynchronous DMA on a side stream). CPU tensors are copied too: an optimizer
 step after the save must never reach the checkpoint. Until the copy is done, the checkpointer holds
 every `optimizer.step()` (see `Checkpointer`), so the copy overlaps forward and backward.
+
+With memory tiers, the copy goes straight into the tier's blob (`copy(..., into=...)`: one host tensor per
+tensor of the state, views into the blob file's map; see `blob.stage_blob`) and the stager's own buffers
+are freed: the host copy that the shard is written from and that an in-process restart restores is then
+the tier's copy itself, and the tier costs no second copy.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ class TakenState:
     paths: list[str]
     ready_event: Any = None
     """CUDA event recorded on the training stream when the state was taken (None on CPU)."""
+
+    def live_tree(self) -> dict[str, Any]:
+        """The tree with the live tensors in place (for their shapes; before `copy`, which drops them)."""
+        return _fill(self.tree, self.tensors)
 
 
 def _walk(obj: Any, path: str, tensors: list[torch.Tensor], paths: list[str]) -> Any:
@@ -137,6 +146,16 @@ class _PageArena:
         return torch.frombuffer(mem, dtype=dtype, count=numel, offset=offset).view(shape)
 
 
+def _as_staged(src: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """What goes into the staged tree for `src` copied into `buffer`: the buffer, or a DTensor around it
+    (same mesh and placements)."""
+    if isinstance(src, DTensor):
+        return DTensor.from_local(
+            buffer, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
+        )
+    return buffer
+
+
 class HostStager:
     """Reusable host buffers, one per tensor path; `nbytes` is the staging memory held."""
 
@@ -164,20 +183,19 @@ class HostStager:
             buffer = self._arena.empty(local.shape, local.dtype)
         else:
             buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu")
-        if isinstance(src, DTensor):
-            staged = DTensor.from_local(
-                buffer, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
-            )
-        else:
-            staged = buffer
-        slot = _Slot(buffer=buffer, staged=staged, key=key)
+        slot = _Slot(buffer=buffer, staged=_as_staged(src, buffer), key=key)
         self._slots[path] = slot
         return slot
 
-    def copy(self, taken: TakenState, guard: SaveGuard | None = None) -> dict[str, Any]:
-        """Writer thread: copy every tensor into its buffer; returns the staged tree (DCP-saveable).
-        Raises SaveAbandoned between tensors once the save is abandoned (the copy then stays torn)."""
+    def copy(
+        self, taken: TakenState, guard: SaveGuard | None = None, *, into: list[torch.Tensor] | None = None
+    ) -> dict[str, Any]:
+        """Writer thread: copy every tensor into its buffer, or into `into` (host tensors of the local
+        shapes, in `take` order: the memory tier's blob); returns the staged tree (DCP-saveable). Raises
+        SaveAbandoned between tensors once the save is abandoned (the copy then stays torn)."""
         self.last, self.last_step = None, None  # torn while copying
+        if into is not None and self._slots:
+            self.close()  # its own buffers: freed while the copies go into the tier's memory
         values: list[Any] = []
         delay_s = test_delay_s()
         cuda = taken.ready_event is not None
@@ -187,15 +205,20 @@ class HostStager:
         with ctx:
             if cuda:
                 self._stream.wait_event(taken.ready_event)
-            for path, src in zip(taken.paths, taken.tensors, strict=True):
+            for i, (path, src) in enumerate(zip(taken.paths, taken.tensors, strict=True)):
                 if delay_s:
                     time.sleep(delay_s)
                 if guard is not None:
                     guard.check()
-                slot = self._slot(path, src)
                 local = src.to_local() if isinstance(src, DTensor) else src
-                slot.buffer.copy_(local.detach(), non_blocking=local.is_cuda)
-                values.append(slot.staged)
+                if into is None:
+                    slot = self._slot(path, src)
+                    buffer, staged = slot.buffer, slot.staged
+                else:
+                    buffer = into[i]
+                    staged = _as_staged(src, buffer)
+                buffer.copy_(local.detach(), non_blocking=local.is_cuda)
+                values.append(staged)
         if cuda:
             self._stream.synchronize()
         taken.tensors.clear()  # drop references to live tensors

@@ -12,6 +12,13 @@ buddy sent it). A blob is written while the save runs, its record last, so a cop
 not exist for restore, exactly as a step folder without its commit record; and a restore reads only copies
 of the newest step committed on shared storage. It verifies size and checksum (`checkpoint.verify`)
 against the record.
+
+Files are recycled, not freed: a copy whose step is pruned loses its record first, then its blob moves to
+`spare/rank_<R>.blob` (one per rank whose copy this node keeps), and the next copy of that rank is written
+into it. Each process keeps its few writable maps of such files (`map_writable`), so after the
+first saves a copy is written into memory that is already mapped: no page faults, no zeroed pages, no
+pages freed per save (on the 2-core test machine a fresh 748 MB tmpfs file cost ~1.4 s of CPU to map and
+fill, against ~0.16 s for the same copy into a kept map). Only whole blobs move; a spare is never read.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import mmap
 import os
 import shutil
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,6 +40,11 @@ from fsdpkit.resilience.checkpoint.layout import list_steps, step_dir
 
 TIER_DIR_ENV = env.TIER_DIR
 FORMAT = "kit-tier-record/1"
+SPARE = "spare"
+"""The folder of recycled blobs (not a step: restores and pruning never read it)."""
+_MAPS_KEPT = 4
+"""Writable maps one process keeps: its own copy and the copy it holds for its buddy, two steps each (the
+kept step and the one being written)."""
 Origin = Literal["own", "peer"]
 
 
@@ -80,6 +93,8 @@ class NodeTier:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._maps: OrderedDict[tuple[int, int], mmap.mmap] = OrderedDict()
+        """(device, inode) -> this process's shared writable map of that file, least recently used first."""
 
     def blob(self, step: int, rank: int) -> Path:
         return step_dir(self.root, step) / f"rank_{rank}.blob"
@@ -107,7 +122,72 @@ class NodeTier:
     def drop(self, step: int, rank: int) -> None:
         """Forget one copy (record first, so a half-removed copy never counts)."""
         self.record_path(step, rank).unlink(missing_ok=True)
-        self.blob(step, rank).unlink(missing_ok=True)
+        self._remove(self.blob(step, rank))
+
+    def discard(self, step: int, rank: int) -> None:
+        """Forget a copy that was being written (it has no record)."""
+        self._remove(step_dir(self.root, step) / f"rank_{rank}.blob.tmp")
+
+    def _remove(self, path: Path) -> None:
+        """Delete a blob, never recycled: a dropped copy may still be the stager's host copy of the last
+        save (an in-process restart restores it), so only pruned steps, older than any host copy, give
+        spares. Its kept map is forgotten (the memory goes with the last view of it)."""
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(path)
+            self._maps.pop((st.st_dev, st.st_ino), None)
+            path.unlink()
+
+    def spare(self, rank: int) -> Path:
+        return self.root / SPARE / f"rank_{rank}.blob"
+
+    def _retire(self, path: Path, rank: int) -> None:
+        """Move a blob that no record names to the spares (another local rank may have moved it first)."""
+        try:
+            self.spare(rank).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, self.spare(rank))
+        except FileNotFoundError:
+            return
+
+    def recycle(self, step: int, rank: int) -> Path:
+        """`pending(step, rank)`, holding the spare blob of `rank` if there is one (to be written over)."""
+        path = self.pending(step, rank)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.spare(rank), path)
+        return path
+
+    def map_writable(self, path: Path, size: int) -> mmap.mmap:
+        """`path` as `size` bytes mapped shared and writable, created if missing. The map of a file this
+        process mapped before at that size is reused as it is (its old bytes stay until written over);
+        any other file is resized to `size` zero bytes, allocated at once (OSError, e.g. ENOSPC, if /dev/shm
+        cannot hold it). The map belongs to the tier: never close it."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            kept = self._maps.pop(key, None)
+            if kept is not None and len(kept) == max(size, 1) and st.st_size == size:
+                self._maps[key] = kept
+                return kept
+            os.ftruncate(fd, 0)  # whatever it held (another size, a map not ours) reads as zeros
+            os.ftruncate(fd, size)
+            if size:  # the pages now: a full /dev/shm is ENOSPC here, never SIGBUS while writing the map
+                os.posix_fallocate(fd, 0, size)
+            mem = mmap.mmap(fd, size) if size else mmap.mmap(-1, 1)
+        finally:
+            os.close(fd)
+        self._maps[key] = mem
+        while len(self._maps) > _MAPS_KEPT:
+            self._maps.popitem(last=False)  # a view still in use keeps its memory; the map goes with it
+        return mem
+
+    def mapped(self, path: Path) -> mmap.mmap | None:
+        """This process's writable map of `path` if it keeps one of the file's whole size (to send from)."""
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            mem = self._maps.get((st.st_dev, st.st_ino))
+            if mem is not None and len(mem) == st.st_size:
+                return mem
+        return None
 
     def record(self, step: int, rank: int) -> TierRecord | None:
         """The copy's record if it is readable and describes this step and rank; else None."""
@@ -155,7 +235,19 @@ class NodeTier:
         kept = set(committed[-keep:]) | {newest}
         for step in list_steps(self.root):
             if step < newest and step not in kept:
+                self._recycle_step(step)
                 shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+
+    def _recycle_step(self, step: int) -> None:
+        """Every copy of a step that is removed: its record goes, then its blob (or the pending one) is a
+        spare."""
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(step_dir(self.root, step)):
+                name = entry.name
+                rank = name[len("rank_") :].removesuffix(".tmp").removesuffix(".blob")
+                if name.startswith("rank_") and name.endswith((".blob", ".blob.tmp")) and rank.isdigit():
+                    self.record_path(step, int(rank)).unlink(missing_ok=True)
+                    self._retire(Path(entry.path), int(rank))
 
     def host_bytes(self) -> int:
         """Bytes the tier holds now (the blobs and what is being written)."""
@@ -165,15 +257,6 @@ class NodeTier:
                 with contextlib.suppress(OSError):
                     total += os.stat(os.path.join(folder, name)).st_size
         return total
-
-
-def incoming(path: Path, size: int) -> mmap.mmap:
-    """A file of `size` bytes at `path`, mapped shared and writable: a peer's blob is received into it."""
-    with open(path, "w+b") as fh:
-        fh.truncate(size)
-        if size == 0:
-            return mmap.mmap(-1, 1)
-        return mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_WRITE)
 
 
 def outgoing(path: Path) -> mmap.mmap:

@@ -13,8 +13,9 @@ from fsdpkit.resilience.checkpoint.comm import SAVE_ERRORS, CheckpointComm
 from fsdpkit.resilience.checkpoint.config import CheckpointConfig
 from fsdpkit.resilience.checkpoint.guard import SaveAbandoned
 from fsdpkit.resilience.checkpoint.inflight import InflightSave
-from fsdpkit.resilience.checkpoint.memory_tiers import MemoryTiers, TierRestore
+from fsdpkit.resilience.checkpoint.memory_tiers import MemoryTiers, StagedBlob, TierRestore
 from fsdpkit.resilience.checkpoint.resume import one_line
+from fsdpkit.resilience.checkpoint.staging import TakenState
 from fsdpkit.runtime.events import EventLog
 
 log = logging.getLogger("fsdpkit.resilience.checkpoint")
@@ -50,6 +51,34 @@ class TierHook:
         """This rank's memory-tier copy of the step, written after its shard. It counts only once the step
         is committed on shared storage (a restore checks), so it needs no word from rank 0."""
         return self.tiers is not None and self.tiers.write(save.step, tree, save.guard)
+
+    def reserve(self, save: InflightSave, taken: TakenState) -> StagedBlob | None:
+        """Before the host copy of an async save: this rank's copy of the step laid out in the tier, to
+        stage into (None: stage into the host buffers; with tiers the tier then keeps no copy of this
+        step, or, for a state on a GPU, writes it after the shard from the pinned host copy)."""
+        if self.tiers is None or taken.ready_event is not None:
+            return None
+        return self.tiers.reserve(save.step, taken.live_tree())
+
+    def keep(
+        self, save: InflightSave, taken: TakenState, staged: StagedBlob | None, tree: Any, ok: bool
+    ) -> bool:
+        """After the shard of an async save: if it was written (`ok`), this rank's copy of the step, the
+        staged one sealed (checksum, record), or for a state on a GPU the host copy `tree` written as a
+        blob; else the staged copy is dropped. False: no copy of this step on this rank."""
+        if self.tiers is None:
+            return False
+        if staged is None:  # on a GPU: written from the pinned host copy; else `reserve` said why not
+            return ok and taken.ready_event is not None and self.tiers.write(save.step, tree, save.guard)
+        if not ok:
+            self.tiers.discard(staged.step)
+            return False
+        return self.tiers.seal(staged)
+
+    def discard(self, staged: StagedBlob | None) -> None:
+        """A staged copy whose save stopped before its shard was written."""
+        if self.tiers is not None and staged is not None:
+            self.tiers.discard(staged.step)
 
     def agree(self, tiered: bool) -> bool:
         """Collective (with tiers): whether every rank wrote its copy of the step."""

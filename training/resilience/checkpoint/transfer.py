@@ -25,7 +25,7 @@ import torch.distributed as dist
 from fsdpkit.resilience.checkpoint.comm import CheckpointComm
 from fsdpkit.resilience.checkpoint.commit import CHECKSUMS, WRITTEN_CHECKSUM
 from fsdpkit.resilience.checkpoint.guard import SaveGuard
-from fsdpkit.resilience.checkpoint.tier import NodeTier, TierRecord, incoming, new_record, outgoing
+from fsdpkit.resilience.checkpoint.tier import NodeTier, TierRecord, new_record, outgoing
 
 CHUNK_BYTES = 256 << 20
 """Bytes per message: gloo sends each as one buffer; a few hundred MB keeps every message far from any
@@ -128,11 +128,11 @@ def _span(chunk: int, size: int) -> tuple[int, int]:
 
 
 def _accept(tier: NodeTier, mem: mmap.mmap, record: TierRecord, sender: int) -> TierRecord:
-    """Verify an arrived copy against the sender's record; publish it with its own record."""
+    """Verify an arrived copy against the sender's record; publish it with its own record. (`mem` is the
+    tier's kept map of the file: left open.)"""
     value = _checksum(mem, record.size)
-    mem.close()
     if value != record.crc32c:
-        tier.pending(record.step, record.rank).unlink(missing_ok=True)
+        tier.discard(record.step, record.rank)
         raise TransferError(
             f"rank {record.rank}'s copy of step {record.step} from rank {sender} arrived damaged "
             f"(crc32c {value:08x} != {record.crc32c:08x})"
@@ -145,29 +145,49 @@ def _accept(tier: NodeTier, mem: mmap.mmap, record: TierRecord, sender: int) -> 
     return mine
 
 
-def _source(tier: NodeTier, step: int, rank: int, size: int) -> tuple[mmap.mmap, str | None]:
-    """The memory of `rank`'s copy of `step` to send, or zeros and why not (the exchange is a collective:
-    a rank that cannot send still takes part, and its receiver finds the copy damaged)."""
+@dataclass
+class _Mem:
+    """Memory a round sends from or receives into; `owned`: the round closes it (not one of the tier's
+    kept maps)."""
+
+    mem: mmap.mmap
+    owned: bool
+
+    def close(self) -> None:
+        if self.owned:
+            self.mem.close()
+
+
+def _source(tier: NodeTier, step: int, rank: int, size: int) -> tuple[_Mem, str | None]:
+    """The memory of `rank`'s copy of `step` to send (the tier's own map of it when this process wrote
+    it), or zeros and why not (the exchange is a collective: a rank that cannot send still takes part,
+    and its receiver finds the copy damaged)."""
+    path = tier.blob(step, rank)
+    kept = tier.mapped(path)
+    if kept is not None and len(kept) >= size:
+        return _Mem(kept, owned=False), None
     try:
-        mem = outgoing(tier.blob(step, rank))
+        mem = outgoing(path)
     except OSError as exc:
         problem = f"rank {rank}'s copy of step {step} cannot be sent ({exc.strerror or exc})"
     else:
         if len(mem) >= size:
-            return mem, None
+            return _Mem(mem, owned=True), None
         mem.close()
         problem = f"rank {rank}'s copy of step {step} is shorter than its record"
-    return mmap.mmap(-1, max(size, 1)), problem
+    return _Mem(mmap.mmap(-1, max(size, 1)), owned=True), problem
 
 
-def _sink(tier: NodeTier, expected: TierRecord) -> tuple[mmap.mmap, str | None]:
-    """Where the copy this rank receives goes: its node's tier, or a scratch map and why not."""
+def _sink(tier: NodeTier, expected: TierRecord) -> tuple[_Mem, str | None]:
+    """Where the copy this rank receives goes: its node's tier (a recycled file, in a kept map), or a
+    scratch map and why not."""
     try:
-        return incoming(tier.pending(expected.step, expected.rank), expected.size), None
+        path = tier.recycle(expected.step, expected.rank)
+        return _Mem(tier.map_writable(path, expected.size), owned=False), None
     except OSError as exc:
-        tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
+        tier.discard(expected.step, expected.rank)
         problem = f"no room for rank {expected.rank}'s copy of step {expected.step} ({exc.strerror or exc})"
-        return mmap.mmap(-1, max(expected.size, 1)), problem
+        return _Mem(mmap.mmap(-1, max(expected.size, 1)), owned=True), problem
 
 
 def _round(
@@ -184,7 +204,7 @@ def _round(
     the received copy, or None. Whatever goes wrong locally (`problem`, a copy that cannot be read or
     stored) is raised as TransferError only after the exchange, so no peer is left waiting."""
     problems = [problem] if problem else []
-    send: dict[int, mmap.mmap] = {}
+    send: dict[int, _Mem] = {}
     sink = None
     mine = next((m for m in moves if m.receiver == comm.rank), None)
     try:
@@ -195,23 +215,22 @@ def _round(
         if mine is not None and expected is not None:
             sink, why = _sink(tier, expected)
             problems += [why] if why else []
-        _exchange(comm, moves, send, sink, guard)
+        receive = None if sink is None else sink.mem
+        _exchange(comm, moves, {r: m.mem for r, m in send.items()}, receive, guard)
+        if problems:
+            raise TransferError("; ".join(problems))
+        if sink is None or expected is None or mine is None:
+            return None
+        return _accept(tier, sink.mem, expected, mine.sender)
     except BaseException:
         if sink is not None and expected is not None:
-            sink.close()
-            tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
+            tier.discard(expected.step, expected.rank)  # no record: never counts
         raise
     finally:
         for mem in send.values():
             mem.close()
-    if problems:
-        if sink is not None and expected is not None:
+        if sink is not None:
             sink.close()
-            tier.pending(expected.step, expected.rank).unlink(missing_ok=True)
-        raise TransferError("; ".join(problems))
-    if sink is None or expected is None or mine is None:
-        return None
-    return _accept(tier, sink, expected, mine.sender)
 
 
 def replicate(
