@@ -231,11 +231,14 @@ def test_a_silent_node_gives_its_rank_to_the_spare_and_comes_back_as_a_spare(
 
 
 def test_with_in_place_restarts_a_newcomer_takes_a_lost_nodes_place_in_the_running_round(
-    store: Store, caplog: pytest.LogCaptureFixture
+    store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--rank-restart in-place`: the spare takes the lost node's rank in round 1 itself (no member
     re-joins: their workers wait for it in process), the round's result names it, a second newcomer does
-    not take the same place, and the node holding rank 0 (the workers' stores) is never substituted."""
+    not take the same place, and takes rank 0's when its node is lost (the workers' stores are not there:
+    the handler hands out its own store's address)."""
+    for name in ("KIT_REJOIN", "KIT_RDZV_ROUND"):  # a launcher's own environment, set for its workers
+        monkeypatch.delenv(name, raising=False)  # here the test's: gone again after it
     a, b, c = (Member(store, 3, substitute=True).join() for _ in range(3))
     results = {m: m.result() for m in (a, b, c)}
     by_rank = {r[1]: m for m, r in results.items()}
@@ -255,9 +258,9 @@ def test_with_in_place_restarts_a_newcomer_takes_a_lost_nodes_place_in_the_runni
     )
     loser = other if winner is spare else spare
     assert loser.pending(), "one newcomer per place"
-    keeper.handler.depart()  # rank 0's node: its workers' stores are gone, so no substitution
-    time.sleep(1.0)
-    assert loser.pending()
+    keeper.handler.depart()
+    assert loser.result() == (1, 0, 3), "rank 0's place too"
+    assert keeper.handler.use_agent_store and os.environ.get("KIT_RDZV_ROUND") == "1"
 
 
 def test_a_node_that_leaves_is_replaced_without_waiting_for_its_beat_to_expire(

@@ -96,8 +96,10 @@ def _wait(sock: socket.socket, stopping: list[bool]) -> int:
 def _again_in_place(code: int, env: dict[str, str], restarts: int, stopping: bool) -> bool:
     """`--rank-restart in-place`: a worker that died of a crash signal (not a stop) is started again in
     this shim, up to KIT_RANK_RESTART_MAX times, and its peers (restarting in process) restore it from a
-    live replica; rank 0 hosts the workers' stores, so its loss restarts the group instead."""
-    if env.get(RANK_RESTART_ENV) != "in-place" or stopping or env.get("RANK", "0") == "0":
+    live replica. Where rank 0 hosts the workers' stores (no shared agent store), its loss restarts the
+    group instead."""
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if env.get(RANK_RESTART_ENV) != "in-place" or stopping or (env.get("RANK", "0") == "0" and not shared):
         return False
     return -code in CRASH_SIGNALS and restarts < int(env.get(RANK_RESTART_MAX_ENV, "3"))
 

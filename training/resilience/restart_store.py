@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch.distributed as dist
 
+from fsdpkit.contracts import env
 from fsdpkit.runtime.distributed import serve_store
 from fsdpkit.runtime.run_token import run_key
 
@@ -28,7 +29,8 @@ BARRIER_POLL = timedelta(seconds=0.1)
 
 class RestartStore:
     """The barrier's own TCPStore: rank 0 hosts it on a free port published through the job store (sealed
-    with the run's key: a port a client without the run's token wrote is refused)."""
+    with the run's key: a port a client without the run's token wrote is refused); under the kit's
+    `--rank-restart in-place` the job store itself (the rendezvous' store, which no worker hosts)."""
 
     def __init__(self, ctx: DistContext, timeout_s: float) -> None:
         self.ctx = ctx
@@ -36,6 +38,11 @@ class RestartStore:
         key = f"{run_key().scoped('kit/', 'inprocess')}{ctx.store_scope}/inprocess_store_port"
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         assert ctx.store is not None
+        if os.environ.get(env.RDZV_ROUND) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # the job store outlives every worker (the kit rendezvous' store, `--rank-restart in-place`):
+            # the barrier lives there too, so the loss of rank 0 is a rank's loss like any other
+            self.store = dist.PrefixStore(f"{key}/shared/", ctx.store)
+            return
         if ctx.rank == 0:
             self.store = serve_store(host, 0, world_size=ctx.world_size, timeout=self.timeout)
             ctx.store.set(key, run_key().seal(key, str(self.store.port)))

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fsdpkit.contracts import env
 from fsdpkit.contracts.ports import free_port_run
 from fsdpkit.runtime import stacks
 from fsdpkit.runtime import torch_internals as internals
@@ -69,9 +70,12 @@ class DistContext:
         it is new each round, so one fixed scope is right. The restart count is NOT a round id: a node that
         restarts because another node failed does not spend a restart, so the counts differ between nodes
         and ranks would wait on each other's keys forever. Only the elastic agent's shared store outlives a
-        round; there the restart count is the best scope there is (reference: torch-on-cpu.md §3.2)."""
+        round; there the restart count is the best scope there is (reference: torch-on-cpu.md §3.2), unless
+        the kit's rendezvous names its round (`--rank-restart in-place`: the workers' keys live in the
+        rendezvous store, which outlives every worker and node, so no rank hosts what the others need)."""
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-            return f"attempt{self.attempt}"
+            kit_round = os.environ.get(env.RDZV_ROUND)
+            return f"round{kit_round}" if kit_round else f"attempt{self.attempt}"
         return "job"
 
 

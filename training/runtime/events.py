@@ -36,7 +36,8 @@ Kinds and their own fields:
                   "shared"; "none"), why (why not live;
                   null when live), duration_s, iteration (NVRx Wrapper mode only)
     tier          the memory tiers (fsdpkit.resilience.checkpoint.memory_tiers): step, phase ("write": this
-                  rank's copy written, bytes; "peer": its copy sent to its buddy and the neighbour's
+                  rank's copy written, bytes, staged (true: the save's host copy was staged
+                  straight into it); "peer": its copy sent to its buddy and the neighbour's
                   received, bytes both ways, held_for (that neighbour's rank); "failed": stage, error (the
                   step is left to shared storage); "fallback": rank 0, a restore that memory could not
                   serve, reason), duration_s

@@ -118,7 +118,9 @@ class KitRendezvous(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return False
+        """In-place mode: the workers keep their keys in the rendezvous store (it outlives every worker and
+        node; rank 0's own store would die with rank 0), scoped by round (`KIT_RDZV_ROUND`)."""
+        return self.settings.substitute
 
     def get_run_id(self) -> str:
         return self.settings.run_id
@@ -264,6 +266,9 @@ class KitRendezvous(RendezvousHandler):
         self.pool.forget()  # a member now: a later pool entry is a new one
         self._waiting_cache = (0.0, 0)
         store = dist.PrefixStore(self.keys.round(t, "agent"), self.link.store)
+        if self.settings.substitute:  # the workers' keys in the rendezvous store, scoped by this round
+            os.environ[env.RDZV_ROUND] = str(t)
+            addr, port = self.link.host, str(self.link.port)
         return RendezvousInfo(store, rank, world, RendezvousStoreInfo(addr, int(port)))
 
 

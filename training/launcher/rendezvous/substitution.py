@@ -11,9 +11,9 @@ member of the last round whose beat says it is gone (the failure detector's rule
 (`compare_set` on `r<t>/substitute/<lost node>`: one newcomer per place), rewrites the round's result with
 itself under the lost node's rank (`compare_set`, again when another substitution got there first), and
 joins that round: torchelastic's agent reads the worker ranks the round's rank-0 agent assigned when it
-formed, and its workers start with KIT_REJOIN set (they join the survivors' in-process restart). The node
-holding rank 0 is never substituted: its workers' store (every rank's process-group store) died with it, so
-the survivors' in-process restart fails, their agents re-form a new round, and the newcomer is invited to it.
+formed, and its workers start with KIT_REJOIN set (they join the survivors' in-process restart). In this
+mode the workers keep their keys (process groups, the in-process barrier) in the rendezvous store, scoped
+by round, not in a store rank 0 hosts: the node holding rank 0 is replaced like any other.
 
 A node judged gone that was only late (its beat stalled past its limit) is replaced all the same: its
 workers are still in the group, so no in-process restart opens for the newcomer's workers to join; they give
@@ -69,7 +69,7 @@ def take_place(handler: Newcomer, last: int, members: dict[str, int]) -> Rendezv
     if not last or not members:
         return None
     gone = handler.detector.first_gone(sorted(members, key=members.__getitem__))
-    if gone is None or members[gone[0]] == 0:
+    if gone is None:
         return None
     lost, why = gone
     keys, link = handler.keys, handler.link
