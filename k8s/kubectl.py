@@ -276,17 +276,16 @@ def follow(
     streams: list[threading.Thread] = []
 
     def stream(pod: str) -> None:
-        proc = subprocess.Popen(
+        with subprocess.Popen(  # closes its pipe and waits for it, whatever the loop meets
             kubectl.argv("logs", "-f", pod, "-n", namespace, "-c", "trainer"),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        for line in proc.stdout or ():
-            text = line.rstrip("\n")
-            m = _STEP.search(text)
-            if m:
-                progress.step, progress.total = int(m[1]), int(m[2])
-            console.print(f"[dim]{pod}[/dim] {escape(text)}", markup=True, highlight=False)
-        proc.wait()
+        ) as proc:  # fmt: skip
+            for line in proc.stdout or ():
+                text = line.rstrip("\n")
+                m = _STEP.search(text)
+                if m:
+                    progress.step, progress.total = int(m[1]), int(m[2])
+                console.print(f"[dim]{pod}[/dim] {escape(text)}", markup=True, highlight=False)
 
     with console.status(progress.line(label)) as status:
         while True:
